@@ -1,0 +1,36 @@
+# Quick start targets. Each bootstraps what it needs (Debian packages, virtual environments).
+SHELL := /bin/bash
+export DAGSTER_HOME ?= $(CURDIR)/.dagster-home
+export SPARK_VLLM_VENV ?= $(CURDIR)/.venvs/vllm
+export SPARK_LITELLM_VENV ?= $(CURDIR)/.venvs/litellm
+
+.PHONY: demo plan test test-fast ui sim-down
+
+# The main job: bring up the simulated GB10 fleet, materialize the whole chain, print bench results.
+demo:
+	@scripts/bootstrap.sh base litellm
+	@mkdir -p $(DAGSTER_HOME)
+	.venv/bin/spark-pipelines demo
+
+# What a deploy of the runbook's fleet would do, touching nothing.
+plan:
+	@scripts/bootstrap.sh base
+	.venv/bin/spark-pipelines plan --fleet fleets/seed.yaml
+
+# The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
+test:
+	@scripts/bootstrap.sh base litellm vllm
+	.venv/bin/python -m pytest
+
+test-fast:
+	@scripts/bootstrap.sh base
+	.venv/bin/python -m pytest -m "not slow"
+
+# The Dagster UI on the demo's instance (http://127.0.0.1:3000).
+ui:
+	@scripts/bootstrap.sh base
+	@mkdir -p $(DAGSTER_HOME)
+	.venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+sim-down:
+	.venv/bin/spark-pipelines sim down

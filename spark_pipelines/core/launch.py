@@ -1,0 +1,107 @@
+"""Launch profile x node -> the exact `docker run` argv of the runbook's Phase 4.
+
+The argv is a list: it is carried to the node quoted argument by argument, never glued into a
+shell string (the runbook needed base64 launch scripts because PowerShell mangled the JSON of
+--speculative-config; argv quoting makes that whole class of breakage impossible).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from spark_pipelines.fleet import Fleet, LaunchProfile, Node
+
+MODELS_MOUNT = "/models"
+
+
+def expand_home(path: str, home: str) -> str:
+    """`~/x` -> `<home>/x` for the node's user: docker does not expand `~` in -v, the shell did."""
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a deploy runs on one node, in plain data (also what the plan prints)."""
+
+    node: str
+    container_name: str
+    image: str
+    env: dict[str, str]
+    mounts: list[tuple[str, str]]  # (host path on the node, container path)
+    serve_args: list[str]
+    port: int
+    served_model_name: str
+    gpu_memory_utilization: float
+    host_dirs: list[str]  # directories that must exist on the node before launch
+
+    def docker_run_argv(self, *, name: str | None = None) -> list[str]:
+        argv = ["docker", "run", "-d", "--name", name or self.container_name, "--gpus", "all", "--net=host", "--ipc=host"]
+        for k, v in self.env.items():
+            argv += ["-e", f"{k}={v}"]
+        for host, container in self.mounts:
+            argv += ["-v", f"{host}:{container}"]
+        argv.append(self.image)
+        argv += self.serve_args
+        return argv
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable digest of everything that shapes the running server: the deploy's code version."""
+        blob = json.dumps(
+            {"image": self.image, "env": self.env, "mounts": self.mounts, "args": self.serve_args}, sort_keys=True
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def serve_args(profile: LaunchProfile) -> list[str]:
+    args = [
+        "serve",
+        f"{MODELS_MOUNT}/{profile.model_dir}",
+        "--served-model-name",
+        profile.served_model_name,
+        "--port",
+        str(profile.port),
+        "--max-model-len",
+        str(profile.max_model_len),
+        "--gpu-memory-utilization",
+        f"{profile.gpu_memory_utilization:g}",
+    ]
+    if profile.reasoning_parser:
+        args += ["--reasoning-parser", profile.reasoning_parser]
+    if profile.attention_backend:
+        args += ["--attention-backend", profile.attention_backend]
+    if profile.speculative is not None:
+        spec = {"method": profile.speculative.method, "num_speculative_tokens": profile.speculative.num_speculative_tokens}
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    args += list(profile.extra_flags)
+    return args
+
+
+def launch_spec(fleet: Fleet, node: Node, profile: LaunchProfile | None = None) -> LaunchSpec:
+    """The node's launch: the fleet's profile with the node's overrides, `~` expanded for its user."""
+    profile = profile or fleet.launch_for(node)
+    home = node.home_dir
+    models = expand_home(profile.models_dir, home)
+    mounts = [(models, MODELS_MOUNT)] + [(expand_home(m.host, home), m.container) for m in profile.cache_mounts]
+    return LaunchSpec(
+        node=node.name,
+        container_name=profile.container_name,
+        image=profile.image,
+        env=dict(profile.env),
+        mounts=mounts,
+        serve_args=serve_args(profile),
+        port=profile.port,
+        served_model_name=profile.served_model_name,
+        gpu_memory_utilization=profile.gpu_memory_utilization,
+        host_dirs=[h for h, _ in mounts],
+    )
+
+
+def docker_run_argv(fleet: Fleet, node: Node) -> list[str]:
+    return launch_spec(fleet, node).docker_run_argv()

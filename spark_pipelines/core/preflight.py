@@ -1,0 +1,161 @@
+"""Preflight: what must hold on a node before a launch, judged from observations.
+
+The shell (resources) gathers observations with read-only commands; this module decides. Each
+check carries the runbook's reason and the operator's next step, so a refused deploy says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from spark_pipelines.core.memory import MemoryGate, memory_gate
+
+# "need ~170GB for models + build" on the build host; a serving node holds the ~71 GB checkpoint
+# and the ~20 GB image plus JIT caches.
+BUILD_HOST_DISK_GIB = 170.0
+SERVE_NODE_DISK_GIB = 100.0
+
+# Exporters hold a CUDA context (~9 GiB for nvidia_gpu_exporter) and must be stopped before
+# launch so the memory check sees the real free memory; restarted once the node is healthy.
+EXPORTER_CONTAINERS = ("nvidia_gpu_exporter", "node_exporter")
+EXPORTER_SERVICES = ("prometheus-node-exporter",)
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Read-only facts gathered from one node."""
+
+    free_gib: float | None  # CUDA free memory from mem_get_info in a fresh container; None = unknown
+    total_gib: float | None
+    gpu_state: str  # healthy | idle | wedged | unknown (core.gpu verdict)
+    gpu_holder_pids: list[int]  # PIDs holding /dev/nvidia* (fuser)
+    persistenced_pids: list[int]
+    earlyoom_installed: bool
+    running_exporters: list[str]
+    disk_free_gib: float
+    page_cache_flushed: bool
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    node: str
+    checks: list[Check]
+    memory: MemoryGate | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        if not self.passed:
+            return "blocked"
+        return "ready (with warnings)" if any(c.status == "warn" for c in self.checks) else "ready"
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    def explain(self) -> str:
+        lines = [f"preflight {self.node}: {self.verdict}"]
+        for c in self.checks:
+            if c.status != "ok":
+                lines.append(f"  [{c.status}] {c.name}: {c.detail}" + (f" -> {c.fix}" if c.fix else ""))
+        return "\n".join(lines)
+
+
+def evaluate(
+    node: str,
+    obs: Observations,
+    *,
+    gmu: float,
+    max_gmu: float,
+    profile_total_gib: float,
+    build_host: bool,
+) -> PreflightReport:
+    checks: list[Check] = []
+
+    if obs.gpu_state == "wedged":
+        checks.append(
+            Check(
+                "gpu",
+                "fail",
+                "GPU matches the PD-firmware wedge signature (clock pinned <1 GHz, <15 W, no throttle reason)",
+                "capture evidence, then AC cold-drain: poweroff, unplug the brick 90-120 s, power on",
+            )
+        )
+    elif obs.gpu_state == "unknown":
+        checks.append(Check("gpu", "warn", "nvidia-smi state could not be classified"))
+    else:
+        checks.append(Check("gpu", "ok", f"GPU {obs.gpu_state}"))
+
+    unexpected = sorted(set(obs.gpu_holder_pids) - set(obs.persistenced_pids))
+    if unexpected:
+        checks.append(
+            Check(
+                "gpu-holders",
+                "fail",
+                f"PIDs holding the GPU device besides nvidia-persistenced: {unexpected}",
+                "stop those processes (docker stop/rm stale containers); if they persist, reboot to clear CUDA context",
+            )
+        )
+    else:
+        checks.append(Check("gpu-holders", "ok", "only nvidia-persistenced holds the GPU device"))
+
+    if obs.earlyoom_installed:
+        checks.append(
+            Check("earlyoom", "fail", "earlyoom is installed: it SIGKILLs EngineCore during the warmup memory spike",
+                  "sudo apt purge earlyoom")
+        )
+    else:
+        checks.append(Check("earlyoom", "ok", "earlyoom absent"))
+
+    if obs.running_exporters:
+        checks.append(
+            Check(
+                "exporters",
+                "fail",
+                f"exporters running: {', '.join(obs.running_exporters)} (nvidia_gpu_exporter holds ~9 GiB of CUDA context)",
+                "stop them before launch; restart after the node is healthy",
+            )
+        )
+    else:
+        checks.append(Check("exporters", "ok", "no exporter holds the GPU"))
+
+    need = BUILD_HOST_DISK_GIB if build_host else SERVE_NODE_DISK_GIB
+    if obs.disk_free_gib < need:
+        checks.append(
+            Check("disk", "fail", f"{obs.disk_free_gib:.0f} GiB free in $HOME, need ~{need:.0f} GiB",
+                  "free space (old checkpoints, dangling images: docker image prune)")
+        )
+    else:
+        checks.append(Check("disk", "ok", f"{obs.disk_free_gib:.0f} GiB free"))
+
+    checks.append(
+        Check("page-cache", "ok", "page cache flushed")
+        if obs.page_cache_flushed
+        else Check("page-cache", "fail", "page cache not flushed: crashed runs leave it at the memory ceiling",
+                   "sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches' (needs the sudoers line)")
+    )
+
+    gate = None
+    if obs.free_gib is None:
+        checks.append(Check("memory", "fail", "free CUDA memory could not be read (nvidia-smi reports none on GB10)",
+                            "run the memcheck container (torch.cuda.mem_get_info) on the node by hand"))
+    else:
+        total = obs.total_gib or profile_total_gib
+        gate = memory_gate(obs.free_gib, total, gmu, max_gmu)
+        status: Status = {"pass": "ok", "tight": "warn", "fail": "fail"}[gate.verdict]
+        checks.append(Check("memory", status, gate.summary(), "; ".join(gate.advice)))
+    return PreflightReport(node=node, checks=checks, memory=gate)

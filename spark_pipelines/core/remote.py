@@ -1,0 +1,366 @@
+"""Pure pieces of remote execution: argv quoting, sudo detection, rsync / ssh / verification argv,
+and the output tail kept for error messages.
+
+Nothing here opens a connection. `resources/ssh.py`, `resources/transfer.py` and
+`resources/docker.py` render their commands with these functions and run them; keeping the
+rendering here lets it be unit-tested without a node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from spark_pipelines.core import names
+
+# -- argv ---------------------------------------------------------------------------------------
+
+
+class ArgvError(ValueError):
+    """An argv that cannot be sent to a node (empty, not a list of strings, NUL bytes)."""
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    """Refuse shell strings and junk before they reach a node: argv must be a non-empty list of str."""
+    if isinstance(argv, (str, bytes)):
+        raise ArgvError(
+            f"argv must be a list of arguments, not a string ({argv!r}); split it, e.g. ['docker', 'ps']"
+        )
+    out = list(argv)
+    if not out:
+        raise ArgvError("argv is empty: give at least the program to run")
+    for i, a in enumerate(out):
+        if not isinstance(a, str):
+            raise ArgvError(f"argv[{i}] is {type(a).__name__} {a!r}, not str: convert it with str() first")
+        if "\x00" in a:
+            raise ArgvError(f"argv[{i}] contains a NUL byte, which no remote program can receive")
+    return out
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """The one command line sshd hands to the user's shell: each argument shlex-quoted."""
+    return shlex.join(check_argv(argv))
+
+
+def with_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """Prefix `env K=V ...` (non-secret values only: they appear in the logged command line)."""
+    if not env:
+        return check_argv(argv)
+    pairs = []
+    for k, v in env.items():
+        names.check(names.ENV_NAME, k, "environment variable name")
+        pairs.append(f"{k}={v}")
+    return ["env", *pairs, *check_argv(argv)]
+
+
+def with_timeout(argv: Sequence[str], seconds: float, kill_after_s: int = 10) -> list[str]:
+    """Wrap with coreutils `timeout` so the REMOTE process dies at the deadline.
+
+    Closing an SSH channel does not stop a command started without a pty, so a local deadline
+    alone would leave e.g. a runaway build running on the node."""
+    secs = max(1, int(round(seconds)))
+    return ["timeout", "-k", str(kill_after_s), str(secs), *check_argv(argv)]
+
+
+# `timeout` exits with 124 when the deadline passed (137 if it had to SIGKILL after -k).
+TIMEOUT_EXIT_CODES = frozenset({124, 137})
+
+
+def secret_env_file(secrets: Mapping[str, str]) -> str:
+    """Contents of the 0600 file that carries secret env values to a node (`set -a; . FILE`)."""
+    lines = []
+    for k, v in secrets.items():
+        names.check(names.ENV_NAME, k, "environment variable name")
+        if "\n" in v or "\x00" in v:
+            raise ValueError(f"secret {k} contains a newline or NUL byte; it cannot be passed as an env value")
+        lines.append(f"{k}={shlex.quote(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def source_env_file_argv(env_file: str, argv: Sequence[str]) -> list[str]:
+    """argv that loads secret env values from env_file, deletes the file, then execs argv.
+
+    The values never appear in the command line (visible in `ps` on the node and in our logs),
+    only the path of a file that is gone before the command starts doing work."""
+    script = 'set -a; . "$0" || exit 97; rm -f -- "$0"; set +a; exec "$@"'
+    return ["sh", "-c", script, env_file, *check_argv(argv)]
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace every secret value in text (belt and braces for output a command echoes back)."""
+    for s in secrets:
+        if s and len(s) >= 4:
+            text = text.replace(s, "***")
+    return text
+
+
+# -- sudo ---------------------------------------------------------------------------------------
+
+# `sudo -n` prints this (sudo 1.8 - 1.9) when it would have prompted for a password.
+_SUDO_PASSWORD = re.compile(r"sudo: (?:a password is required|a terminal is required)")
+
+
+def sudo_argv(argv: Sequence[str]) -> list[str]:
+    """`sudo -n`: never prompt (there is no terminal), fail fast with a recognisable message."""
+    return ["sudo", "-n", *check_argv(argv)]
+
+
+def sudo_wants_password(stderr: str) -> bool:
+    return bool(_SUDO_PASSWORD.search(stderr))
+
+
+def sudoers_line(user: str, program_path: str) -> str:
+    """The exact line that lets `user` run `program_path` as root without a password."""
+    names.check(names.USER_NAME, user, "user name")
+    if not program_path.startswith("/"):
+        raise ValueError(f"sudoers needs an absolute program path, got {program_path!r}")
+    return f"{user} ALL=(root) NOPASSWD: {program_path}"
+
+
+def sudo_advice(node: str, user: str, program_path: str) -> str:
+    line = sudoers_line(user, program_path)
+    return (
+        f"sudo on node {node} asked for a password for user {user} (spark-pipelines runs `sudo -n`, "
+        f"it cannot type one). On {node}, run `sudo visudo -f /etc/sudoers.d/spark-pipelines` and add:\n"
+        f"    {line}"
+    )
+
+
+# -- output tail --------------------------------------------------------------------------------
+
+
+class OutputTail:
+    """The last `max_lines` lines (each cut to `max_line_chars`) of a command's output.
+
+    A 90-minute build prints hundreds of MB; errors only need the end, and memory must stay flat."""
+
+    def __init__(self, max_lines: int = 60, max_line_chars: int = 2000) -> None:
+        if max_lines < 1:
+            raise ValueError("max_lines must be at least 1")
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        self._max_line_chars = max_line_chars
+        self.total_lines = 0
+
+    def add(self, line: str) -> None:
+        if len(line) > self._max_line_chars:
+            line = line[: self._max_line_chars] + f" ...[{len(line) - self._max_line_chars} more chars]"
+        self._lines.append(line)
+        self.total_lines += 1
+
+    @property
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+    @property
+    def dropped(self) -> int:
+        return self.total_lines - len(self._lines)
+
+    def text(self) -> str:
+        head = f"[... {self.dropped} earlier lines]\n" if self.dropped else ""
+        return head + "\n".join(self._lines)
+
+
+class LineSplitter:
+    """Bytes arriving in arbitrary chunks -> complete text lines, as soon as each line ends.
+
+    `\\r` ends a line too: progress bars (pip, rsync) rewrite one line with carriage returns and
+    would otherwise only show up when the whole bar is done."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._buf += chunk
+        parts = re.split(rb"\r\n|\n|\r", self._buf)
+        self._buf = parts.pop()
+        return [p.decode("utf-8", "replace") for p in parts]
+
+    def flush(self) -> list[str]:
+        rest, self._buf = self._buf, b""
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+
+# -- ssh and rsync between nodes ------------------------------------------------------------------
+
+PEER_KEY_NAME = "spark-pipelines-peer_ed25519"
+PEER_KNOWN_HOSTS_NAME = "spark-pipelines-peer_known_hosts"
+# rsync keeps an interrupted file here (inside the destination directory) and reuses it as the
+# basis of the next attempt; files appear under their final names only once complete.
+RSYNC_PARTIAL_DIR = ".rsync-partial"
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    """How OpenSSH (and paramiko) names a host in known_hosts: `[host]:port` unless port 22."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def known_hosts_line(host: str, port: int, key_type: str, key_base64: str) -> str:
+    names.check(names.HOST, host, "host name or IP address")
+    if not re.match(r"^[a-z0-9@.-]+$", key_type) or not re.match(r"^[A-Za-z0-9+/=]+$", key_base64):
+        raise ValueError(f"not a public key: type {key_type!r}")
+    return f"{known_hosts_name(host, port)} {key_type} {key_base64}"
+
+
+def authorized_keys_line(public_key: str, comment: str) -> str:
+    """A peer key that may run commands but not forward ports, agents or X11, nor get a pty."""
+    parts = public_key.split()
+    if len(parts) < 2 or not re.match(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+)$", parts[0]):
+        raise ValueError(f"not an OpenSSH public key: {public_key[:40]!r}")
+    names.check(re.compile(r"^[A-Za-z0-9@._-]+$"), comment, "key comment")
+    return f"restrict {parts[0]} {parts[1]} {comment}"
+
+
+@dataclass(frozen=True)
+class PeerRoute:
+    """How a source node reaches a destination node with its dedicated peer key."""
+
+    user: str
+    host: str
+    port: int
+    key_path: str  # on the source node, absolute
+    known_hosts: str  # on the source node, absolute
+
+    def ssh_argv(self) -> list[str]:
+        """The ssh client command (no destination, no remote command)."""
+        return [
+            "ssh",
+            "-i", self.key_path,
+            "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes",  # the peer's key was written from a verified source
+            "-o", "BatchMode=yes",  # never prompt: fail instead
+            "-o", "ConnectTimeout=20",
+            "-o", "ServerAliveInterval=15",  # a dead link fails within ~1 min instead of hanging
+            "-o", "ServerAliveCountMax=4",
+            "-p", str(self.port),
+        ]
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.host}"
+
+    def remote_argv(self, argv: Sequence[str]) -> list[str]:
+        """ssh ... user@host 'quoted remote command' (ssh joins its args with spaces: quote once)."""
+        return [*self.ssh_argv(), self.destination, quote_argv(argv)]
+
+
+def rsync_argv(
+    src_dir: str,
+    route: PeerRoute,
+    dst_dir: str,
+    *,
+    bwlimit_kib: int | None = None,
+    io_timeout_s: int = 120,
+) -> list[str]:
+    """rsync of a directory's contents, run on the source node, pushing to the destination node.
+
+    Choice: `--partial-dir` rather than `--inplace`/`--append`. An interrupted 5 GB shard is kept
+    aside and used as the delta basis on the rerun, so only the missing part crosses the wire;
+    `--inplace` would leave a truncated shard under its real name, where a loader could find it.
+    Whole-file mode stays off (rsync's default between hosts), which is what makes the basis count."""
+    for what, p in (("source directory", src_dir), ("destination directory", dst_dir)):
+        names.check(names.PATH, p, what)
+        if not p.startswith("/"):
+            raise ValueError(f"{what} {p!r} must be absolute (expand ~ for the node's user first)")
+    argv = [
+        "rsync",
+        "-a",
+        f"--partial-dir={RSYNC_PARTIAL_DIR}",
+        f"--timeout={io_timeout_s}",  # a stalled link ends the copy (then rerun resumes) instead of hanging
+        "--info=name1,stats2",
+        "-e", shlex.join(route.ssh_argv()),
+    ]
+    if bwlimit_kib:
+        argv.append(f"--bwlimit={int(bwlimit_kib)}")
+    argv += [src_dir.rstrip("/") + "/", f"{route.destination}:{dst_dir.rstrip('/')}/"]
+    return argv
+
+
+_STAT = re.compile(r"^(Total bytes sent|Total bytes received|Total file size|Total transferred file size|"
+                   r"Literal data|Matched data|Number of regular files transferred):\s+([\d,.]+)", re.M)
+
+
+def parse_rsync_stats(text: str) -> dict[str, int]:
+    """`--stats` lines -> {'total_bytes_sent': ..., 'literal_data': ..., ...}."""
+    out: dict[str, int] = {}
+    for m in _STAT.finditer(text):
+        key = m.group(1).lower().replace(" ", "_")
+        out[key] = int(m.group(2).replace(",", "").split(".")[0])
+    return out
+
+
+def image_stream_argv(image: str, route: PeerRoute) -> list[str]:
+    """`docker save IMAGE | ssh dest docker load`, run on the source node.
+
+    A pipe needs a shell: each side is quoted on its own and pipefail makes a failing `docker save`
+    fail the whole command instead of loading a truncated stream."""
+    names.check(names.IMAGE_REF, image, "image reference")
+    pipeline = f"{quote_argv(['docker', 'save', image])} | {quote_argv(route.remote_argv(['docker', 'load']))}"
+    return ["bash", "-o", "pipefail", "-c", pipeline]
+
+
+# -- verification -----------------------------------------------------------------------------------
+
+
+def list_files_argv(directory: str) -> list[str]:
+    """Relative path and size of every regular file under directory, rsync's partial dir excluded."""
+    return [
+        "find", directory, "-path", f"*/{RSYNC_PARTIAL_DIR}", "-prune", "-o",
+        "-type", "f", "-printf", "%P\\t%s\\n",
+    ]
+
+
+def parse_file_sizes(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        path, _, size = line.rpartition("\t")
+        if not path or not size.isdigit():
+            raise ValueError(f"unexpected line in a file listing: {line!r}")
+        out[path] = int(size)
+    return out
+
+
+def compare_trees(src: Mapping[str, int], dst: Mapping[str, int]) -> list[str]:
+    """What differs between two {relative path: size} listings, as sentences."""
+    problems = []
+    for path in sorted(src):
+        if path not in dst:
+            problems.append(f"{path}: missing on the destination")
+        elif dst[path] != src[path]:
+            problems.append(f"{path}: {dst[path]} bytes on the destination, {src[path]} on the source")
+    extra = sorted(set(dst) - set(src))
+    if extra:
+        problems.append(f"{len(extra)} file(s) on the destination that the source does not have, e.g. {extra[0]}")
+    return problems
+
+
+def check_index(index_text: str, sizes: Mapping[str, int], index_name: str) -> tuple[int, list[str]]:
+    """(number of keys, problems): every shard the safetensors index names must exist, non-empty."""
+    try:
+        index = json.loads(index_text)
+        weight_map = index["weight_map"]
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise TypeError("weight_map is empty or not an object")
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        return 0, [f"{index_name}: unreadable ({exc})"]
+    problems = []
+    for shard in sorted(set(map(str, weight_map.values()))):
+        if shard not in sizes:
+            problems.append(f"{index_name} names {shard}, which is not on the destination")
+        elif sizes[shard] < 8:
+            problems.append(f"{shard}: {sizes[shard]} bytes, too short for a safetensors file")
+    return len(weight_map), problems
+
+
+def header_span(header_len: int, header_json: bytes) -> int:
+    """Bytes a safetensors file must have, from its header: 8 + header + the last tensor's end."""
+    header = json.loads(header_json.decode("utf-8"))
+    header.pop("__metadata__", None)
+    end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+    return 8 + header_len + end

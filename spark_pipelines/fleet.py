@@ -1,0 +1,543 @@
+"""The fleet file: nodes, pins, launch profile, gateway and bench settings, as validated data.
+
+`load_fleet(path)` is the only way configuration enters spark-pipelines. Every rule of the runbook
+that can be checked before touching a node is checked here, and each refusal names the field, the
+value and the fix. Unknown keys are errors: a typo must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from spark_pipelines.core import names
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def _shape(pattern: re.Pattern[str], what: str):
+    return AfterValidator(lambda v: names.check(pattern, v, what))
+
+
+NodeName = Annotated[str, _shape(names.NODE_NAME, "node name (lower-case letters, digits, '-')")]
+UserName = Annotated[str, _shape(names.USER_NAME, "user name")]
+Host = Annotated[str, _shape(names.HOST, "host name or IP address")]
+ContainerName = Annotated[str, _shape(names.CONTAINER_NAME, "container name")]
+ImageRef = Annotated[str, _shape(names.IMAGE_REF, "image reference (repo[:tag], lower-case)")]
+NodePath = Annotated[str, _shape(names.PATH, "path (absolute or ~/..., no spaces or shell characters)")]
+RepoPath = Annotated[str, _shape(names.REPO_PATH, "path inside a repository")]
+GitRef = Annotated[str, _shape(names.GIT_REF, "git revision")]
+HfRepo = Annotated[str, _shape(names.HF_REPO, "Hugging Face repo id (owner/name)")]
+Url = Annotated[str, _shape(names.URL, "https:// or file:/// URL")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class Strict(BaseModel):
+    """Every fleet model refuses unknown keys: a typo must be an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- hardware ----------------------------------------------------------------------------------
+
+# The six env vars of the 2026-06-18 definitive fix. Without them vLLM captures (instead of
+# estimating) CUDA graphs during profiling, ends with num_gpu_blocks=0 and EngineCore is OOM-killed.
+FIX_ENV_VARS: tuple[str, ...] = (
+    "MAX_JOBS",
+    "FLASHINFER_NVCC_THREADS",
+    "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "VLLM_MARLIN_USE_ATOMIC_ADD",
+    "VLLM_USE_FLASHINFER_SAMPLER",
+)
+# Needed on every node whatever the firmware: unthrottled FlashInfer JIT spawns 20-32 cicc
+# processes of 1-4 GB each and the OOM killer takes the node (runbook lesson 1).
+JIT_THROTTLE_ENV_VARS: tuple[str, ...] = ("MAX_JOBS", "FLASHINFER_NVCC_THREADS")
+
+# Below this GMU the request_memory() check passes but CUDA graph capture OOMs: 0.80 leaves only
+# 30.4 GiB after the 66.93 GiB model load (runbook lesson 10). Never a fix, only a probe.
+MIN_GMU = 0.80
+
+
+class HardwareProfile(Strict):
+    name: str
+    description: str = ""
+    cuda_total_gib: float = Field(gt=0, description="CUDA-visible total reported by vLLM / mem_get_info")
+    max_gmu: float = Field(gt=0, le=1)
+    requires_fix_env: bool = Field(description="whether the six env vars of the 2026-06-18 fix are mandatory")
+    clean_boot_free_gib: float = Field(gt=0, description="free CUDA memory expected after Phase 0 and a reboot")
+
+
+BUILTIN_PROFILES: dict[str, HardwareProfile] = {
+    # NVIDIA DGX Spark Founders Edition: 0.90 fails request_memory(); the six env vars are required.
+    "founders": HardwareProfile(
+        name="founders",
+        description="NVIDIA DGX Spark Founders Edition (GB10, 128 GB unified)",
+        cuda_total_gib=121.69,
+        max_gmu=0.85,
+        requires_fix_env=True,
+        # memcheck after Phase 0 + reboot: "Free ~117-118 GiB on Founders". (A ~99 GiB reading of the
+        # same runbook predates the 2026-06-18 fix, after which 0.85 = 103.44 GiB boots on spark1.)
+        clean_boot_free_gib=117.5,
+    ),
+    # ASUS Ascent GX10: max 0.87 in the hardware table; tolerates missing fix vars (other firmware),
+    # but is exposed to the PD-firmware wedge.
+    "gx10": HardwareProfile(
+        name="gx10",
+        description="ASUS Ascent GX10 (GB10, 128 GB unified)",
+        cuda_total_gib=121.69,
+        max_gmu=0.87,
+        requires_fix_env=False,
+        # "Expected: Free ~106 GiB on ASUS GX10 (hardware ceiling)", the 0.90 refusal's own figure.
+        clean_boot_free_gib=106.0,
+    ),
+}
+
+
+# -- pins --------------------------------------------------------------------------------------
+
+
+class GitPin(Strict):
+    url: Url
+    commit: GitRef
+
+
+class ModelPin(Strict):
+    repo: HfRepo
+    revision: GitRef
+
+
+_TORCH_VERSION = re.compile(r"^(?P<base>\d+\.\d+\.\d+(?:\.dev\d+)?)\+(?P<abi>cu\d+|cpu|rocm[\d.]+)$")
+
+
+class TorchPins(Strict):
+    """The torch triple, installed in BOTH build stages from ONE index (ABI drift between stages
+    gives `undefined symbol ...getCurrentCUDABlasHandle`)."""
+
+    torch: str
+    torchvision: str
+    torchaudio: str
+    index_url: Url
+
+    @field_validator("torch", "torchvision", "torchaudio")
+    @classmethod
+    def _pinned_build(cls, v: str) -> str:
+        if not _TORCH_VERSION.match(v):
+            raise ValueError(
+                f"{v!r} is not a pinned local build like '2.12.0+cu130': pin the exact version and its +cuNNN tag"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_abi_one_index(self) -> "TorchPins":
+        abis = {k: _TORCH_VERSION.match(getattr(self, k)).group("abi") for k in ("torch", "torchvision", "torchaudio")}
+        if len(set(abis.values())) != 1:
+            mixed = ", ".join(f"{k}={getattr(self, k)}" for k in abis)
+            raise ValueError(f"the torch triple mixes ABIs ({mixed}): use one +cuNNN tag for all three")
+        abi = abis["torch"]
+        if abi == "cpu":
+            raise ValueError("torch is pinned to a +cpu build: the serving image needs a +cu build (libtorch_cuda.so)")
+        index_abi = self.index_url.rstrip("/").rsplit("/", 1)[-1]
+        if index_abi != abi:
+            raise ValueError(
+                f"index_url {self.index_url!r} serves {index_abi!r} wheels but the triple is +{abi}: "
+                f"use .../whl/{abi}"
+            )
+        nightly_index = "/nightly/" in self.index_url
+        dev = any(".dev" in getattr(self, k) for k in ("torch", "torchvision", "torchaudio"))
+        if nightly_index != dev:
+            raise ValueError(
+                "the torch triple mixes indexes: stable versions must come from the stable index and .dev "
+                "nightlies from /whl/nightly/ (the pinned nightly dev20260408 rolled off; use the stable triple)"
+            )
+        return self
+
+    @property
+    def abi(self) -> str:
+        return _TORCH_VERSION.match(self.torch).group("abi")
+
+
+class PatchPin(Strict):
+    """A PR diff from the recipe repository, compiled into the base image."""
+
+    name: Annotated[str, _shape(names.NODE_NAME, "patch name")]
+    path: RepoPath
+
+
+class ServingPins(Strict):
+    starlette: str = ">=0.40.0,<1.0"
+    fastapi: str = ">=0.115.0,<0.116.0"
+
+    @field_validator("starlette", "fastapi")
+    @classmethod
+    def _spec(cls, v: str) -> str:
+        if not re.match(r"^[<>=!~]=?[0-9][0-9.]*(,[<>=!~]=?[0-9][0-9.]*)*$", v):
+            raise ValueError(f"{v!r} is not a version specifier like '>=0.40.0,<1.0'")
+        return v
+
+
+class BuildSettings(Strict):
+    base_tag: ImageRef = "vllm-sm121"
+    tf5: bool = True
+    jobs: int = Field(default=8, ge=1, le=64)
+
+
+class Pins(Strict):
+    vllm_ref: GitRef
+    build_repo: GitPin
+    recipe_repo: GitPin
+    base_model: ModelPin
+    fp8_model: ModelPin
+    torch: TorchPins
+    serving: ServingPins = ServingPins()
+    patches: tuple[PatchPin, ...] = ()
+    build: BuildSettings = BuildSettings()
+
+
+# -- launch profile ----------------------------------------------------------------------------
+
+
+class Mount(Strict):
+    host: NodePath
+    container: Annotated[str, _shape(names.PATH, "container path")]
+
+
+class Speculative(Strict):
+    method: Literal["mtp", "eagle", "ngram"] = "mtp"
+    num_speculative_tokens: int = Field(default=2, ge=1, le=8)
+
+
+# Flags the runbook forbids, with the reason given back to the operator.
+FORBIDDEN_FLAGS: dict[str, str] = {
+    "--enable-prefix-caching": (
+        "crashes Qwen3.5 on vLLM 0.19 (DeltaNet hybrid attention incompatibility); remove it"
+    ),
+}
+# Flags that the profile renders itself: giving them again in extra_flags would conflict.
+RENDERED_FLAGS = frozenset(
+    {
+        "--served-model-name",
+        "--port",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--reasoning-parser",
+        "--attention-backend",
+        "--speculative-config",
+    }
+)
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for k, v in env.items():
+        names.check(names.ENV_NAME, k, "environment variable name")
+        names.check(names.ENV_VALUE, v, f"value for {k}")
+    return env
+
+
+def _check_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    for f in flags:
+        if f.startswith("--"):
+            flag = f.split("=", 1)[0]
+            names.check(names.FLAG, flag, "vLLM flag")
+            if flag in FORBIDDEN_FLAGS:
+                raise ValueError(f"{flag} is refused: {FORBIDDEN_FLAGS[flag]}")
+            if flag in RENDERED_FLAGS:
+                raise ValueError(f"{flag} is set by the launch profile's own field; set that field instead")
+        else:
+            names.check(names.FLAG_VALUE, f, "flag value")
+    return flags
+
+
+EnvVars = Annotated[dict[str, str], AfterValidator(_check_env)]
+Flags = Annotated[tuple[str, ...], AfterValidator(_check_flags)]
+
+
+class LaunchOverrides(Strict):
+    """Per-node changes to the launch profile (anything left out comes from the profile)."""
+
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = Field(default=None, ge=256)
+    env: EnvVars = {}
+    extra_flags: Flags = ()
+    speculative: Speculative | None = None
+
+
+class LaunchProfile(Strict):
+    image: ImageRef
+    container_name: ContainerName
+    models_dir: NodePath = "~/models"
+    model_dir: Annotated[str, _shape(names.REPO_PATH, "model directory name")]
+    served_model_name: Annotated[str, _shape(names.CONTAINER_NAME, "served model name")]
+    port: Port = 8000
+    max_model_len: int = Field(ge=256)
+    gpu_memory_utilization: float
+    reasoning_parser: Annotated[str, _shape(names.NODE_NAME, "reasoning parser")] | None = "qwen3"
+    attention_backend: Literal["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "TORCH_SDPA"] | None = "FLASHINFER"
+    speculative: Speculative | None = Speculative()
+    env: EnvVars = {}
+    cache_mounts: tuple[Mount, ...] = ()
+    extra_flags: Flags = ()
+    health_timeout_s: int = Field(default=1500, ge=10, description="install.sh waits 1500 s for a cold start")
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _gmu_floor(cls, v: float) -> float:
+        return _check_gmu_floor(v)
+
+    def for_node(self, overrides: LaunchOverrides | None) -> "LaunchProfile":
+        if overrides is None:
+            return self
+        data = self.model_dump()
+        if overrides.gpu_memory_utilization is not None:
+            data["gpu_memory_utilization"] = overrides.gpu_memory_utilization
+        if overrides.max_model_len is not None:
+            data["max_model_len"] = overrides.max_model_len
+        if overrides.speculative is not None:
+            data["speculative"] = overrides.speculative.model_dump()
+        data["env"] = {**self.env, **overrides.env}
+        data["extra_flags"] = tuple(self.extra_flags) + tuple(overrides.extra_flags)
+        return LaunchProfile.model_validate(data)
+
+
+def _check_gmu_floor(v: float) -> float:
+    if v < MIN_GMU:
+        raise ValueError(
+            f"{v} is below {MIN_GMU}: it passes request_memory() but CUDA graph capture OOMs "
+            "(runbook lesson 10). Use 0.85 on a clean boot; if free memory is short, reboot to clear residue"
+        )
+    if v > 1:
+        raise ValueError(f"{v} is above 1.0: GMU is a fraction of the CUDA-visible total")
+    return v
+
+
+# -- nodes, gateway, bench ---------------------------------------------------------------------
+
+
+class SshTarget(Strict):
+    host: Host
+    port: Port = 22
+    user: UserName
+    key_path: NodePath | None = Field(default=None, description="private key; None = ssh-agent")
+    known_hosts: NodePath = "~/.ssh/known_hosts"
+    home: NodePath | None = Field(default=None, description="the user's home on the node; default /home/USER")
+
+    @property
+    def home_dir(self) -> str:
+        return self.home or ("/root" if self.user == "root" else f"/home/{self.user}")
+
+
+class Node(SshTarget):
+    name: NodeName
+    hardware: str = Field(description="a hardware profile name: founders | gx10 | a profile of this file")
+    roles: tuple[Literal["build", "serve"], ...] = ("serve",)
+    overrides: LaunchOverrides | None = None
+    bench_floor_tok_s: float | None = Field(default=None, ge=0, description="below this the node is not promoted")
+
+
+class Gateway(SshTarget):
+    """The LiteLLM proxy host."""
+
+    proxy_port: Port = 4000
+    config_path: NodePath
+    reload_command: tuple[str, ...] = Field(
+        default=("docker", "compose", "restart", "litellm"),
+        description="argv run in reload_dir on the gateway host after the config is written",
+    )
+    reload_dir: NodePath | None = None
+    pools: tuple[Annotated[str, _shape(names.NODE_NAME, "pool name")], ...] = ("fast", "reasoning", "code")
+    routing_strategy: Literal[
+        "latency-based-routing", "simple-shuffle", "least-busy", "usage-based-routing"
+    ] = "latency-based-routing"
+    backend_api_key: Annotated[str, _shape(names.ENV_VALUE, "backend api key")] = "dummy"
+    model_id_stem: Annotated[str, _shape(names.NODE_NAME, "model id stem")] = "qwen35-122b"
+    master_key_env: Annotated[str, _shape(names.ENV_NAME, "environment variable name")] = "LITELLM_MASTER_KEY"
+    # The node address the gateway uses to reach a node's vLLM; default: the node's SSH host.
+    api_host_overrides: dict[str, Host] = {}
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one pool is needed (the runbook uses fast, reasoning, code)")
+        if len(set(v)) != len(v):
+            raise ValueError(f"pool names repeat: {list(v)}")
+        return v
+
+
+class BenchSettings(Strict):
+    suite: Literal["recipe", "loaded", "all"] = "recipe"
+    reference_tok_s: float = Field(default=51.6, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
+    loaded_concurrency: int = Field(default=8, ge=1, le=512)
+    repeats: int = Field(default=1, ge=1, le=20)
+    floor_tok_s: float = Field(default=40.0, ge=0, description="below this a node is not promoted to the gateway")
+
+
+class Fleet(Strict):
+    nodes: tuple[Node, ...]
+    hardware_profiles: dict[str, HardwareProfile] = {}
+    pins: Pins
+    launch: LaunchProfile
+    gateway: Gateway
+    bench: BenchSettings = BenchSettings()
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: tuple[Node, ...]) -> tuple[Node, ...]:
+        if not v:
+            raise ValueError("the fleet has no nodes: add at least one under 'nodes'")
+        seen: set[str] = set()
+        for n in v:
+            if n.name in seen:
+                raise ValueError(f"node name {n.name!r} appears twice: node names must be unique")
+            seen.add(n.name)
+        return v
+
+    @model_validator(mode="after")
+    def _runbook_rules(self) -> "Fleet":
+        profiles = self.profiles
+        builders = [n.name for n in self.nodes if "build" in n.roles]
+        if len(builders) != 1:
+            raise ValueError(
+                f"exactly one node needs the 'build' role (found {builders or 'none'}): "
+                "the checkpoint and images are built once and streamed to the serving nodes"
+            )
+        for i, node in enumerate(self.nodes):
+            where = f"nodes[{i}] ({node.name})"
+            if node.hardware not in profiles:
+                raise ValueError(
+                    f"{where}.hardware: unknown profile {node.hardware!r}; use one of {sorted(profiles)} "
+                    "or define it under hardware_profiles"
+                )
+            prof = profiles[node.hardware]
+            launch = self.launch_for(node)
+            gmu = launch.gpu_memory_utilization
+            if gmu > prof.max_gmu:
+                raise ValueError(
+                    f"{where}: gpu_memory_utilization {gmu} is above the {prof.name} profile's max {prof.max_gmu} "
+                    f"({gmu} x {prof.cuda_total_gib} GiB = {gmu * prof.cuda_total_gib:.2f} GiB fails request_memory()); "
+                    f"use {min(0.85, prof.max_gmu)}"
+                )
+            required = FIX_ENV_VARS if prof.requires_fix_env else JIT_THROTTLE_ENV_VARS
+            missing = [k for k in required if k not in launch.env]
+            if missing:
+                why = (
+                    "the 2026-06-18 fix: without them vLLM ends with num_gpu_blocks=0 and EngineCore is OOM-killed"
+                    if prof.requires_fix_env
+                    else "unthrottled FlashInfer JIT OOM-kills the node"
+                )
+                raise ValueError(f"{where}: launch env is missing {', '.join(missing)} ({why}); add them under launch.env")
+        for name in self.gateway.api_host_overrides:
+            if name not in {n.name for n in self.nodes}:
+                raise ValueError(f"gateway.api_host_overrides names unknown node {name!r}")
+        return self
+
+    # -- lookups used everywhere --
+
+    @property
+    def profiles(self) -> dict[str, HardwareProfile]:
+        return {**BUILTIN_PROFILES, **self.hardware_profiles}
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise FleetError(f"no node named {name!r} in the fleet; known nodes: {', '.join(self.node_names)}")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    @property
+    def build_node(self) -> Node:
+        return next(n for n in self.nodes if "build" in n.roles)
+
+    @property
+    def serve_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if "serve" in n.roles]
+
+    def profile_of(self, node: Node) -> HardwareProfile:
+        return self.profiles[node.hardware]
+
+    def launch_for(self, node: Node) -> LaunchProfile:
+        return self.launch.for_node(node.overrides)
+
+    def bench_floor(self, node: Node) -> float:
+        return node.bench_floor_tok_s if node.bench_floor_tok_s is not None else self.bench.floor_tok_s
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+class FleetError(Exception):
+    """A fleet file that cannot be used; the message says which field and what to do."""
+
+
+def _loc(loc: tuple[Any, ...], data: Any) -> str:
+    """Render a pydantic error location with node names where the path goes through nodes."""
+    parts: list[str] = []
+    cur = data
+    for item in loc:
+        if isinstance(item, int):
+            name = cur[item].get("name") if isinstance(cur, list) and item < len(cur) and isinstance(cur[item], dict) else None
+            parts.append(f"[{item}]" + (f" ({name})" if name else ""))
+        else:
+            parts.append(("." if parts else "") + str(item))
+        try:
+            cur = cur[item]
+        except (KeyError, IndexError, TypeError):
+            cur = None
+    return "".join(parts)
+
+
+def _explain(err: ValidationError, data: Any) -> str:
+    lines = []
+    for e in err.errors():
+        loc = _loc(tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-after"))), data)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (typo?); remove it or check the spelling"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        val = e.get("input")
+        shown = f" = {val!r}" if e["type"] not in ("missing", "extra_forbidden") and not isinstance(val, (dict, list)) else ""
+        lines.append(f"{loc or '(top level)'}{shown}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
+    if not isinstance(data, dict):
+        raise FleetError(f"{source}: expected a mapping with nodes, pins, launch, gateway at the top level")
+    try:
+        return Fleet.model_validate(data)
+    except ValidationError as e:
+        raise FleetError(f"{source}: invalid fleet\n{_explain(e, data)}") from None
+
+
+def load_fleet(path: str | os.PathLike[str]) -> Fleet:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise FleetError(f"fleet file {p} does not exist; pass --fleet PATH (e.g. fleets/seed.yaml)") from None
+    except OSError as e:
+        raise FleetError(f"fleet file {p} cannot be read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise FleetError(f"fleet file {p} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    return parse_fleet(data, str(p))

@@ -1,0 +1,77 @@
+"""Stand-in for `nvidia-container-runtime-hook`, run by runc as an OCI prestart hook.
+
+dockerd registers its `--gpus` device driver only when it finds a program of this name on its
+PATH, and then adds it as a prestart hook to every container that asks for GPUs. The real hook
+mounts the driver libraries into the container's rootfs; this one copies the simulated node's GPU
+state file to /run/sim-gpu/state.json inside the rootfs, where the vLLM stand-in reads it.
+
+It runs with an empty environment under runc, so it is stdlib-only and gets the state file
+path from its command line (the per-node wrapper script that `sim up` writes passes it).
+Invoked as: gpu_hook.py --state-file PATH prestart   (stdin: the OCI state JSON)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+CONTAINER_STATE_PATH = "run/sim-gpu/state.json"
+# Values of NVIDIA_VISIBLE_DEVICES that mean "no GPU" for the real hook too.
+NO_GPU = {"", "void", "none"}
+
+
+def _rootfs(bundle: Path, config: dict) -> Path:
+    root = Path(config.get("root", {}).get("path", "rootfs"))
+    return root if root.is_absolute() else bundle / root
+
+
+def _wants_gpu(config: dict) -> bool:
+    for item in config.get("process", {}).get("env", []):
+        key, _, value = item.partition("=")
+        if key == "NVIDIA_VISIBLE_DEVICES":
+            return value not in NO_GPU
+    return False
+
+
+def inject(state: dict, state_file: Path) -> Path | None:
+    """Copy the node's GPU state into the container's rootfs; returns the written path."""
+    bundle = Path(state.get("bundle") or state.get("bundlePath") or ".")
+    config = json.loads((bundle / "config.json").read_text())
+    if not _wants_gpu(config):
+        return None
+    target = _rootfs(bundle, config) / CONTAINER_STATE_PATH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(state_file, target)
+    os.chmod(target, 0o644)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    state_file: Path | None = None
+    rest: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--state-file":
+            state_file = Path(next(it, ""))
+        else:
+            rest.append(a)
+    if not rest or rest[0] != "prestart":
+        # poststart/poststop: nothing to undo, the rootfs goes away with the container.
+        return 0
+    if state_file is None or not state_file.is_file():
+        print(f"nvidia-container-runtime-hook (sim): GPU state file {state_file} is missing; run `spark-pipelines sim up`",
+              file=sys.stderr)
+        return 1
+    try:
+        inject(json.load(sys.stdin), state_file)
+    except (OSError, ValueError) as e:
+        print(f"nvidia-container-runtime-hook (sim): {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

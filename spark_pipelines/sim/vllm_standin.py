@@ -1,0 +1,730 @@
+#!/usr/bin/env python3
+"""A stand-in for the recipe's vLLM serving image, run inside a simulated node's container.
+
+The container has only Debian's python3.11, so this file imports the standard library only and
+is copied in on its own. It is launched the way the image's entrypoint is:
+
+    python3 vllm_standin.py serve /models/<dir> --served-model-name N --port P ... [vLLM flags]
+
+and answers what the pipeline talks to: /health, /v1/models, /v1/chat/completions (streaming SSE
+and not), /metrics with vLLM's metric names. Tokens come out at a configured pace (env
+SIM_TOKENS_PER_SECOND, default 52, the runbook's per-node figure), paced by absolute deadlines so
+that hundreds of concurrent streams keep their rate.
+
+It reacts to its launch as the runbook says a GB10 does, from the node's GPU state file (env
+SIM_GPU_STATE_FILE: {"state", "profile", "free_gib", "total_gib"}):
+- GMU x total > free                      -> vLLM's request_memory() ValueError, exit 1;
+- Founders profile without VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, or "residue" state
+                                          -> "num_gpu_blocks=0 ... override=512", silent death, 137;
+- --enable-prefix-caching                 -> traceback: hybrid (DeltaNet) attention incompatibility;
+- "wedged" state                          -> 34/52 of the rate (PD firmware wedge);
+- no --speculative-config                 -> 26/52; no --attention-backend FLASHINFER -> 17/52
+  (factors multiply when several apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+VERSION = "0.19.1.dev0+g2a69949bd.d20260616.cu132"  # the runbook's pinned, working build
+DEFAULT_TOTAL_GIB = 121.69  # GB10 unified memory as vLLM reports it
+DEFAULT_FREE_GIB = 107.82  # runbook: clean-boot free memory on a Spark
+MODEL_GIB = 66.93  # runbook: "Model loading took 66.93 GiB"
+NON_KV_GIB = 4.02  # activations + graphs, chosen so 0.85 GMU gives the runbook's 268,224 tokens
+REF_GMU, REF_KV_TOKENS, REF_MAX_LEN, REF_CONCURRENCY = 0.85, 268_224, 262_144, 3.81
+KV_BLOCK_TOKENS = 528  # hybrid attention block size; 268,224 = 528 x 508
+GRAPH_SIZES = 51  # runbook: "51-size PIECEWISE graph capture"
+BASE_RATE = 52.0  # runbook: ~52 tok/s single stream, healthy node, full launch profile
+WEDGED_FACTOR = 34.0 / 52.0  # runbook: wedged GX10 at ~34 tok/s vs 52
+NO_SPEC_FACTOR = 26.0 / 52.0  # runbook: "stuck at ~26 tok/s" without --speculative-config
+NO_FLASHINFER_FACTOR = 17.0 / 52.0  # runbook: "Only ~17 tok/s" without FLASHINFER
+# MTP-2: per-position acceptance so that accepted/drafted is ~95% (runbook: "~95% acceptance").
+MTP_POS_ACCEPT = (0.97, 0.95)
+PREFILL_TPS = 4000.0  # prompt tokens per second before the first token
+TTFT_FLOOR_S = 0.03
+STATS_INTERVAL_S = 10.0
+
+_PID = os.getpid()
+_VOCAB = (
+    "the a of to and in is that for it as with on be by this are from or at an which but not "
+    "data node value tree left right root key insert delete search rotate color red black "
+    "function return list index sorted binary middle low high while if else def class self"
+).split()
+
+
+# ---------------------------------------------------------------------------------------------
+# Logging that looks like vLLM's
+# ---------------------------------------------------------------------------------------------
+
+
+def _log(proc: str, level: str, where: str, msg: str, pid: int = _PID) -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    sys.stdout.write(f"({proc} pid={pid}) {level} {stamp} [{where}] {msg}\n")
+    sys.stdout.flush()
+
+
+def api(msg: str, where: str = "api_server.py:1", level: str = "INFO") -> None:
+    _log("APIServer", level, where, msg)
+
+
+def engine(msg: str, where: str = "core.py:1", level: str = "INFO") -> None:
+    _log("EngineCore_DP0", level, where, msg, _PID + 1)
+
+
+def plain(msg: str) -> None:
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
+
+
+def die(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch arguments and the node's GPU state
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="vllm serve", add_help=True)
+    p.add_argument("model_tag", nargs="?")
+    p.add_argument("--model")
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=int, default=REF_MAX_LEN)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--reasoning-parser")
+    p.add_argument("--attention-backend")
+    p.add_argument("--speculative-config")
+    p.add_argument("--enable-prefix-caching", action="store_true", default=False)
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--api-key")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    args, unknown = p.parse_known_args(argv)
+    args.unknown = unknown
+    model = args.model or args.model_tag
+    if not model:
+        plain("vllm serve: error: the following arguments are required: model_tag")
+        die(2)
+    args.model = model
+    args.served = (args.served_model_name or [model])[0]
+    args.spec = None
+    if args.speculative_config:
+        try:
+            args.spec = json.loads(args.speculative_config)
+        except ValueError:
+            plain(f"vllm serve: error: argument --speculative-config: invalid loads value: "
+                  f"{args.speculative_config!r}")
+            die(2)
+    if not 0 < args.gpu_memory_utilization <= 1:
+        plain("vllm serve: error: --gpu-memory-utilization must be within (0, 1]")
+        die(2)
+    return args
+
+
+class GpuState:
+    """The node's GPU as the simulated fleet describes it; re-read when the file changes."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.mtime = -1.0
+        self.data = {"state": "healthy", "profile": "founders", "free_gib": DEFAULT_FREE_GIB,
+                     "total_gib": DEFAULT_TOTAL_GIB}
+        self.refresh(strict=True)
+
+    def refresh(self, strict: bool = False) -> None:
+        if not self.path:
+            return
+        try:
+            mtime = os.stat(self.path).st_mtime
+            if mtime == self.mtime:
+                return
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if not isinstance(data, dict):
+                raise ValueError("top level is not an object")
+        except (OSError, ValueError) as exc:
+            if strict:
+                plain(f"RuntimeError: cannot read GPU state file {self.path}: {exc}")
+                die(1)
+            return  # mid-rewrite: keep the last good state
+        self.mtime = mtime
+        self.data.update(data)
+
+    @property
+    def state(self) -> str:
+        return str(self.data.get("state", "healthy"))
+
+    @property
+    def profile(self) -> str:
+        return str(self.data.get("profile", "founders"))
+
+    @property
+    def free_gib(self) -> float:
+        return float(self.data.get("free_gib", DEFAULT_FREE_GIB))
+
+    @property
+    def total_gib(self) -> float:
+        return float(self.data.get("total_gib", DEFAULT_TOTAL_GIB))
+
+
+def num_spec_tokens(args: argparse.Namespace) -> int:
+    if not args.spec:
+        return 0
+    return int(args.spec.get("num_speculative_tokens", 1))
+
+
+def rate_factor(args: argparse.Namespace, gpu: GpuState) -> float:
+    """Share of the healthy node's rate this launch and GPU state can reach."""
+    factor = 1.0
+    if gpu.state == "wedged":
+        factor *= WEDGED_FACTOR
+    if not args.spec:
+        factor *= NO_SPEC_FACTOR
+    if (args.attention_backend or "").upper() != "FLASHINFER":
+        factor *= NO_FLASHINFER_FACTOR
+    return factor
+
+
+# ---------------------------------------------------------------------------------------------
+# Startup: the log a GB10 prints, and the ways it dies
+# ---------------------------------------------------------------------------------------------
+
+
+def kv_cache_figures(gmu: float, total: float, max_len: int) -> tuple[float, int, float]:
+    """(KV GiB, KV tokens, max concurrency) scaled from the runbook's 0.85 GMU / 262K point."""
+    kv_gib = gmu * total - MODEL_GIB - NON_KV_GIB
+    ref_gib = REF_GMU * DEFAULT_TOTAL_GIB - MODEL_GIB - NON_KV_GIB
+    blocks = int((REF_KV_TOKENS // KV_BLOCK_TOKENS) * max(kv_gib, 0.0) / ref_gib)
+    tokens = blocks * KV_BLOCK_TOKENS
+    concurrency = REF_CONCURRENCY * (tokens / REF_KV_TOKENS) * (REF_MAX_LEN / max_len)
+    return kv_gib, tokens, concurrency
+
+
+def engine_traceback(frames: list[tuple[str, int, str, str]], error: str) -> None:
+    engine("EngineCore failed to start.", "core.py:708", "ERROR")
+    plain("Traceback (most recent call last):")
+    for path, line, func, code in frames:
+        plain(f'  File "{path}", line {line}, in {func}')
+        plain(f"    {code}")
+    plain(error)
+    plain("Traceback (most recent call last):")
+    plain('  File "/usr/local/bin/vllm", line 10, in <module>')
+    plain("    sys.exit(main())")
+    plain('  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/utils.py", line 810, '
+          "in wait_for_engine_startup")
+    plain("    raise RuntimeError(")
+    plain("RuntimeError: Engine core initialization failed. See root cause above. "
+          "Failed core proc(s): {}")
+
+
+async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
+    """Print vLLM's start-up log over `pace` seconds; exit the way a GB10 would on failure."""
+    step = pace / 8.0
+    gmu, total, free = args.gpu_memory_utilization, gpu.total_gib, gpu.free_gib
+    api(f"vLLM API server version {VERSION}", "api_server.py:1837")
+    nd = {"model_tag": args.model, "port": args.port, "model": args.model,
+          "max_model_len": args.max_model_len, "gpu_memory_utilization": gmu,
+          "served_model_name": [args.served]}
+    if args.reasoning_parser:
+        nd["reasoning_parser"] = args.reasoning_parser
+    if args.attention_backend:
+        nd["attention_backend"] = args.attention_backend
+    if args.spec:
+        nd["speculative_config"] = args.spec
+    if args.enable_prefix_caching:
+        nd["enable_prefix_caching"] = True
+    api(f"non-default args: {nd}", "utils.py:328")
+    api("Resolved architecture: Qwen3_5MoeForConditionalGeneration", "model.py:547")
+    api(f"Using max model len {args.max_model_len}", "model.py:1510")
+    if args.spec:
+        api(f"Speculative decoding: method={args.spec.get('method')}, "
+            f"num_speculative_tokens={num_spec_tokens(args)}", "speculative.py:512")
+    await asyncio.sleep(step)
+    engine(f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{args.model}', "
+           f"speculative_config={args.spec}, max_seq_len={args.max_model_len}, "
+           f"enable_prefix_caching={args.enable_prefix_caching}", "core.py:77")
+    want = gmu * total
+    if want > free:
+        # vLLM's request_memory() check, in the worker, before any weight is loaded.
+        engine_traceback(
+            [("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 699,
+              "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
+             ("/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py", 241,
+              "init_device", "self.requested_memory = request_memory(init_snapshot, self.cache_config)"),
+             ("/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/utils.py", 318,
+              "request_memory", "raise ValueError(")],
+            f"ValueError: Free memory on device cuda:0 ({free:.2f}/{total:.2f} GiB) on startup "
+            f"is less than desired GPU memory utilization ({gmu:.2f}, {want:.2f} GiB). Decrease "
+            "GPU memory utilization or reduce GPU memory used by other processes.",
+        )
+        die(1)
+    await asyncio.sleep(step)
+    engine(f"Starting to load model {args.model}...", "gpu_model_runner.py:2345")
+    engine(f"Using AttentionBackendEnum.{(args.attention_backend or 'TRITON_ATTN').upper()} "
+           "backend.", "cuda.py:311")
+    engine("Hybrid INT4+FP8: detected 144 FP8 dense layers", "inc.py:214")
+    t0 = time.monotonic()
+    await asyncio.sleep(2 * step)
+    load_s = time.monotonic() - t0
+    engine(f"Loading weights took {load_s:.2f} seconds", "default_loader.py:268")
+    engine(f"Model loading took {MODEL_GIB:.2f} GiB memory and {load_s + 0.4:.2f} seconds",
+           "gpu_model_runner.py:2402")
+    if args.enable_prefix_caching:
+        engine_traceback(
+            [("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 104,
+              "__init__", "num_gpu_blocks, num_cpu_blocks, kv_cache_config = self._initialize_kv_caches("),
+             ("/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", 1121,
+              "unify_hybrid_kv_cache_specs", "raise NotImplementedError(")],
+            "NotImplementedError: Prefix caching is not supported for hybrid models with "
+            "GatedDeltaNet (linear attention) layers: the DeltaNet hybrid attention state cannot "
+            "be block-cached. Relaunch without --enable-prefix-caching.",
+        )
+        die(1)
+    await asyncio.sleep(step)
+    kv_gib, kv_tokens, concurrency = kv_cache_figures(gmu, total, args.max_model_len)
+    estimate = os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") == "1"
+    if gpu.state == "residue" or (gpu.profile == "founders" and not estimate):
+        # Graphs captured during profiling eat the headroom: no KV blocks left, the override
+        # kicks in, and the OOM killer ends EngineCore during capture without a traceback.
+        engine("Available KV cache memory: -0.41 GiB", "gpu_worker.py:298")
+        engine("Overriding num_gpu_blocks=0 with num_gpu_blocks_override=512", "kv_cache_utils.py:1193")
+        engine("GPU KV cache size: 270,336 tokens", "kv_cache_utils.py:1087")
+        await asyncio.sleep(step)
+        plain(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  35%|###5      | "
+              f"18/{GRAPH_SIZES} [00:04<00:07,  4.31it/s]")
+        die(137)
+    if kv_tokens <= 0 or concurrency < 1.0:
+        engine_traceback(
+            [("/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", 700,
+              "check_enough_kv_cache_memory", "raise ValueError(")],
+            f"ValueError: To serve at least one request with the models's max seq len "
+            f"({args.max_model_len}), more KV cache is needed than is available "
+            f"({max(kv_gib, 0):.2f} GiB). Try increasing `gpu_memory_utilization` or "
+            "decreasing `max_model_len` when initializing the engine.",
+        )
+        die(1)
+    engine(f"Available KV cache memory: {kv_gib:.2f} GiB", "gpu_worker.py:298")
+    engine(f"GPU KV cache size: {kv_tokens:,} tokens", "kv_cache_utils.py:1087")
+    engine(f"Maximum concurrency for {args.max_model_len:,} tokens per request: "
+           f"{concurrency:.2f}x", "kv_cache_utils.py:1091")
+    t1 = time.monotonic()
+    await asyncio.sleep(step)
+    plain(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| "
+          f"{GRAPH_SIZES}/{GRAPH_SIZES} [00:{int(time.monotonic() - t1):02d}<00:00, 9.80it/s]")
+    engine(f"Graph capturing finished in {max(1, round(time.monotonic() - t1))} secs, took 0.84 GiB",
+           "gpu_model_runner.py:3251")
+    engine(f"init engine (profile, create kv cache, warmup model) took {6 * step:.2f} seconds",
+           "core.py:210")
+    await asyncio.sleep(step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving
+# ---------------------------------------------------------------------------------------------
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted = 0
+        self.accepted_per_pos = [0, 0, 0, 0, 0, 0, 0, 0]
+        self.created = time.time()
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace, gpu: GpuState) -> None:
+        self.args = args
+        self.gpu = gpu
+        self.c = Counters()
+        self.base_rate = float(os.environ.get("SIM_TOKENS_PER_SECOND", BASE_RATE))
+        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+        self.slots = asyncio.Semaphore(args.max_num_seqs)
+        self.spec_k = num_spec_tokens(args)
+        self.seq = 0
+        self.access_log = not args.disable_uvicorn_access_log
+        self.last_stats = (0, 0, 0, 0)
+
+    # -- HTTP plumbing -------------------------------------------------------------------------
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                try:
+                    method, target, _ = lines[0].split(" ", 2)
+                except ValueError:
+                    return
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length") or 0)
+                body = await reader.readexactly(length) if length else b""
+                path = target.split("?", 1)[0]
+                status = await self.route(method, path, headers, body, writer)
+                if self.access_log:
+                    plain(f'INFO:     {peer[0]}:{peer[1]} - "{method} {target} HTTP/1.1" {status}')
+                if headers.get("connection", "").lower() == "close":
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the peer is gone either way
+                pass
+
+    async def respond(self, writer: asyncio.StreamWriter, status: int, body: bytes,
+                      ctype: str = "application/json") -> int:
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                  405: "Method Not Allowed"}.get(status, "OK")
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nserver: uvicorn\r\ncontent-type: {ctype}\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode() + body
+        )
+        await writer.drain()
+        return status
+
+    async def error(self, writer: asyncio.StreamWriter, status: int, message: str,
+                    etype: str = "BadRequestError", param: str | None = None) -> int:
+        body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
+        return await self.respond(writer, status, json.dumps(body).encode())
+
+    async def route(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                    writer: asyncio.StreamWriter) -> int:
+        if path == "/health":
+            return await self.respond(writer, 200, b"")
+        if path == "/metrics":
+            return await self.respond(writer, 200, self.metrics().encode(),
+                                      "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/version":
+            return await self.respond(writer, 200, json.dumps({"version": VERSION}).encode())
+        if path.startswith("/v1/") and self.api_key:
+            if headers.get("authorization") != f"Bearer {self.api_key}":
+                return await self.respond(writer, 401, b'{"error":"Unauthorized"}')
+        if path == "/v1/models":
+            data = {"object": "list", "data": [{
+                "id": self.args.served, "object": "model", "created": int(self.c.created),
+                "owned_by": "vllm", "root": self.args.model, "parent": None,
+                "max_model_len": self.args.max_model_len}]}
+            return await self.respond(writer, 200, json.dumps(data).encode())
+        if path == "/v1/chat/completions":
+            if method != "POST":
+                return await self.respond(writer, 405, b'{"detail":"Method Not Allowed"}')
+            return await self.chat(body, writer)
+        return await self.respond(writer, 404, b'{"detail":"Not Found"}')
+
+    # -- generation ----------------------------------------------------------------------------
+
+    async def chat(self, raw: bytes, writer: asyncio.StreamWriter) -> int:
+        try:
+            req = json.loads(raw)
+            if not isinstance(req, dict):
+                raise ValueError("body is not a JSON object")
+        except ValueError as exc:
+            return await self.error(writer, 400, f"Invalid JSON body: {exc}")
+        model = req.get("model")
+        if model not in (self.args.served, self.args.model):
+            return await self.error(writer, 404, f"The model `{model}` does not exist.",
+                                    "NotFoundError", "model")
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return await self.error(writer, 400, "messages: field required", param="messages")
+        text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        prompt_tokens = len(text) // 4 + 4 * len(messages) + 3
+        limit = self.args.max_model_len
+        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = limit - prompt_tokens
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return await self.error(writer, 400, "max_tokens must be at least 1, got "
+                                    f"{max_tokens}.", param="max_tokens")
+        if prompt_tokens + max_tokens > limit:
+            return await self.error(
+                writer, 400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                f"model's maximum context length is {limit} tokens and your request has "
+                f"{prompt_tokens} input tokens ({max_tokens} > {limit} - {prompt_tokens}).",
+                param="max_tokens")
+        stops = req.get("stop") or []
+        if isinstance(stops, str):
+            stops = [stops]
+        stream = bool(req.get("stream"))
+        usage_wanted = bool((req.get("stream_options") or {}).get("include_usage"))
+        self.gpu.refresh()
+        rate = self.base_rate * rate_factor(self.args, self.gpu)
+        self.seq += 1
+        rid = f"chatcmpl-{_PID:x}{self.seq:08x}"
+        created = int(time.time())
+        self.c.waiting += 1
+        async with self.slots:
+            self.c.waiting -= 1
+            self.c.running += 1
+            self.c.prompt_tokens += prompt_tokens
+            try:
+                return await self.generate(writer, rid, created, model, prompt_tokens,
+                                           max_tokens, stops, rate, stream, usage_wanted,
+                                           sum(text.encode()[:64]))
+            finally:
+                self.c.running -= 1
+
+    def plan_steps(self, max_tokens: int, seed: int) -> list[int]:
+        """Tokens per engine step: 1 for prefill, then 1 + accepted drafts (MTP) per step."""
+        steps = [1]
+        left = max_tokens - 1
+        x = (seed * 2654435761 + 1) & 0xFFFFFFFF  # deterministic, like temperature 0
+        while left > 0:
+            n = 1
+            if self.spec_k:
+                drafted = accepted = 0
+                for pos in range(self.spec_k):
+                    x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+                    p = MTP_POS_ACCEPT[min(pos, len(MTP_POS_ACCEPT) - 1)]
+                    drafted = self.spec_k
+                    if x / 0x7FFFFFFF < p:
+                        accepted += 1
+                        self.c.accepted_per_pos[pos] += 1
+                    else:
+                        break
+                self.c.drafts += 1
+                self.c.draft_tokens += drafted
+                self.c.accepted += accepted
+                n += accepted
+            n = min(n, left)
+            steps.append(n)
+            left -= n
+        return steps
+
+    async def generate(self, writer: asyncio.StreamWriter, rid: str, created: int, model: str,
+                       prompt_tokens: int, max_tokens: int, stops: list[str], rate: float,
+                       stream: bool, usage_wanted: bool, seed: int) -> int:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        ttft = TTFT_FLOOR_S + prompt_tokens / PREFILL_TPS
+        steps = self.plan_steps(max_tokens, seed)
+        mean_tokens = 1.0
+        if self.spec_k:
+            mean_tokens, chain = 1.0, 1.0
+            for pos in range(self.spec_k):
+                chain *= MTP_POS_ACCEPT[min(pos, len(MTP_POS_ACCEPT) - 1)]
+                mean_tokens += chain
+        interval = mean_tokens / rate  # step length; tokens per step vary, step time does not
+        reasoning_tokens = max_tokens // 4 if self.args.reasoning_parser else 0
+        prefix = (f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":{created},'
+                  f'"model":{json.dumps(model)},"choices":[{{"index":0,"delta":{{').encode()
+        if stream:
+            writer.write(b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/event-stream; "
+                         b"charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n")
+            self._chunk(writer, prefix + b'"role":"assistant","content":""},"logprobs":null,'
+                        b'"finish_reason":null}]}\n\n')
+        produced = 0
+        finish = "length"
+        pieces: list[str] = []
+        reasoning: list[str] = []
+        try:
+            for i, n in enumerate(steps):
+                deadline = t0 + ttft + i * interval
+                delay = deadline - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                words = []
+                for j in range(produced, produced + n):
+                    w = _VOCAB[(seed + j * 7) % len(_VOCAB)]
+                    if w in stops:
+                        finish = "stop"
+                        break
+                    words.append(" " + w)
+                produced += len(words)
+                self.c.generation_tokens += len(words)
+                last = finish == "stop" or produced >= max_tokens
+                text = "".join(words)
+                key = "reasoning_content" if produced <= reasoning_tokens else "content"
+                (reasoning if key == "reasoning_content" else pieces).append(text)
+                if stream and (text or last):
+                    fr = f'"{finish}"' if last else "null"
+                    self._chunk(writer, prefix + f'"{key}":{json.dumps(text)}}},"logprobs":null,'
+                                f'"finish_reason":{fr}}}]}}\n\n'.encode())
+                    await writer.drain()
+                if last:
+                    break
+        except (ConnectionError, RuntimeError):
+            self.c.success["abort"] += 1
+            return 499
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + produced,
+                 "completion_tokens": produced, "prompt_tokens_details": None}
+        self.c.success[finish] += 1
+        if stream:
+            if usage_wanted:
+                self._chunk(writer, f'data: {{"id":"{rid}","object":"chat.completion.chunk",'
+                            f'"created":{created},"model":{json.dumps(model)},"choices":[],'
+                            f'"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'.encode())
+            self._chunk(writer, b"data: [DONE]\n\n")
+            writer.write(b"0\r\n\r\n")
+            try:
+                await writer.drain()
+            except ConnectionError:
+                pass
+            return 200
+        message = {"role": "assistant", "content": "".join(pieces), "refusal": None,
+                   "tool_calls": [], "reasoning_content": "".join(reasoning) or None}
+        body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": finish, "stop_reason": None}],
+                "usage": usage, "prompt_logprobs": None}
+        return await self.respond(writer, 200, json.dumps(body).encode())
+
+    @staticmethod
+    def _chunk(writer: asyncio.StreamWriter, payload: bytes) -> None:
+        writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+    # -- metrics and periodic stats -------------------------------------------------------------
+
+    def metrics(self) -> str:
+        c = self.c
+        lab = f'engine="0",model_name="{self.args.served}"'
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            for extra, value in rows:
+                labels = lab + ("," + extra if extra else "")
+                out.append(f"{name}{{{labels}}} {float(value)!r}")
+            if kind == "counter":
+                base = name[: -len("_total")] + "_created"
+                out.append(f"# HELP {base} {help_}")
+                out.append(f"# TYPE {base} gauge")
+                for extra, _ in rows:
+                    labels = lab + ("," + extra if extra else "")
+                    out.append(f"{base}{{{labels}}} {c.created!r}")
+
+        metric("vllm:num_requests_running", "gauge",
+               "Number of requests in model execution batches.", [("", c.running)])
+        metric("vllm:num_requests_waiting", "gauge",
+               "Number of requests waiting to be processed.", [("", c.waiting)])
+        _, kv_tokens, _ = kv_cache_figures(self.args.gpu_memory_utilization, self.gpu.total_gib,
+                                           self.args.max_model_len)
+        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               [("", min(1.0, c.running * 600 / max(kv_tokens, 1)))])
+        metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               [("", c.prompt_tokens)])
+        metric("vllm:generation_tokens_total", "counter",
+               "Number of generation tokens processed.", [("", c.generation_tokens)])
+        metric("vllm:request_success_total", "counter",
+               "Count of successfully processed requests.",
+               [(f'finished_reason="{k}"', v) for k, v in c.success.items()])
+        if self.spec_k:
+            metric("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+                   [("", c.drafts)])
+            metric("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+                   [("", c.draft_tokens)])
+            metric("vllm:spec_decode_num_accepted_tokens_total", "counter",
+                   "Number of accepted tokens.", [("", c.accepted)])
+            metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                   "Accepted tokens per draft position.",
+                   [(f'position="{i}"', c.accepted_per_pos[i]) for i in range(self.spec_k)])
+        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.append(
+            f'vllm:cache_config_info{{block_size="{KV_BLOCK_TOKENS}",enable_prefix_caching='
+            f'"{self.args.enable_prefix_caching}",engine="0",gpu_memory_utilization='
+            f'"{self.args.gpu_memory_utilization}",num_gpu_blocks="{kv_tokens // KV_BLOCK_TOKENS}"}} 1.0'
+        )
+        return "\n".join(out) + "\n"
+
+    async def stats_loop(self) -> None:
+        """vLLM's 10-second engine stats lines, which operators read to see throughput."""
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            c = self.c
+            now = (c.prompt_tokens, c.generation_tokens, c.draft_tokens, c.accepted)
+            d = [a - b for a, b in zip(now, self.last_stats)]
+            self.last_stats = now
+            if not any(d[:2]) and not c.running:
+                continue
+            engine(f"Engine 000: Avg prompt throughput: {d[0] / STATS_INTERVAL_S:.1f} tokens/s, "
+                   f"Avg generation throughput: {d[1] / STATS_INTERVAL_S:.1f} tokens/s, Running: "
+                   f"{c.running} reqs, Waiting: {c.waiting} reqs, GPU KV cache usage: 0.1%, "
+                   "Prefix cache hit rate: 0.0%", "loggers.py:236")
+            if self.spec_k and d[2]:
+                engine(f"SpecDecoding metrics: Mean acceptance length: "
+                       f"{1 + self.spec_k * d[3] / d[2]:.2f}, Accepted: {d[3]} tokens, "
+                       f"Drafted: {d[2]} tokens, Avg Draft acceptance rate: {d[3] / d[2]:.1%}",
+                       "metrics.py:96")
+
+
+async def main_async(argv: list[str]) -> int:
+    args = parse_args(argv)
+    gpu = GpuState(os.environ.get("SIM_GPU_STATE_FILE"))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    pace = float(os.environ.get("SIM_STARTUP_SECONDS", "2"))
+    boot = asyncio.ensure_future(startup(args, gpu, pace))
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({boot, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        boot.cancel()
+        api("[shutdown] API server: shutdown triggered during startup", "launcher.py:254")
+        return 0
+    server_state = Server(args, gpu)
+    server = await asyncio.start_server(server_state.handle, args.host, args.port,
+                                        backlog=1024, limit=1 << 20)
+    api(f"Starting vLLM API server 0 on http://{args.host}:{args.port}", "launcher.py:46")
+    for route, methods in (("/health", "GET"), ("/metrics", "GET"), ("/v1/models", "GET"),
+                           ("/v1/chat/completions", "POST"), ("/version", "GET")):
+        api(f"Route: {route}, Methods: {methods}", "launcher.py:34")
+    plain(f"INFO:     Started server process [{_PID}]")
+    plain("INFO:     Waiting for application startup.")
+    plain("INFO:     Application startup complete.")
+    stats = asyncio.ensure_future(server_state.stats_loop())
+    await stop.wait()
+    api("[shutdown] API server: shutdown triggered", "launcher.py:254")
+    stats.cancel()
+    server.close()
+    plain("INFO:     Shutting down")
+    plain("INFO:     Waiting for application shutdown.")
+    plain("INFO:     Application shutdown complete.")
+    plain(f"INFO:     Finished server process [{_PID}]")
+    return 0
+
+
+def main() -> None:
+    try:
+        code = asyncio.run(main_async(sys.argv[1:]))
+    except OSError as exc:  # e.g. the port is taken
+        plain(f"OSError: {exc}")
+        traceback.print_exc(file=sys.stdout)
+        code = 1
+    die(code)
+
+
+if __name__ == "__main__":
+    main()

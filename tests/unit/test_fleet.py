@@ -1,0 +1,137 @@
+"""The fleet file's validation carries the runbook's rules, each refusal naming field, value and fix."""
+
+import copy
+
+import pytest
+import yaml
+
+from spark_pipelines.fleet import FIX_ENV_VARS, FleetError, load_fleet, parse_fleet
+
+
+def refused(data, *needles):
+    with pytest.raises(FleetError) as e:
+        parse_fleet(data, "f.yaml")
+    msg = str(e.value)
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def test_seed_loads_with_runbook_values():
+    f = load_fleet("fleets/seed.yaml")
+    assert f.node_names == ["spark1", "spark2"]
+    assert f.build_node.name == "spark1"
+    assert [f.profile_of(n).name for n in f.nodes] == ["founders", "gx10"]
+    assert f.launch.gpu_memory_utilization == 0.85
+    assert tuple(f.launch.env) == FIX_ENV_VARS
+    assert f.pins.vllm_ref == "2a69949bd"
+    assert f.pins.torch.abi == "cu130"
+    assert f.bench.reference_tok_s == 51.6 and f.bench.loaded_concurrency == 8
+
+
+def test_gmu_above_profile_max_refused(seed_data):
+    seed_data["nodes"][1]["overrides"] = {"gpu_memory_utilization": 0.90}
+    refused(seed_data, "spark2", "0.9", "gx10", "0.87", "109.52")
+
+
+def test_gmu_below_080_refused_with_reason(seed_data):
+    seed_data["launch"]["gpu_memory_utilization"] = 0.78
+    refused(seed_data, "launch.gpu_memory_utilization", "0.78", "CUDA graph capture", "reboot")
+
+
+def test_prefix_caching_refused(seed_data):
+    seed_data["launch"]["extra_flags"] = ["--enable-chunked-prefill", "--enable-prefix-caching"]
+    refused(seed_data, "--enable-prefix-caching", "Qwen3.5", "remove it")
+
+
+def test_prefix_caching_refused_in_node_override(seed_data):
+    seed_data["nodes"][0]["overrides"] = {"extra_flags": ["--enable-prefix-caching"]}
+    refused(seed_data, "nodes[0] (spark1).overrides.extra_flags", "--enable-prefix-caching")
+
+
+@pytest.mark.parametrize("var", FIX_ENV_VARS)
+def test_founders_requires_all_six_fix_vars(seed_data, var):
+    del seed_data["launch"]["env"][var]
+    refused(seed_data, "spark1", var, "launch.env")
+
+
+def test_gx10_tolerates_missing_fix_vars_but_not_jit_throttle(seed_data):
+    # Only spark2 (gx10) in the fleet: the 2026-06-18 vars are optional there, the JIT throttle is not.
+    seed_data["nodes"] = [dict(seed_data["nodes"][1], roles=["build", "serve"])]
+    seed_data["launch"]["env"] = {"MAX_JOBS": "2", "FLASHINFER_NVCC_THREADS": "1"}
+    assert parse_fleet(copy.deepcopy(seed_data)).nodes[0].name == "spark2"
+    del seed_data["launch"]["env"]["MAX_JOBS"]
+    refused(seed_data, "spark2", "MAX_JOBS", "FlashInfer JIT")
+
+
+@pytest.mark.parametrize(
+    "torch, needle",
+    [
+        ({"torchvision": "0.27.0+cu128"}, "mixes ABIs"),
+        ({"index_url": "https://download.pytorch.org/whl/cu128"}, "use .../whl/cu130"),
+        ({"index_url": "https://download.pytorch.org/whl/nightly/cu130"}, "mixes indexes"),
+        ({"torch": "2.12.0"}, "pin the exact version"),
+        ({"torch": "2.12.0+cpu", "torchvision": "0.27.0+cpu", "torchaudio": "2.11.0+cpu",
+          "index_url": "https://download.pytorch.org/whl/cpu"}, "+cpu build"),
+    ],
+)
+def test_torch_triple_mixing_refused(seed_data, torch, needle):
+    seed_data["pins"]["torch"].update(torch)
+    refused(seed_data, "pins.torch", needle)
+
+
+def test_unknown_key_is_an_error(seed_data):
+    seed_data["launch"]["gpu_memory_utilisation"] = 0.85
+    refused(seed_data, "launch.gpu_memory_utilisation", "unknown key")
+
+
+@pytest.mark.parametrize(
+    "where, value",
+    [
+        (("nodes", 0, "name"), "spark1;rm -rf /"),
+        (("nodes", 0, "host"), "spark1 -oProxyCommand=x"),
+        (("nodes", 0, "user"), "$(id)"),
+        (("launch", "image"), "vllm`id`"),
+        (("launch", "container_name"), "a b"),
+        (("launch", "models_dir"), "~/models; reboot"),
+        (("pins", "vllm_ref"), "main && curl x"),
+    ],
+)
+def test_shell_syntax_cannot_be_smuggled(seed_data, where, value):
+    cur = seed_data
+    for k in where[:-1]:
+        cur = cur[k]
+    cur[where[-1]] = value
+    refused(seed_data, repr(value))
+
+
+def test_env_value_with_quote_refused(seed_data):
+    seed_data["launch"]["env"]["MAX_JOBS"] = "2'"
+    refused(seed_data, "launch.env", "MAX_JOBS")
+
+
+def test_exactly_one_build_node(seed_data):
+    seed_data["nodes"][1]["roles"] = ["build", "serve"]
+    refused(seed_data, "exactly one node", "build")
+
+
+def test_duplicate_node_names(seed_data):
+    seed_data["nodes"][1]["name"] = "spark1"
+    refused(seed_data, "appears twice")
+
+
+def test_unknown_hardware_profile(seed_data):
+    seed_data["nodes"][1]["hardware"] = "gx11"
+    refused(seed_data, "spark2", "gx11", "founders")
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(FleetError, match="does not exist"):
+        load_fleet(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [\n")
+    with pytest.raises(FleetError, match="not valid YAML at line"):
+        load_fleet(bad)
+    bad.write_text(yaml.safe_dump([1, 2]))
+    with pytest.raises(FleetError, match="expected a mapping"):
+        load_fleet(bad)

@@ -1,0 +1,41 @@
+"""`spark-pipelines plan` renders the deploy without touching anything; bad input exits 2 cleanly."""
+
+import json
+import subprocess
+import sys
+
+from tests.unit.test_launch import runbook_argv
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "spark_pipelines.cli", *args], capture_output=True, text=True)
+
+
+def test_plan_json_shape_and_argv():
+    p = run("plan", "--fleet", "fleets/seed.yaml", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    assert set(plan) == {"nodes", "gateway"}
+    assert plan["nodes"]["spark1"]["docker_run_argv"] == runbook_argv("/home/operator")
+    pf = plan["nodes"]["spark2"]["preflight"]
+    assert pf["required_gib"] == 103.44 and pf["verdict"] in ("pass", "tight")
+    assert len(plan["gateway"]["config"]["model_list"]) == 6
+
+
+def test_plan_single_node_text():
+    p = run("plan", "--node", "spark2")
+    assert p.returncode == 0
+    assert "== node spark2" in p.stdout and "== node spark1" not in p.stdout
+    assert "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":2}'" in p.stdout
+
+
+def test_bad_input_exit_2_one_line_no_traceback(tmp_path):
+    bad = tmp_path / "f.yaml"
+    bad.write_text(open("fleets/seed.yaml").read().replace("0.85        #", "0.95        #"))
+    for args in (["plan", "--node", "spark9"], ["plan", "--fleet", str(bad)], ["plan", "--fleet", "missing.yaml"],
+                 ["plan", "--format", "xml"], ["nosuch"]):
+        p = run(*args)
+        assert p.returncode == 2, args
+        assert "Traceback" not in p.stderr and p.stderr.strip(), args
+    p = run("plan", "--fleet", str(bad))
+    assert "gpu_memory_utilization 0.95" in p.stderr and "spark1" in p.stderr
