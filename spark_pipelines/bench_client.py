@@ -297,15 +297,19 @@ def run_bench(
 
 
 async def _probe(client: httpx.AsyncClient, api_root: str, headers: Mapping[str, str]) -> None:
-    """Fail fast, with one message, when nothing answers at base_url."""
+    """Fail fast, with one message, when nothing (usable) answers at base_url."""
     try:
         resp = await client.get(api_root + "/models", headers=dict(headers))
     except httpx.HTTPError as exc:
         raise BenchError(f"cannot reach {api_root}/models: {type(exc).__name__}: {exc}") from None
-    if resp.status_code in (401, 403):
+    if resp.status_code != 200:
+        # Gateways differ on a missing key: 401, or LiteLLM without a database answers 500/400.
+        hint = "" if headers else (
+            "; no API key was sent: if the server wants one, pass --api-key-env VAR naming an "
+            "environment variable that holds it"
+        )
         raise BenchError(
-            f"{api_root}/models answered HTTP {resp.status_code}: the server wants an API key "
-            "(pass --api-key-env VAR naming an environment variable that holds it)"
+            f"{api_root}/models answered HTTP {resp.status_code}: {_error_text(resp.content)}{hint}"
         )
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-pytest_plugins = ["tests.plugins.sim", "tests.plugins.servers"]
+pytest_plugins = ["tests.plugins.sim", "tests.plugins.servers", "tests.plugins.remote"]
 
 SEED = "fleets/seed.yaml"
 

@@ -555,7 +555,7 @@ def build_report(
 def _ms(spread: Spread | None) -> str:
     if spread is None:
         return "-"
-    return Spread(spread.n, spread.min * 1000, spread.median * 1000, spread.max * 1000).text(0)
+    return Spread(spread.n, spread.min * 1000, spread.median * 1000, spread.max * 1000).text(1)
 
 
 def _num(spread: Spread | None, digits: int = 1) -> str:

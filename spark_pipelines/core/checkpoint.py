@@ -239,3 +239,23 @@ def verify_checkpoint(
             f"{INDEX_NAME}: no mtp. keys mapped to {MTP_FILE}; run add-mtp-weights.py"
         )
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run on the node itself (`python3 - DIR < checkpoint.py`): stdlib only, so the ~71 GB
+    checkpoint is checked where it lies and only a JSON report crosses the network."""
+    import argparse
+    from dataclasses import asdict
+
+    ap = argparse.ArgumentParser(prog="verify-checkpoint")
+    ap.add_argument("directory")
+    ap.add_argument("--expected-scales", type=int, default=144)
+    ap.add_argument("--no-mtp", action="store_true")
+    args = ap.parse_args(argv)
+    report = verify_checkpoint(args.directory, args.expected_scales, require_mtp=not args.no_mtp)
+    print(json.dumps(asdict(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -123,30 +123,31 @@ def strip_temporary_patches(text: str, params: None = None) -> str:
 
 def _strip_temporary_patches(text: str) -> tuple[str, EditRecord]:
     lines = text.splitlines(keepends=True)
-    removed: list[int] = []
-    for start, end, pr in TEMPORARY_PATCH_BLOCKS:
-        kept: list[str] = []
-        i = 0
-        while i < len(lines):
-            if start in lines[i]:
-                j = i
-                while j < len(lines) and end not in lines[j]:
-                    j += 1
-                if j == len(lines):
-                    # sed would delete to end of file here; refuse instead.
-                    raise DockerfileEditError(
-                        "strip-temporary-patches",
-                        end,
-                        f"the block starting '{start}' has no closing '{end}' line; upstream "
-                        "changed its shape: read the Dockerfile at the pinned commit and update "
-                        "TEMPORARY_PATCH_BLOCKS.",
-                    )
-                removed.extend(range(i + 1, j + 2))
-                i = j + 1
-                continue
+    removed: list[int] = []  # 1-based, in the text as given
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        block = next((b for b in TEMPORARY_PATCH_BLOCKS if b[0] in lines[i]), None)
+        if block is None:
             kept.append(lines[i])
             i += 1
-        lines = kept
+            continue
+        start, end, _ = block
+        j = i
+        while j < len(lines) and end not in lines[j]:
+            j += 1
+        if j == len(lines):
+            # sed would delete to end of file here; refuse instead.
+            raise DockerfileEditError(
+                "strip-temporary-patches",
+                end,
+                f"the block starting '{start}' (line {i + 1}) has no closing '{end}' line; "
+                "upstream changed its shape: read the Dockerfile at the pinned commit and "
+                "update TEMPORARY_PATCH_BLOCKS.",
+            )
+        removed.extend(range(i + 1, j + 2))
+        i = j + 1
+    lines = kept
     out = "".join(lines)
     for _, _, pr in TEMPORARY_PATCH_BLOCKS:
         if pr in out:

@@ -364,3 +364,26 @@ def header_span(header_len: int, header_json: bytes) -> int:
     header.pop("__metadata__", None)
     end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
     return 8 + header_len + end
+
+
+# -- rollback names ---------------------------------------------------------------------------------
+
+PREVIOUS_SUFFIX = "-previous"
+PREVIOUS_TAG = "previous"
+
+
+def image_repository(ref: str) -> str:
+    """`repo[:tag]` -> repo (a ':' before the last '/' is a registry port, not a tag)."""
+    names.check(names.IMAGE_REF, ref, "image reference")
+    head, sep, tail = ref.rpartition(":")
+    return head if sep and "/" not in tail else ref
+
+
+def previous_container_name(name: str) -> str:
+    names.check(names.CONTAINER_NAME, name, "container name")
+    return name + PREVIOUS_SUFFIX
+
+
+def previous_image_tag(ref: str) -> str:
+    """Where the image of the replaced container is kept: `<repo>:previous`."""
+    return f"{image_repository(ref)}:{PREVIOUS_TAG}"

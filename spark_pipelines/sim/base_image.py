@@ -17,6 +17,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from spark_pipelines.sim.gpu_hook import CONTAINER_STATE_PATH
+
 IMAGE_REF = "sim-python-base:latest"
 
 # The closure of python3.11-minimal + libpython3.11-stdlib that the stdlib modules a serving
@@ -80,8 +82,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPARK_SIM_CACHE", "/var/cache/spark-sim"))
 
 
+# Bump when the assembly below changes, so a cached tarball of the old recipe is not reused.
+RECIPE_VERSION = "2"
+
+
 def _cache_key() -> str:
-    return hashlib.sha256("\n".join(PACKAGES + BUSYBOX_APPLETS).encode()).hexdigest()[:12]
+    return hashlib.sha256("\n".join((RECIPE_VERSION, *PACKAGES, *BUSYBOX_APPLETS)).encode()).hexdigest()[:12]
 
 
 def tarball_path(cache_dir: Path | None = None) -> Path:
@@ -113,6 +119,17 @@ def _fetch_debs(debs: Path) -> list[Path]:
     return [found[p] for p in PACKAGES]
 
 
+def _merge_into(src: Path, dst: Path) -> None:
+    """Move src's tree into dst, merging directories that exist in both, then drop src."""
+    for entry in list(src.iterdir()):
+        target = dst / entry.name
+        if entry.is_dir() and not entry.is_symlink() and target.is_dir() and not target.is_symlink():
+            _merge_into(entry, target)
+        elif not target.exists() and not target.is_symlink():
+            shutil.move(str(entry), str(target))
+    shutil.rmtree(src)
+
+
 def _assemble_rootfs(root: Path, debs: list[Path]) -> None:
     for deb in debs:
         _run(["dpkg-deb", "-x", str(deb), str(root)], what=f"unpacking {deb.name}")
@@ -122,11 +139,7 @@ def _assemble_rootfs(root: Path, debs: list[Path]) -> None:
         top, usr = root / d, root / "usr" / d
         usr.mkdir(parents=True, exist_ok=True)
         if top.is_dir() and not top.is_symlink():
-            for entry in top.iterdir():
-                target = usr / entry.name
-                if not target.exists() and not target.is_symlink():
-                    shutil.move(str(entry), str(target))
-            shutil.rmtree(top)
+            _merge_into(top, usr)
         if not top.is_symlink():
             top.symlink_to(f"usr/{d}")
     bb = root / "usr/bin/busybox"
@@ -181,6 +194,9 @@ def import_into(docker_host: str, tarball: Path, ref: str = IMAGE_REF) -> str:
         "docker", "import",
         "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "--change", "ENV LANG=C.UTF-8",
+        # Where the GPU hook puts the node's GPU state (as the real hook injects the driver):
+        # every image built FROM this one finds it without extra launch env.
+        "--change", f"ENV SIM_GPU_STATE_FILE=/{CONTAINER_STATE_PATH}",
         "--change", 'CMD ["python3"]',
         str(tarball), ref,
     ]

@@ -5,8 +5,9 @@ PATH, and then adds it as a prestart hook to every container that asks for GPUs.
 mounts the driver libraries into the container's rootfs; this one copies the simulated node's GPU
 state file to /run/sim-gpu/state.json inside the rootfs, where the vLLM stand-in reads it.
 
-It runs with an empty environment under runc, so it is stdlib-only and gets the state file
-path from its command line (the per-node wrapper script that `sim up` writes passes it).
+It runs with an empty environment under runc, so it gets the state file path from its command
+line (the per-node wrapper script that `sim up` writes passes it, and sets PYTHONPATH so the
+free/total memory of a state comes from `gpu_states`, the one table of GB10 memory figures).
 Invoked as: gpu_hook.py --state-file PATH prestart   (stdin: the OCI state JSON)
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -36,16 +36,35 @@ def _wants_gpu(config: dict) -> bool:
     return False
 
 
+def container_state(node_state: dict) -> dict:
+    """The node's state plus what vLLM's startup check would read from the driver
+    (free and total CUDA memory): nvidia-smi on a GB10 cannot show them, the container can."""
+    doc = dict(node_state)
+    if "free_gib" not in doc or "total_gib" not in doc:
+        from spark_pipelines.sim import gpu_states  # lazy: only when the node file lacks them
+
+        doc.setdefault("free_gib", gpu_states.free_gib(doc.get("state", "healthy"), doc.get("profile", "founders")))
+        doc.setdefault("total_gib", gpu_states.TOTAL_CUDA_GIB)
+    return doc
+
+
+def write_container_state(node_state_file: Path, target: Path) -> None:
+    doc = container_state(json.loads(node_state_file.read_text()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.chmod(tmp, 0o644)
+    tmp.replace(target)  # atomic: the stand-in re-reads the file while serving
+
+
 def inject(state: dict, state_file: Path) -> Path | None:
-    """Copy the node's GPU state into the container's rootfs; returns the written path."""
+    """Put the node's GPU state into the container's rootfs; returns the written path."""
     bundle = Path(state.get("bundle") or state.get("bundlePath") or ".")
     config = json.loads((bundle / "config.json").read_text())
     if not _wants_gpu(config):
         return None
     target = _rootfs(bundle, config) / CONTAINER_STATE_PATH
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(state_file, target)
-    os.chmod(target, 0o644)
+    write_container_state(state_file, target)
     return target
 
 
@@ -67,7 +86,7 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         inject(json.load(sys.stdin), state_file)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ImportError) as e:
         print(f"nvidia-container-runtime-hook (sim): {e}", file=sys.stderr)
         return 1
     return 0

@@ -274,8 +274,8 @@ async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
         die(1)
     await asyncio.sleep(step)
     engine(f"Starting to load model {args.model}...", "gpu_model_runner.py:2345")
-    engine(f"Using AttentionBackendEnum.{(args.attention_backend or 'TRITON_ATTN').upper()} "
-           "backend.", "cuda.py:311")
+    # Without the flag vLLM picks FLASH_ATTN on SM121: the runbook's "only ~17 tok/s".
+    engine(f"Using {(args.attention_backend or 'FLASH_ATTN').upper()} backend.", "cuda.py:311")
     engine("Hybrid INT4+FP8: detected 144 FP8 dense layers", "inc.py:214")
     t0 = time.monotonic()
     await asyncio.sleep(2 * step)
@@ -494,32 +494,31 @@ class Server:
             finally:
                 self.c.running -= 1
 
-    def plan_steps(self, max_tokens: int, seed: int) -> list[int]:
-        """Tokens per engine step: 1 for prefill, then 1 + accepted drafts (MTP) per step."""
-        steps = [1]
+    def plan_steps(self, max_tokens: int, seed: int) -> list[tuple[int, int]]:
+        """Per engine step (tokens, accepted drafts): 1 for prefill, then 1 + accepted (MTP)."""
+        steps = [(1, 0)]
         left = max_tokens - 1
-        x = (seed * 2654435761 + 1) & 0xFFFFFFFF  # deterministic, like temperature 0
+        x = (seed * 2654435761 + 1) & 0x7FFFFFFF  # deterministic, like temperature 0
         while left > 0:
-            n = 1
-            if self.spec_k:
-                drafted = accepted = 0
-                for pos in range(self.spec_k):
-                    x = (x * 1103515245 + 12345) & 0x7FFFFFFF
-                    p = MTP_POS_ACCEPT[min(pos, len(MTP_POS_ACCEPT) - 1)]
-                    drafted = self.spec_k
-                    if x / 0x7FFFFFFF < p:
-                        accepted += 1
-                        self.c.accepted_per_pos[pos] += 1
-                    else:
-                        break
-                self.c.drafts += 1
-                self.c.draft_tokens += drafted
-                self.c.accepted += accepted
-                n += accepted
-            n = min(n, left)
-            steps.append(n)
+            accepted = 0
+            for pos in range(self.spec_k):
+                x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+                if x / 0x7FFFFFFF >= MTP_POS_ACCEPT[min(pos, len(MTP_POS_ACCEPT) - 1)]:
+                    break
+                accepted += 1
+            n = min(1 + accepted, left)
+            steps.append((n, accepted))
             left -= n
         return steps
+
+    def count_step(self, accepted: int) -> None:
+        """vLLM's spec-decode counters move per verified step, as the tokens come out."""
+        c = self.c
+        c.drafts += 1
+        c.draft_tokens += self.spec_k
+        c.accepted += accepted
+        for pos in range(accepted):
+            c.accepted_per_pos[pos] += 1
 
     async def generate(self, writer: asyncio.StreamWriter, rid: str, created: int, model: str,
                        prompt_tokens: int, max_tokens: int, stops: list[str], rate: float,
@@ -548,7 +547,7 @@ class Server:
         pieces: list[str] = []
         reasoning: list[str] = []
         try:
-            for i, n in enumerate(steps):
+            for i, (n, accepted) in enumerate(steps):
                 deadline = t0 + ttft + i * interval
                 delay = deadline - loop.time()
                 if delay > 0:
@@ -562,6 +561,8 @@ class Server:
                     words.append(" " + w)
                 produced += len(words)
                 self.c.generation_tokens += len(words)
+                if self.spec_k and i > 0:
+                    self.count_step(accepted)
                 last = finish == "stop" or produced >= max_tokens
                 text = "".join(words)
                 key = "reasoning_content" if produced <= reasoning_tokens else "content"
@@ -597,7 +598,7 @@ class Server:
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": finish, "stop_reason": None}],
                 "usage": usage, "prompt_logprobs": None}
-        return await self.respond(writer, 200, json.dumps(body).encode())
+        return await self.respond(writer, 200, json.dumps(body, separators=(",", ":")).encode())
 
     @staticmethod
     def _chunk(writer: asyncio.StreamWriter, payload: bytes) -> None:

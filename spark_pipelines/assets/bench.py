@@ -1,0 +1,123 @@
+"""Bench results per node, measured in isolation: drained from the gateway, zero requests running
+(read from vLLM's /metrics), then restored in every outcome except a completed bench below the
+node's floor, which keeps the node out of rotation and says why."""
+
+
+import base64
+import time
+
+import dagster as dg
+import httpx
+
+from spark_pipelines.assets import markers
+from spark_pipelines.assets.gateway import BENCH_GATE
+from spark_pipelines.assets.nodes import api_root, node_partitions
+from spark_pipelines.bench_client import run_bench
+from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core.diagnosis import parse_metrics
+from spark_pipelines.core.pins import code_versions
+from spark_pipelines.fleet import Fleet, Node
+from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.ssh import FleetSSH
+
+DRAIN_TIMEOUT_S = 120
+
+
+def wait_idle(fleet: Fleet, node: Node, timeout_s: float = DRAIN_TIMEOUT_S) -> float:
+    """Wait until vLLM reports no running or waiting request; returns the seconds waited."""
+    started = time.monotonic()
+    while True:
+        m = parse_metrics(httpx.get(f"{api_root(fleet, node)}/metrics", timeout=10).text)
+        busy = m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
+        if busy == 0:
+            return round(time.monotonic() - started, 1)
+        if time.monotonic() - started > timeout_s:
+            raise dg.Failure(description=f"{node.name} still has {busy:g} requests in flight {timeout_s:.0f} s after "
+                             "leaving the gateway; something else talks to it directly")
+        time.sleep(1)
+
+
+def history_points(context: dg.AssetExecutionContext, node: str) -> list[tuple[float, float]]:
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[node]), limit=50
+    ).records
+    points = []
+    for rec in records:
+        mat = rec.asset_materialization
+        v = mat.metadata.get("mean_tok_s") if mat else None
+        if v is not None:
+            points.append((rec.timestamp, float(v.value)))
+    return points
+
+
+def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
+    cv = code_versions(fleet)
+
+    @dg.asset(
+        group_name="bench",
+        kinds={"vllm"},
+        partitions_def=node_partitions(fleet),
+        code_version=cv["bench_results"],
+        deps=["node_deployment", "gateway"],
+        check_specs=[dg.AssetCheckSpec("above_floor", asset="bench_results")],
+        description="The recipe's suite (+ loaded phase) on one node in isolation; gates the node's promotion.",
+    )
+    def bench_results(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
+        s = ssh.session
+        f = s.fleet
+        node = f.node(context.partition_key)
+        launch = f.launch_for(node)
+        floor = f.bench_floor(node)
+        gw = litellm.host()
+        was_in = node.name in gw.rotation()
+        if was_in:
+            gw.drain(node.name)
+        try:
+            waited = wait_idle(f, node)
+            report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
+                               concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats)
+        except BaseException:
+            if was_in:  # nothing is lost: a failed bench puts the node back
+                gw.restore(node.name)
+            raise
+        mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
+        loaded = next((p.aggregate_tok_s.median for p in report.phases
+                       if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+        promoted = mean is not None and mean >= floor
+        reason = (f"bench {mean:.1f} tok/s >= floor {floor:g}" if promoted else
+                  f"bench {mean if mean is not None else 0:.1f} tok/s < floor {floor:g}: kept out of the gateway; "
+                  "check for the PD-firmware wedge (nvidia-smi clocks under load) before redeploying")
+        markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
+        if promoted and (was_in or node.name not in gw.rotation()):
+            gw.restore(node.name)
+        meta: dict = {
+            "mean_tok_s": float(mean or 0.0),
+            "reference_tok_s": f.bench.reference_tok_s,
+            "vs_reference": round((mean or 0.0) / f.bench.reference_tok_s, 3),
+            "floor_tok_s": floor,
+            "drain_wait_s": waited,
+            "isolation": report.isolation,
+            "table": dg.MetadataValue.md(bench_core.render_markdown(report)),
+        }
+        if loaded is not None:
+            meta["loaded_aggregate_tok_s"] = float(loaded)
+        if report.counters is not None and report.counters.acceptance_rate is not None:
+            meta["spec_acceptance_rate"] = float(report.counters.acceptance_rate)
+        try:
+            from spark_pipelines.bench_chart import render_history_png
+
+            png = render_history_png(history_points(context, node.name) + [(time.time(), float(mean or 0.0))],
+                                     title=f"{node.name} bench history", reference=f.bench.reference_tok_s)
+            meta["history"] = dg.MetadataValue.md(f"![history](data:image/png;base64,{base64.b64encode(png).decode()})")
+        except Exception as e:  # a chart must never fail a bench
+            context.log.warning(f"bench history chart not rendered: {e}")
+        yield dg.Output(report.to_dict(), metadata=meta)
+        yield dg.AssetCheckResult(
+            check_name="above_floor",
+            passed=promoted,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=reason,
+            metadata={"mean_tok_s": float(mean or 0.0), "floor_tok_s": floor},
+        )
+
+    return [bench_results]

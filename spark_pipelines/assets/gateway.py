@@ -1,0 +1,95 @@
+"""Phase 5: the LiteLLM config for every healthy, promoted node, written to the gateway host and reloaded."""
+
+
+import os
+
+import dagster as dg
+import httpx
+
+from spark_pipelines.assets import markers
+from spark_pipelines.assets.nodes import healthy
+from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core.pins import code_versions
+from spark_pipelines.fleet import Fleet
+from spark_pipelines.resources.gateway import GatewayError, LiteLLMGateway
+from spark_pipelines.resources.ssh import FleetSSH
+
+BENCH_GATE = "bench_gate"  # marker the bench step leaves on a node: promoted or held out, and why
+
+
+def promotion(ssh: FleetSSH) -> tuple[list[str], dict[str, str]]:
+    """Nodes to put in rotation, and the reason each other node is left out."""
+    s = ssh.session
+    f = s.fleet
+    rotation: list[str] = []
+    out: dict[str, str] = {}
+    for node in f.serve_nodes:
+        if not healthy(f, node):
+            out[node.name] = "vLLM /health does not answer"
+            continue
+        gate = markers.read(s, node, BENCH_GATE)
+        if gate and not gate.get("promoted", True):
+            out[node.name] = gate.get("reason", "held out by its last bench")
+            continue
+        rotation.append(node.name)
+    return rotation, out
+
+
+def build_gateway_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
+    cv = code_versions(fleet)
+
+    @dg.asset(
+        group_name="gateway",
+        kinds={"litellm"},
+        code_version=cv["gateway"],
+        deps=["node_deployment"],
+        check_specs=[dg.AssetCheckSpec("routes_through_proxy", asset="gateway")],
+        description="LiteLLM pools (fast / reasoning / code) over every healthy node that passed its bench floor.",
+    )
+    def gateway(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
+        host = litellm.host()
+        f = host.fleet
+        rotation, left_out = promotion(ssh)
+        if not rotation:
+            raise dg.Failure(
+                description="no node is healthy and promoted: the gateway config was NOT rewritten "
+                "(the proxy keeps its current pools). " + "; ".join(f"{k}: {v}" for k, v in left_out.items())
+            )
+        config = host.set_rotation(rotation)
+        # One streamed request through the first pool proves the proxy routes to a live backend.
+        pool = f.gateway.pools[0]
+        key = os.environ.get(f.gateway.master_key_env, "")
+        routed, detail = False, ""
+        try:
+            with httpx.stream(
+                "POST", f"{host.base_url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+                json={"model": pool, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "stream": True},
+                timeout=120,
+            ) as r:
+                body = "".join(r.iter_text())
+                routed = r.status_code == 200 and "data:" in body
+                detail = f"HTTP {r.status_code} via {r.headers.get('x-litellm-model-api-base', '?')}"
+        except httpx.HTTPError as e:
+            detail = f"{type(e).__name__}: {e}"
+        yield dg.Output(
+            {"rotation": rotation, "left_out": left_out},
+            data_version=dg.DataVersion(markers.signature(config)),
+            metadata={
+                "nodes_in_rotation": len(rotation),
+                "rotation": ", ".join(rotation),
+                "left_out": dg.MetadataValue.md("\n".join(f"- {k}: {v}" for k, v in left_out.items()) or "none"),
+                "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(config) + "```"),
+            },
+        )
+        yield dg.AssetCheckResult(
+            check_name="routes_through_proxy",
+            passed=routed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=f"streamed request to pool {pool!r}: {detail}",
+        )
+
+    return [gateway]
+
+
+__all__ = ["build_gateway_assets", "promotion", "GatewayError"]

@@ -1,0 +1,158 @@
+"""Runbook step 3 (base image from spark-vllm-docker, NOT install.sh's build path) and the serving image.
+
+The Dockerfile edits come from core/dockerfile.py, each refusing to go on when its anchor is gone
+(a silent sed no-op would build the wrong torch or miss a patch).
+"""
+
+
+import dagster as dg
+
+from spark_pipelines.assets import markers
+from spark_pipelines.assets.model import StepFailed, checkout
+from spark_pipelines.core import dockerfile as dockerfile_core
+from spark_pipelines.core import layout
+from spark_pipelines.core.pins import code_versions
+from spark_pipelines.fleet import Fleet
+from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.resources.ssh import FleetSSH
+
+# Patch 03's marker: proves the INT8 LM head v2 is baked into the serving image.
+LMHEAD_MARKER = "DGX_SPARK_INT8_LMHEAD_V2"
+SIGNATURE_LABEL = "org.spark-pipelines.signature"
+
+TORCH_VERSION_PY = "import torch; print(torch.__version__)"
+LMHEAD_PY = (
+    "import os, vllm; p = os.path.join(os.path.dirname(vllm.__file__), 'model_executor', 'layers', "
+    "'logits_processor.py'); print('FOUND' if '" + LMHEAD_MARKER + "' in open(p).read() else 'MISSING')"
+)
+
+
+def _torch_pins(fleet: Fleet) -> dockerfile_core.TorchPins:
+    t = fleet.pins.torch
+    return dockerfile_core.TorchPins(torch=t.torch, torchvision=t.torchvision, torchaudio=t.torchaudio, index_url=t.index_url)
+
+
+def build_image_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
+    cv = code_versions(fleet)
+    base_tag = f"{fleet.pins.build.base_tag}:latest"
+
+    @dg.asset(
+        group_name="images",
+        kinds={"docker", "ssh"},
+        code_version=cv["base_image"],
+        check_specs=[dg.AssetCheckSpec("torch_is_pinned_cuda_build", asset="base_image", blocking=True)],
+        description="Step 3: vLLM base image (spark-vllm-docker at its pin, edited Dockerfile, pinned vLLM ref).",
+    )
+    def base_image(context: dg.AssetExecutionContext, ssh: FleetSSH):
+        s = ssh.session
+        f = s.fleet
+        node = f.build_node
+        docker = NodeDocker(s)
+        sig = markers.signature(cv["base_image"])
+        current = docker.image_id(node.name, base_tag)
+        marker = markers.matches(s, node, "base_image", sig)
+        skipped = bool(marker and current and marker.get("image_id") == current)
+        edits: list[dockerfile_core.EditRecord] = []
+        if not skipped:
+            build_dir = layout.build_repo_dir(node)
+            recipe = layout.recipe_dir(node)
+            checkout(s, node, f.pins.build_repo, build_dir)
+            checkout(s, node, f.pins.recipe_repo, recipe)
+            original = s.read_text(node.name, f"{build_dir}/Dockerfile")
+            patches = [dockerfile_core.LocalPatch(p.name) for p in f.pins.patches]
+            try:
+                edited, edits = dockerfile_core.apply_build_edits(original, _torch_pins(f), patches)
+            except dockerfile_core.DockerfileEditError as e:
+                raise StepFailed(description=f"{node.name}: {e} (build repo {f.pins.build_repo.commit})") from None
+            s.put_text(node.name, f"{build_dir}/Dockerfile", edited)
+            for pin, patch in zip(f.pins.patches, patches):
+                s.run(node.name, ["cp", f"{recipe}/{pin.path}", f"{build_dir}/{patch.file_name}"])
+            argv = ["env", "-C", build_dir, "./build-and-copy.sh", "-t", f.pins.build.base_tag,
+                    "--vllm-ref", f.pins.vllm_ref, "-j", str(f.pins.build.jobs)]
+            if f.pins.build.tf5:
+                argv.insert(argv.index("-j"), "--tf5")
+            s.run(node.name, argv)
+            current = docker.image_id(node.name, base_tag)
+            if not current:
+                raise StepFailed(description=f"{node.name}: build-and-copy.sh finished but {base_tag} does not exist")
+        version = s.run(
+            node.name, ["docker", "run", "--rm", "--entrypoint", "python3", base_tag, "-c", TORCH_VERSION_PY], log=False
+        ).stdout.strip().splitlines()[-1]
+        ok = version == f.pins.torch.torch and "+cu" in version
+        if ok and not skipped:
+            markers.write(s, node, "base_image", sig, image_id=current)
+        yield dg.Output(
+            {"node": node.name, "tag": base_tag, "image_id": current, "torch": version},
+            data_version=dg.DataVersion(current),
+            metadata={
+                "image_id": current,
+                "torch": version,
+                "vllm_ref": f.pins.vllm_ref,
+                "skipped": skipped,
+                "dockerfile_edits": dg.MetadataValue.md(
+                    "\n".join(f"- {e.edit}: {e.detail}" for e in edits) or "(unchanged image reused)"
+                ),
+            },
+        )
+        yield dg.AssetCheckResult(
+            check_name="torch_is_pinned_cuda_build",
+            passed=ok,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=(
+                f"torch {version} in the image"
+                if ok
+                else f"torch in the image is {version!r}, expected {f.pins.torch.torch}: uv swapped torch "
+                "(libtorch_cuda.so ImportError at serve time) or the pin edit did not apply"
+            ),
+        )
+
+    @dg.asset(
+        group_name="images",
+        kinds={"docker", "ssh"},
+        code_version=cv["serving_image"],
+        check_specs=[dg.AssetCheckSpec("int8_lm_head_present", asset="serving_image", blocking=True)],
+        description="Step 4: the serving image (recipe's Dockerfile.v2 + the starlette/fastapi pin).",
+    )
+    def serving_image(context: dg.AssetExecutionContext, ssh: FleetSSH, base_image: dict):
+        s = ssh.session
+        f = s.fleet
+        node = f.build_node
+        docker = NodeDocker(s)
+        image = f.launch.image
+        sig = markers.signature(cv["serving_image"], base_image["image_id"])
+        labels = docker.image_labels(node.name, image) if docker.image_id(node.name, image) else {}
+        skipped = labels.get(SIGNATURE_LABEL) == sig
+        if not skipped:
+            recipe = layout.recipe_dir(node)
+            checkout(s, node, f.pins.recipe_repo, recipe)
+            path = f"{recipe}/docker/Dockerfile.v2"
+            pins = dockerfile_core.ServingPins(
+                starlette=f"starlette{f.pins.serving.starlette}", fastapi=f"fastapi{f.pins.serving.fastapi}"
+            )
+            try:
+                edited = dockerfile_core.pin_serving_deps(s.read_text(node.name, path), pins)
+            except dockerfile_core.DockerfileEditError as e:
+                raise StepFailed(description=f"{node.name}: {e}") from None
+            s.put_text(node.name, path, edited)
+            s.run(node.name, ["env", "-C", recipe, "docker", "build", "--build-arg", f"VLLM_BASE={base_tag}",
+                              "--label", f"{SIGNATURE_LABEL}={sig}", "-t", image, "-f", "docker/Dockerfile.v2", "."])
+        image_id = docker.image_id(node.name, image)
+        probe = s.run(node.name, ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", LMHEAD_PY], log=False)
+        found = probe.stdout.strip().endswith("FOUND")
+        yield dg.Output(
+            {"node": node.name, "image": image, "image_id": image_id},
+            data_version=dg.DataVersion(image_id),
+            metadata={"image_id": image_id, "base_image_id": base_image["image_id"], "skipped": skipped},
+        )
+        yield dg.AssetCheckResult(
+            check_name="int8_lm_head_present",
+            passed=found,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=(
+                f"{LMHEAD_MARKER} found in logits_processor.py"
+                if found
+                else f"{LMHEAD_MARKER} missing: patch 03 did not apply; rebuild the serving image from the recipe pin"
+            ),
+        )
+
+    return [base_image, serving_image]

@@ -1,0 +1,202 @@
+"""Runbook steps 0-2 on the build host: base model download, hybrid INT4+FP8 checkpoint, MTP weights.
+
+Each step verifies its output by reading the safetensors index and shard headers ON the node
+(core/checkpoint.py is stdlib-only and is piped to the node's python3), not by file existence:
+install.sh's skip test passes a half-built checkpoint whose index is stale.
+"""
+
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from spark_pipelines.assets import markers
+from spark_pipelines.core import checkpoint as checkpoint_core
+from spark_pipelines.core import layout
+from spark_pipelines.core.pins import code_versions
+from spark_pipelines.fleet import Fleet, GitPin, Node
+from spark_pipelines.resources.hub import ModelHub
+from spark_pipelines.resources.ssh import FleetSession, FleetSSH
+
+# "Tensors replaced (BF16->FP8): 144": the shared-expert dense layers, 48 layers x gate/up/down.
+EXPECTED_FP8_SCALES = 144
+
+HYBRID_BUILDER = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py"
+MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"
+
+
+class StepFailed(dg.Failure):
+    pass
+
+
+def verify_on_node(
+    session: FleetSession, node: Node, directory: str, *, expected_scales: int, require_mtp: bool
+) -> checkpoint_core.CheckpointReport:
+    argv = ["python3", "-", directory, "--expected-scales", str(expected_scales)]
+    if not require_mtp:
+        argv.append("--no-mtp")
+    source = Path(checkpoint_core.__file__).read_text()
+    r = session.run(node.name, argv, stdin=source, log=False, timeout=600)
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    return checkpoint_core.CheckpointReport(**data)
+
+
+def report_metadata(report: checkpoint_core.CheckpointReport) -> dict[str, Any]:
+    return {
+        "directory": report.directory,
+        "shards": len(report.shards),
+        "size_gib": round(report.total_bytes / 2**30, 3),
+        "tensors": report.tensor_count,
+        "fp8_tensors": report.fp8_count,
+        "fp8_scales": report.scale_count,
+        "mtp_keys_mapped": report.mtp_keys_mapped,
+        "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in report.problems) or "none"),
+    }
+
+
+def checkout(session: FleetSession, node: Node, pin: GitPin, dest: str) -> str:
+    """Clone once, then fetch only when the pinned commit is missing; always a clean detached tree."""
+    if not session.exists(node.name, f"{dest}/.git"):
+        session.run(node.name, ["git", "clone", "--quiet", pin.url, dest], timeout=1800)
+    has = session.run(node.name, ["git", "-C", dest, "cat-file", "-e", f"{pin.commit}^{{commit}}"], check=False, log=False)
+    if not has.ok:
+        session.run(node.name, ["git", "-C", dest, "fetch", "--quiet", "origin"], timeout=1800)
+    session.run(node.name, ["git", "-C", dest, "checkout", "--quiet", "--force", "--detach", pin.commit])
+    session.run(node.name, ["git", "-C", dest, "clean", "-fdq", "-e", ".venv"])
+    return session.run(node.name, ["git", "-C", dest, "rev-parse", "HEAD"], log=False).stdout.strip()
+
+
+def index_digest(session: FleetSession, node: Node, directory: str) -> str:
+    r = session.run(node.name, ["sha256sum", f"{directory}/{checkpoint_core.INDEX_NAME}"], log=False)
+    return r.stdout.split()[0][:16]
+
+
+def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+    cv = code_versions(fleet)
+
+    @dg.asset(
+        group_name="model",
+        kinds={"huggingface", "ssh"},
+        code_version=cv["base_model"],
+        description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision.",
+    )
+    def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[dict]:
+        s = ssh.session
+        node = s.fleet.build_node
+        pin = s.fleet.pins.base_model
+        sha = hub.resolve(pin.repo, pin.revision)
+        dest = layout.base_model_dir(s.fleet, node)
+        sig = markers.signature(cv["base_model"], sha)
+        skipped = bool(markers.matches(s, node, "base_model", sig))
+        if skipped:
+            report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
+            skipped = report.ok
+        if not skipped:
+            context.log.info(f"downloading {pin.repo}@{sha} to {node.name}:{dest} (resumable: hf skips complete files)")
+            s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None)
+            report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
+            if not report.ok:
+                raise StepFailed(
+                    description=f"base model on {node.name} is incomplete after download: {report.problems[0]}",
+                    metadata=report_metadata(report),
+                )
+            markers.write(s, node, "base_model", sig, revision=sha)
+        return dg.Output(
+            {"node": node.name, "path": dest, "repo": pin.repo, "revision": sha},
+            data_version=dg.DataVersion(sha),
+            metadata={"revision": sha, "skipped": skipped, **report_metadata(report)},
+        )
+
+    @dg.asset(
+        group_name="model",
+        kinds={"python", "ssh"},
+        code_version=cv["hybrid_checkpoint"],
+        check_specs=[dg.AssetCheckSpec("checkpoint_consistent", asset="hybrid_checkpoint", blocking=True)],
+        description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), verified from headers.",
+    )
+    def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: dict):
+        s = ssh.session
+        f = s.fleet
+        node = f.build_node
+        recipe = layout.recipe_dir(node)
+        out = layout.hybrid_dir(f, node)
+        sig = markers.signature(cv["hybrid_checkpoint"], base_model["revision"])
+        report = None
+        skipped = bool(markers.matches(s, node, "hybrid_checkpoint", sig))
+        if skipped:
+            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False)
+            skipped = report.ok
+            if not skipped:
+                context.log.warning(f"marker matches but the checkpoint fails verification; rebuilding: {report.problems[0]}")
+        if not skipped:
+            checkout(s, node, f.pins.recipe_repo, recipe)
+            # The builder's --force removes model.safetensors* and config.json but not the
+            # model-*-of-* shards: leftovers of another build would mix in. Remove them first.
+            s.run(node.name, ["find", out, "-maxdepth", "1", "-name", "model-*-of-*.safetensors", "-delete"], check=False)
+            s.run(
+                node.name,
+                ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base_model["path"],
+                 "--fp8-repo", f.pins.fp8_model.repo, "--output", out, "--force"],
+                secret_env=hub.secret_env() or None,
+            )
+            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False)
+        digest = index_digest(s, node, out) if report.ok else "invalid"
+        if report.ok and not skipped:
+            markers.write(s, node, "hybrid_checkpoint", sig, index=digest)
+        yield dg.Output(
+            {"node": node.name, "path": out, "index": digest},
+            data_version=dg.DataVersion(digest),
+            metadata={"skipped": skipped, **report_metadata(report)},
+        )
+        yield dg.AssetCheckResult(
+            check_name="checkpoint_consistent",
+            passed=report.ok,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=("index, shards and FP8 scales agree" if report.ok else report.problems[0]),
+            metadata={"problems": len(report.problems), "fp8_scales": report.scale_count},
+        )
+
+    @dg.asset(
+        group_name="model",
+        kinds={"python", "ssh"},
+        code_version=cv["mtp_weights"],
+        check_specs=[dg.AssetCheckSpec("mtp_keys_mapped", asset="mtp_weights", blocking=True)],
+        description="Step 2: MTP head weights added to the hybrid checkpoint (for MTP-2 speculative decoding).",
+    )
+    def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: dict, hybrid_checkpoint: dict):
+        s = ssh.session
+        f = s.fleet
+        node = f.build_node
+        out = hybrid_checkpoint["path"]
+        sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"])
+        skipped = bool(markers.matches(s, node, "mtp_weights", sig))
+        report = None
+        if skipped:
+            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
+            skipped = report.ok
+        if not skipped:
+            recipe = layout.recipe_dir(node)
+            s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"], "--target", out])
+            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
+        digest = index_digest(s, node, out) if report.ok else "invalid"
+        if report.ok and not skipped:
+            markers.write(s, node, "mtp_weights", sig, index=digest)
+        yield dg.Output(
+            {"node": node.name, "path": out, "index": digest},
+            data_version=dg.DataVersion(digest),
+            metadata={"skipped": skipped, **report_metadata(report)},
+        )
+        yield dg.AssetCheckResult(
+            check_name="mtp_keys_mapped",
+            passed=report.ok and report.mtp_keys_mapped > 0,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=(f"{report.mtp_keys_mapped} mtp. keys mapped" if report.ok else report.problems[0]),
+        )
+
+    return [base_model, hybrid_checkpoint, mtp_weights]
+
+
+__all__ = ["build_model_assets", "verify_on_node", "checkout", "asdict"]

@@ -1,0 +1,34 @@
+"""Where each runbook artifact lives on a node (plain paths, `~` already expanded)."""
+
+from __future__ import annotations
+
+from spark_pipelines.core.launch import expand_home
+from spark_pipelines.fleet import Fleet, ModelPin, Node
+
+# State this tool keeps on nodes: step markers (what was built from which inputs) and secrets.
+STATE_DIR = "~/.cache/spark-pipelines"
+
+
+def recipe_dir(node: Node) -> str:
+    return expand_home("~/DGX_Spark_Qwen3.5-122B-A10B-AR-INT4", node.home_dir)
+
+
+def build_repo_dir(node: Node) -> str:
+    return expand_home("~/spark-vllm-docker", node.home_dir)
+
+
+def models_dir(fleet: Fleet, node: Node) -> str:
+    return expand_home(fleet.launch_for(node).models_dir, node.home_dir)
+
+
+def base_model_dir(fleet: Fleet, node: Node, pin: ModelPin | None = None) -> str:
+    pin = pin or fleet.pins.base_model
+    return f"{models_dir(fleet, node)}/{pin.repo.replace('/', '--')}"
+
+
+def hybrid_dir(fleet: Fleet, node: Node) -> str:
+    return f"{models_dir(fleet, node)}/{fleet.launch_for(node).model_dir}"
+
+
+def marker_path(node: Node, step: str) -> str:
+    return expand_home(f"{STATE_DIR}/markers/{step}.json", node.home_dir)

@@ -1,0 +1,226 @@
+"""Docker on a node, through the docker CLI over the node's SSH connection.
+
+One code path for real and simulated nodes: whatever `docker` on the node talks to (its DOCKER_HOST
+or the default socket) is what we drive. Rollback keeps the replaced container, stopped, as
+`<name>-previous` and its image as `<repo>:previous` until the new one is healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from spark_pipelines.core import names, remote
+from spark_pipelines.resources.ssh import CommandResult, FleetSession, FleetSSH, RemoteCommandError, RemoteError
+
+_NO_SUCH = ("No such image", "No such object", "No such container", "no such image", "no such container")
+
+
+class DockerError(RemoteError):
+    """A docker operation on a node that cannot proceed; the message says what to do."""
+
+
+@dataclass
+class LogWatch:
+    """Result of following a container's log until a line matched, it ended, or time ran out."""
+
+    matched: str | None
+    lines_seen: int
+    tail: list[str] = field(default_factory=list)
+    ended: bool = False  # `docker logs -f` ended: the container stopped
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class PreviousDeploy:
+    container: str  # `<name>-previous`, stopped
+    image_id: str
+    image_tag: str  # `<repo>:previous`
+
+
+class NodeDocker:
+    def __init__(self, session: FleetSession) -> None:
+        self.session = session
+
+    def _docker(self, node: str, args: Sequence[str], **kw: Any) -> CommandResult:
+        return self.session.run(node, ["docker", *args], **kw)
+
+    @staticmethod
+    def _missing(r: CommandResult) -> bool:
+        return r.exit_status != 0 and any(m in r.stderr for m in _NO_SUCH)
+
+    # -- images --
+
+    def image_id(self, node: str, ref: str) -> str | None:
+        """The image's id (sha256:...) on node, or None when node does not have it."""
+        names.check(names.IMAGE_REF, ref, "image reference")
+        r = self._docker(node, ["image", "inspect", "--format", "{{.Id}}", ref], check=False, log=False)
+        if self._missing(r):
+            return None
+        if r.exit_status != 0:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        return r.stdout.strip()
+
+    def image_labels(self, node: str, ref: str) -> dict[str, str]:
+        names.check(names.IMAGE_REF, ref, "image reference")
+        r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Labels}}", ref], check=False, log=False)
+        if self._missing(r):
+            raise DockerError(f"node {node}: image {ref} does not exist there; build or copy it first")
+        if r.exit_status != 0:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        return json.loads(r.stdout.strip() or "null") or {}
+
+    def tag(self, node: str, source: str, target: str) -> None:
+        self._docker(node, ["tag", source, target], log=False)
+
+    def untag(self, node: str, ref: str) -> bool:
+        """Remove a tag (the image itself goes when no tag or container uses it). False if absent."""
+        r = self._docker(node, ["image", "rm", ref], check=False, log=False)
+        if self._missing(r):
+            return False
+        if r.exit_status != 0:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        return True
+
+    # -- containers --
+
+    def inspect_container(self, node: str, name: str) -> dict[str, Any] | None:
+        names.check(names.CONTAINER_NAME, name, "container name")
+        r = self._docker(node, ["container", "inspect", name], check=False, log=False)
+        if self._missing(r):
+            return None
+        if r.exit_status != 0:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        data = json.loads(r.stdout)
+        return data[0] if data else None
+
+    def run_container(self, node: str, argv: Sequence[str]) -> str:
+        """Run the argv `core.launch.docker_run_argv` rendered (detached); returns the container id."""
+        argv = remote.check_argv(argv)
+        if argv[:2] != ["docker", "run"] or "-d" not in argv:
+            raise DockerError(
+                f"node {node}: run_container takes a detached `docker run -d ...` argv, got {remote.quote_argv(argv[:4])} ..."
+            )
+        r = self.session.run(node, argv)
+        return r.stdout.strip().splitlines()[-1]
+
+    def start(self, node: str, name: str) -> None:
+        self._docker(node, ["start", name])
+
+    def stop(self, node: str, name: str, timeout_s: int = 30) -> None:
+        self._docker(node, ["stop", "-t", str(timeout_s), name])
+
+    def remove(self, node: str, name: str, *, force: bool = False) -> bool:
+        """Remove a container; False when there was none."""
+        r = self._docker(node, ["rm", *(["-f"] if force else []), name], check=False)
+        if self._missing(r):
+            return False
+        if r.exit_status != 0:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        return True
+
+    def rename(self, node: str, old: str, new: str) -> None:
+        names.check(names.CONTAINER_NAME, new, "container name")
+        self._docker(node, ["rename", old, new])
+
+    def logs(self, node: str, name: str, tail: int | str = 200) -> str:
+        """The container's last log lines, stdout and stderr together."""
+        r = self._docker(node, ["logs", "--tail", str(tail), name], log=False)
+        return r.stdout + r.stderr
+
+    def follow_logs(
+        self,
+        node: str,
+        name: str,
+        *,
+        until: Callable[[str], bool],
+        timeout: float,
+        since_tail: int | str = "all",
+        log: Any = True,
+    ) -> LogWatch:
+        """Stream the container's log line by line until `until(line)` is true, the container
+        stops, or timeout seconds pass (timed_out=True, never an exception: the caller decides)."""
+        tail = remote.OutputTail(max_lines=40)
+        found: list[str] = []
+
+        def on_line(_stream: str, line: str) -> bool:
+            tail.add(line)
+            if until(line):
+                found.append(line)
+                return True
+            return False
+
+        started = time.monotonic()
+        r = self._docker(
+            node, ["logs", "-f", "--tail", str(since_tail), name],
+            timeout=timeout, check=False, on_line=on_line, log=log,
+        )
+        if r.exit_status not in (0, None) and r.exit_status not in remote.TIMEOUT_EXIT_CODES:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        return LogWatch(
+            matched=found[0] if found else None,
+            lines_seen=tail.total_lines,
+            tail=tail.lines,
+            ended=not found and r.exit_status == 0,
+            timed_out=not found and r.exit_status in remote.TIMEOUT_EXIT_CODES,
+            seconds=round(time.monotonic() - started, 2),
+        )
+
+    # -- rollback --
+
+    def keep_previous(self, node: str, name: str, image: str, *, stop_timeout_s: int = 30) -> PreviousDeploy | None:
+        """Before a new launch: stop the running `name`, rename it `<name>-previous`, and tag its
+        image `<repo>:previous`. Returns None when there was nothing to keep."""
+        current = self.inspect_container(node, name)
+        if current is None:
+            return None
+        prev_name = remote.previous_container_name(name)
+        prev_tag = remote.previous_image_tag(image)
+        if self.inspect_container(node, prev_name) is not None:
+            self.remove(node, prev_name, force=True)  # an older rollback point, superseded
+        if current.get("State", {}).get("Running"):
+            self.stop(node, name, timeout_s=stop_timeout_s)
+        self.rename(node, name, prev_name)
+        image_id = str(current["Image"])
+        self.tag(node, image_id, prev_tag)
+        return PreviousDeploy(prev_name, image_id, prev_tag)
+
+    def restore_previous(self, node: str, name: str, image: str) -> str:
+        """Roll back: drop the new container, put `<name>-previous` back under `name` with its image
+        re-tagged as `image`, and start it. Returns the restored container's id."""
+        prev_name = remote.previous_container_name(name)
+        prev = self.inspect_container(node, prev_name)
+        if prev is None:
+            raise DockerError(
+                f"node {node}: no {prev_name} container to roll back to (it was dropped after a healthy "
+                f"deploy, or never made); redeploy a known-good image instead"
+            )
+        self.remove(node, name, force=True)
+        self.rename(node, prev_name, name)
+        prev_tag = remote.previous_image_tag(image)
+        if self.image_id(node, prev_tag) is not None:
+            self.tag(node, prev_tag, image)
+            self.untag(node, prev_tag)
+        self.start(node, name)
+        return str(prev["Id"])
+
+    def drop_previous(self, node: str, name: str, image: str) -> bool:
+        """After the new container is healthy: remove the rollback container and tag."""
+        removed = self.remove(node, remote.previous_container_name(name), force=True)
+        untagged = self.untag(node, remote.previous_image_tag(image))
+        return removed or untagged
+
+
+class FleetDocker(dg.ConfigurableResource):
+    """Dagster face of NodeDocker, over the fleet's SSH resource."""
+
+    ssh: FleetSSH
+
+    def on(self) -> NodeDocker:
+        return NodeDocker(self.ssh.session)

@@ -1,0 +1,240 @@
+"""Node-to-node streams: the checkpoint (rsync) and the image (docker save | docker load).
+
+Both run ON the build node and push straight to the serving node, so the ~71 GB never crosses the
+orchestrator's machine. The build node reaches the serving node with its own dedicated key, which
+`ensure_peer_access` creates and authorizes; the serving node's host key is written into the build
+node's peer known_hosts from the orchestrator's verified known_hosts, never learned from the network.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import paramiko
+
+from spark_pipelines.core import remote
+from spark_pipelines.core.checkpoint import INDEX_NAME, MAX_HEADER_BYTES
+from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.resources.ssh import FleetSession, FleetSSH, HostKeyError, RemoteError
+
+
+class TransferError(RemoteError):
+    """A copy between nodes failed or did not verify; the message names both nodes and the problems."""
+
+
+@dataclass
+class TreeVerification:
+    files: int = 0
+    total_bytes: int = 0
+    index_keys: int = 0
+    shards_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class TreeCopyReport:
+    src: str
+    dst: str
+    src_dir: str
+    dst_dir: str
+    seconds: float
+    bytes_sent: int  # what rsync pushed over the wire (after delta and resume)
+    files_transferred: int
+    verification: TreeVerification
+    rsync_stats: dict[str, int]
+
+
+@dataclass
+class ImageCopyReport:
+    src: str
+    dst: str
+    image: str
+    image_id: str
+    seconds: float
+    skipped: bool  # the destination already had the same image id
+
+
+class NodeStreams:
+    """Copies between nodes, driven over a FleetSession."""
+
+    def __init__(self, session: FleetSession) -> None:
+        self.session = session
+        self.docker = NodeDocker(session)
+        self._peer_lock = threading.Lock()
+        self._routes: dict[tuple[str, str], remote.PeerRoute] = {}
+
+    # -- access --
+
+    def ensure_peer_access(self, src: str, dst: str) -> remote.PeerRoute:
+        """Let src ssh to dst with a dedicated key; idempotent (nothing is rewritten when in place)."""
+        if src == dst:
+            raise TransferError(f"source and destination are the same node ({src}): nothing to copy")
+        s = self.session
+        with self._peer_lock:
+            if (src, dst) in self._routes:
+                return self._routes[(src, dst)]
+            _, src_t = s.target(src)
+            _, dst_t = s.target(dst)
+            ssh_dir = s.expand(src, "~/.ssh")
+            key = f"{ssh_dir}/{remote.PEER_KEY_NAME}"
+            peer_known_hosts = f"{ssh_dir}/{remote.PEER_KNOWN_HOSTS_NAME}"
+            s.run(src, ["mkdir", "-p", "-m", "700", ssh_dir], log=False)
+            if not s.exists(src, key):
+                s.run(src, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"spark-pipelines-peer@{src}", "-f", key])
+            public = s.read_text(src, f"{key}.pub").strip()
+
+            # Authorize on the destination (append once; 0600 as sshd's StrictModes wants).
+            dst_ssh = s.expand(dst, "~/.ssh")
+            s.run(dst, ["mkdir", "-p", "-m", "700", dst_ssh], log=False)
+            ak = f"{dst_ssh}/authorized_keys"
+            current = s.read_text(dst, ak) if s.exists(dst, ak) else ""
+            if public.split()[1] not in current:
+                line = remote.authorized_keys_line(public, f"spark-pipelines-peer@{src}")
+                s.put_text(dst, ak, current + ("" if not current or current.endswith("\n") else "\n") + line + "\n", 0o600)
+                s.log.info(f"[{dst}] authorized {src}'s peer key in {ak}")
+
+            # The destination's host key, from the orchestrator's verified known_hosts.
+            lines = self._verified_host_lines(dst, dst_t.host, dst_t.port, dst_t.known_hosts)
+            name = remote.known_hosts_name(dst_t.host, dst_t.port)
+            existing = s.read_text(src, peer_known_hosts) if s.exists(src, peer_known_hosts) else ""
+            kept = [ln for ln in existing.splitlines() if ln.strip() and ln.split()[0] != name]
+            wanted = "\n".join(kept + lines) + "\n"
+            if wanted != existing:
+                s.put_text(src, peer_known_hosts, wanted, 0o600)
+            route = remote.PeerRoute(dst_t.user, dst_t.host, dst_t.port, key, peer_known_hosts)
+            self._routes[(src, dst)] = route
+            return route
+
+    def _verified_host_lines(self, dst: str, host: str, port: int, known_hosts: str) -> list[str]:
+        path = Path(known_hosts).expanduser()
+        name = remote.known_hosts_name(host, port)
+        keys = paramiko.HostKeys(str(path)) if path.is_file() else paramiko.HostKeys()
+        entry = keys.lookup(name)
+        # Connecting checks the live key against that same file (refusing a mismatch).
+        live = self.session.client(dst).get_transport().get_remote_server_key()
+        if not entry:
+            # Only reachable with trust_unknown_host_keys, which just pinned the key there.
+            keys = paramiko.HostKeys(str(path))
+            entry = keys.lookup(name)
+        if not entry or live.get_name() not in entry or entry[live.get_name()] != live:
+            raise HostKeyError(
+                f"node {dst}: its host key is not verified in {path}; add it there before copying to it"
+            )
+        return [remote.known_hosts_line(host, port, t, k.get_base64()) for t, k in entry.items()]
+
+    # -- checkpoint --
+
+    def copy_tree(
+        self,
+        src: str,
+        dst: str,
+        src_dir: str,
+        dst_dir: str | None = None,
+        *,
+        bwlimit_kib: int | None = None,
+        timeout: float | None = None,
+        verify: bool = True,
+    ) -> TreeCopyReport:
+        """rsync src_dir on src to dst_dir on dst (resumable), then verify sizes and the index."""
+        s = self.session
+        route = self.ensure_peer_access(src, dst)
+        src_abs = s.expand(src, src_dir).rstrip("/")
+        dst_abs = s.expand(dst, dst_dir or src_dir).rstrip("/")
+        s.run(dst, ["mkdir", "-p", dst_abs], log=False)
+        started = time.monotonic()
+        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib), timeout=timeout)
+        seconds = time.monotonic() - started
+        stats = remote.parse_rsync_stats(r.stdout)
+        verification = self.verify_tree(src, dst, src_abs, dst_abs) if verify else TreeVerification()
+        if not verification.ok:
+            raise TransferError(
+                f"copy {src}:{src_abs} -> {dst}:{dst_abs} finished but does not verify:\n  "
+                + "\n  ".join(verification.problems)
+                + "\nrerun the copy (it resumes); if the source itself is damaged, rebuild it"
+            )
+        return TreeCopyReport(
+            src=src, dst=dst, src_dir=src_abs, dst_dir=dst_abs, seconds=round(seconds, 2),
+            bytes_sent=stats.get("total_bytes_sent", 0),
+            files_transferred=stats.get("number_of_regular_files_transferred", 0),
+            verification=verification, rsync_stats=stats,
+        )
+
+    def verify_tree(self, src: str, dst: str, src_dir: str, dst_dir: str) -> TreeVerification:
+        """Sizes of every file on both sides, the safetensors index, and each shard's header span."""
+        s = self.session
+        src_abs, dst_abs = s.expand(src, src_dir), s.expand(dst, dst_dir)
+        src_sizes = remote.parse_file_sizes(s.run(src, remote.list_files_argv(src_abs), log=False).stdout)
+        dst_sizes = remote.parse_file_sizes(s.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
+        v = TreeVerification(files=len(dst_sizes), total_bytes=sum(dst_sizes.values()))
+        v.problems += remote.compare_trees(src_sizes, dst_sizes)
+        if INDEX_NAME in src_sizes and INDEX_NAME in dst_sizes:
+            v.index_keys, problems = remote.check_index(
+                s.read_text(dst, f"{dst_abs}/{INDEX_NAME}"), dst_sizes, INDEX_NAME
+            )
+            v.problems += problems
+        for name, size in sorted(dst_sizes.items()):
+            if not name.endswith(".safetensors") or size < 8:
+                continue
+            problem = self._check_shard_span(dst, f"{dst_abs}/{name}", name, size)
+            v.shards_checked += 1
+            if problem:
+                v.problems.append(problem)
+        return v
+
+    def _check_shard_span(self, node: str, path: str, name: str, size: int) -> str | None:
+        """Read only the shard's header (a few KB) over SFTP and check the file is as long as it says."""
+        (header_len,) = struct.unpack("<Q", self.session.read_bytes(node, path, 0, 8))
+        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+            return f"{name}: header length {header_len} does not fit in {size} bytes (damaged or truncated)"
+        try:
+            span = remote.header_span(header_len, self.session.read_bytes(node, path, 8, header_len))
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            return f"{name}: unreadable safetensors header ({e})"
+        if span != size:
+            return f"{name}: {size} bytes on disk but its header describes {span} (incomplete copy)"
+        return None
+
+    # -- image --
+
+    def copy_image(self, src: str, dst: str, image: str, *, timeout: float | None = None) -> ImageCopyReport:
+        """`docker save | ssh dst docker load` on src, then check both nodes hold the same image id."""
+        started = time.monotonic()
+        src_id = self.docker.image_id(src, image)
+        if src_id is None:
+            raise TransferError(f"node {src}: image {image} does not exist there; build it first")
+        if self.docker.image_id(dst, image) == src_id:
+            self.session.log.info(f"[{dst}] already holds {image} ({src_id[:19]}); not copied")
+            return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=True)
+        route = self.ensure_peer_access(src, dst)
+        self.session.run(src, remote.image_stream_argv(image, route), timeout=timeout)
+        dst_id = self.docker.image_id(dst, image)
+        if dst_id != src_id:
+            raise TransferError(
+                f"image {image}: {dst} holds {dst_id} after the load but {src} has {src_id}; rerun the copy"
+            )
+        return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=False)
+
+
+class FleetTransfer(dg.ConfigurableResource):
+    """Dagster face of NodeStreams, over the fleet's SSH resource."""
+
+    ssh: FleetSSH
+
+    def streams(self) -> NodeStreams:
+        return NodeStreams(self.ssh.session)
+
+    def copy_tree(self, src: str, dst: str, src_dir: str, dst_dir: str | None = None, **kw: Any) -> TreeCopyReport:
+        return self.streams().copy_tree(src, dst, src_dir, dst_dir, **kw)
+
+    def copy_image(self, src: str, dst: str, image: str, **kw: Any) -> ImageCopyReport:
+        return self.streams().copy_image(src, dst, image, **kw)

@@ -1,0 +1,41 @@
+"""Redeploy a node whose vLLM stopped answering.
+
+One failed probe can be a hiccup (SSH and HTTP go unresponsive during CUDA graph capture), so a
+node must fail FAILURES_BEFORE_REDEPLOY ticks in a row; the cursor keeps the counts per node.
+"""
+
+
+import json
+
+from typing import Any
+
+import dagster as dg
+
+from spark_pipelines.assets.nodes import healthy
+from spark_pipelines.fleet import FleetError, load_fleet
+
+FAILURES_BEFORE_REDEPLOY = 3
+
+
+def build_health_sensor(fleet_path: str, node_job: Any) -> dg.SensorDefinition:
+    @dg.sensor(name="node_health", job=node_job, minimum_interval_seconds=60,
+               default_status=dg.DefaultSensorStatus.STOPPED,
+               description="Redeploys a node after consecutive failed /health probes.")
+    def node_health(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        try:
+            fleet = load_fleet(fleet_path)
+        except FleetError as e:
+            return dg.SkipReason(f"fleet file unusable: {e}")
+        counts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+        requests = []
+        for node in fleet.serve_nodes:
+            if healthy(fleet, node):
+                counts[node.name] = 0
+                continue
+            counts[node.name] = counts.get(node.name, 0) + 1
+            if counts[node.name] == FAILURES_BEFORE_REDEPLOY:
+                # No run_key: a node that recovers and fails again must be redeployed again.
+                requests.append(dg.RunRequest(partition_key=node.name, tags={"reason": "health"}))
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(counts))
+
+    return node_health

@@ -1,0 +1,51 @@
+"""Rerun exactly what a pin change makes stale.
+
+Every tick reads the fleet file, derives each step's code version (core/pins.py) and compares it
+with the cursor. The earliest changed steps are requested; declarative automation on the node
+steps carries the change downstream (artifacts -> deployment -> gateway) once they complete.
+"""
+
+
+import json
+
+from typing import Any
+
+import dagster as dg
+
+from spark_pipelines.core.pins import changed_steps, code_versions
+from spark_pipelines.fleet import FleetError, load_fleet
+
+UNPARTITIONED = ("base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image")
+PER_NODE = ("node_artifacts", "node_deployment")
+
+
+def build_pins_sensor(fleet_path: str, build_job: Any,
+                      node_job: Any) -> dg.SensorDefinition:
+    @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
+               description="Requests the steps whose pins changed in the fleet file.")
+    def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        try:
+            fleet = load_fleet(fleet_path)
+        except FleetError as e:
+            return dg.SkipReason(f"fleet file unusable, nothing requested: {e}")
+        now = code_versions(fleet)
+        if context.cursor is None:
+            return dg.SensorResult(cursor=json.dumps(now), skip_reason="first tick: pins recorded")
+        changed = changed_steps(json.loads(context.cursor), now)
+        if not changed:
+            return dg.SensorResult(cursor=json.dumps(now), skip_reason="no pin changed")
+        key = "-".join(f"{s}:{now[s]}" for s in changed)
+        requests: list[dg.RunRequest] = []
+        build = [s for s in UNPARTITIONED if s in changed]
+        if build:
+            # The changed steps and everything unpartitioned after them; nodes follow by automation.
+            first = UNPARTITIONED.index(build[0])
+            selection = [dg.AssetKey(s) for s in UNPARTITIONED[first:] if s in changed or UNPARTITIONED.index(s) > first]
+            requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=selection, tags={"pins": ",".join(changed)}))
+        elif any(s in changed for s in PER_NODE):
+            for node in fleet.serve_nodes:
+                requests.append(dg.RunRequest(run_key=f"{node.name}-{key}", job_name=node_job.name,
+                                              partition_key=node.name, tags={"pins": ",".join(changed)}))
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(now))
+
+    return pins_changed

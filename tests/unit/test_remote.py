@@ -1,0 +1,182 @@
+"""Pure pieces of remote execution: quoting, sudo detection, rsync/ssh argv, verification, tail."""
+
+import json
+import shlex
+import struct
+
+import pytest
+
+from spark_pipelines.core import remote
+
+ROUTE = remote.PeerRoute("operator", "10.0.0.2", 2222, "/home/op/.ssh/peer", "/home/op/.ssh/peer_known_hosts")
+
+
+def test_quote_argv_round_trips_through_a_shell_parser():
+    argv = ["printf", "%s\n", "a b", "$HOME", "it's", "; rm -rf /", "`id`", '{"method":"mtp"}']
+    line = remote.quote_argv(argv)
+    assert shlex.split(line) == argv
+    assert "'; rm -rf /'" in line
+
+
+@pytest.mark.parametrize("bad", ["docker ps", b"docker", [], ["docker", 3], ["a\x00b"]])
+def test_check_argv_refuses_strings_and_junk(bad):
+    with pytest.raises(remote.ArgvError):
+        remote.check_argv(bad)
+
+
+def test_check_argv_message_says_how_to_fix_a_shell_string():
+    with pytest.raises(remote.ArgvError, match=r"split it"):
+        remote.check_argv("docker ps -a")
+
+
+def test_with_env_and_timeout_wrap_argv():
+    assert remote.with_env(["vllm"], {"MAX_JOBS": "2"}) == ["env", "MAX_JOBS=2", "vllm"]
+    assert remote.with_env(["vllm"], {}) == ["vllm"]
+    with pytest.raises(ValueError, match="environment variable name"):
+        remote.with_env(["x"], {"bad name": "1"})
+    assert remote.with_timeout(["sleep", "9"], 2.4) == ["timeout", "-k", "10", "2", "sleep", "9"]
+
+
+def test_secret_env_file_quotes_values_and_refuses_newlines():
+    text = remote.secret_env_file({"HF_TOKEN": "hf_a'b c"})
+    assert shlex.split(text.split("=", 1)[1]) == ["hf_a'b c"]
+    with pytest.raises(ValueError, match="HF_TOKEN"):
+        remote.secret_env_file({"HF_TOKEN": "a\nb"})
+    argv = remote.source_env_file_argv("/home/u/.cache/env-1", ["huggingface-cli", "download"])
+    assert argv[:2] == ["sh", "-c"] and argv[3] == "/home/u/.cache/env-1" and argv[4:] == ["huggingface-cli", "download"]
+    assert "hf_" not in " ".join(argv)
+
+
+def test_redact_hides_secret_values():
+    assert remote.redact("token=hf_secret123 ok", ["hf_secret123"]) == "token=*** ok"
+    assert remote.redact("abc", [""]) == "abc"
+
+
+def test_sudo_password_detection_and_advice():
+    assert remote.sudo_argv(["apt-get", "update"]) == ["sudo", "-n", "apt-get", "update"]
+    assert remote.sudo_wants_password("sudo: a password is required\n")
+    assert remote.sudo_wants_password("sudo: a terminal is required to read the password")
+    assert not remote.sudo_wants_password("E: Could not open lock file")
+    advice = remote.sudo_advice("spark2", "operator", "/usr/bin/apt-get")
+    assert "spark2" in advice and "operator ALL=(root) NOPASSWD: /usr/bin/apt-get" in advice
+    with pytest.raises(ValueError, match="absolute"):
+        remote.sudoers_line("operator", "apt-get")
+
+
+def test_output_tail_keeps_the_end_and_counts_what_it_dropped():
+    t = remote.OutputTail(max_lines=3, max_line_chars=10)
+    for i in range(10):
+        t.add(f"line {i}")
+    t.add("x" * 25)
+    assert t.lines == ["line 8", "line 9", "x" * 10 + " ...[15 more chars]"]
+    assert t.total_lines == 11 and t.dropped == 8
+    assert t.text().startswith("[... 8 earlier lines]")
+
+
+def test_line_splitter_yields_lines_as_they_complete():
+    s = remote.LineSplitter()
+    assert s.feed(b"one\ntw") == ["one"]
+    assert s.feed(b"o\r\nprogress 10%\rprogress 20%\r") == ["two", "progress 10%", "progress 20%"]
+    assert s.feed(b"\xff tail") == []
+    assert s.flush() == ["\ufffd tail"]
+    assert s.flush() == []
+
+
+def test_peer_route_ssh_argv_pins_the_known_hosts_file():
+    argv = ROUTE.ssh_argv()
+    assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
+    assert f"UserKnownHostsFile={ROUTE.known_hosts}" in argv
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == ROUTE.key_path
+    remote_cmd = ROUTE.remote_argv(["docker", "load"])
+    assert remote_cmd[-2:] == ["operator@10.0.0.2", "docker load"]
+
+
+def test_rsync_argv_is_resumable_and_pushes_contents():
+    argv = remote.rsync_argv("/home/op/models/m", ROUTE, "/home/op2/models/m/", bwlimit_kib=500)
+    assert argv[0] == "rsync" and "-a" in argv
+    assert "--partial-dir=.rsync-partial" in argv and "--inplace" not in argv and "--whole-file" not in argv
+    assert "--bwlimit=500" in argv
+    assert argv[-2:] == ["/home/op/models/m/", "operator@10.0.0.2:/home/op2/models/m/"]
+    e = argv[argv.index("-e") + 1]
+    assert shlex.split(e) == ROUTE.ssh_argv()
+
+
+@pytest.mark.parametrize("bad", ["~/models", "models/m", "/tmp/a b", "/tmp/$(id)"])
+def test_rsync_argv_refuses_relative_or_shell_paths(bad):
+    with pytest.raises(ValueError):
+        remote.rsync_argv(bad, ROUTE, "/dst")
+
+
+def test_parse_rsync_stats_reads_bytes_sent():
+    text = """Number of regular files transferred: 3
+Total file size: 524,576 bytes
+Literal data: 1,024 bytes
+Matched data: 523,552 bytes
+Total bytes sent: 25,015
+Total bytes received: 80
+"""
+    stats = remote.parse_rsync_stats(text)
+    assert stats["total_bytes_sent"] == 25015
+    assert stats["matched_data"] == 523552
+    assert stats["number_of_regular_files_transferred"] == 3
+
+
+def test_image_stream_argv_is_one_pipefail_pipeline():
+    argv = remote.image_stream_argv("vllm-qwen35-v2", ROUTE)
+    assert argv[:4] == ["bash", "-o", "pipefail", "-c"]
+    left, right = argv[4].split(" | ")
+    assert shlex.split(left) == ["docker", "save", "vllm-qwen35-v2"]
+    assert shlex.split(right)[-1] == "docker load"
+    with pytest.raises(ValueError):
+        remote.image_stream_argv("bad image;rm", ROUTE)
+
+
+def test_file_listing_round_trip_and_tree_comparison():
+    argv = remote.list_files_argv("/m")
+    assert "-prune" in argv and "*/.rsync-partial" in argv
+    sizes = remote.parse_file_sizes("a.safetensors\t10\nsub/b.json\t3\n")
+    assert sizes == {"a.safetensors": 10, "sub/b.json": 3}
+    with pytest.raises(ValueError):
+        remote.parse_file_sizes("no-tab-here\n")
+    problems = remote.compare_trees({"a": 10, "b": 3, "c": 1}, {"a": 9, "b": 3, "z": 1})
+    assert problems == [
+        "a: 9 bytes on the destination, 10 on the source",
+        "c: missing on the destination",
+        "1 file(s) on the destination that the source does not have, e.g. z",
+    ]
+    assert remote.compare_trees({"a": 1}, {"a": 1}) == []
+
+
+def test_check_index_names_missing_shards():
+    index = json.dumps({"weight_map": {"w1": "model-00001-of-00002.safetensors", "w2": "model-00002-of-00002.safetensors"}})
+    keys, problems = remote.check_index(index, {"model-00001-of-00002.safetensors": 100}, "idx.json")
+    assert keys == 2
+    assert problems == ["idx.json names model-00002-of-00002.safetensors, which is not on the destination"]
+    assert remote.check_index("{", {}, "idx.json")[1][0].startswith("idx.json: unreadable")
+
+
+def test_header_span_matches_a_real_safetensors_file(tmp_path):
+    np = pytest.importorskip("numpy")
+    from safetensors.numpy import save_file
+
+    p = tmp_path / "s.safetensors"
+    save_file({"a": np.zeros((3, 5), np.float32), "b": np.ones(7, np.uint8)}, str(p))
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert remote.header_span(n, raw[8 : 8 + n]) == len(raw)
+
+
+def test_known_hosts_and_authorized_keys_lines():
+    assert remote.known_hosts_name("h", 22) == "h"
+    assert remote.known_hosts_line("127.0.0.1", 2201, "ssh-ed25519", "AAAAC3Nz") == "[127.0.0.1]:2201 ssh-ed25519 AAAAC3Nz"
+    line = remote.authorized_keys_line("ssh-ed25519 AAAAC3Nzkey old-comment", "spark-pipelines-peer@spark1")
+    assert line == "restrict ssh-ed25519 AAAAC3Nzkey spark-pipelines-peer@spark1"
+    with pytest.raises(ValueError):
+        remote.authorized_keys_line("command=\"x\" ssh-ed25519 AAA", "c")
+
+
+def test_rollback_names():
+    assert remote.previous_container_name("vllm-qwen35-v2") == "vllm-qwen35-v2-previous"
+    assert remote.previous_image_tag("vllm-qwen35-v2") == "vllm-qwen35-v2:previous"
+    assert remote.previous_image_tag("vllm-qwen35-v2:abc123") == "vllm-qwen35-v2:previous"
+    assert remote.previous_image_tag("team/vllm:v2") == "team/vllm:previous"

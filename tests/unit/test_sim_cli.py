@@ -1,0 +1,86 @@
+"""`spark-pipelines sim` refuses bad input with exit 2 and one clear line, before touching anything;
+the GPU hook writes the node's state into a container rootfs only when GPUs were asked for."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from spark_pipelines.sim import gpu_hook
+from spark_pipelines.sim.fleet import sim_command
+
+
+@pytest.fixture(autouse=True)
+def _empty_sim_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_SIM_ROOT", str(tmp_path / "sim-root"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["set", "spark1", "melted"], "unknown GPU state 'melted'"),
+        (["up", "--nodes", "0"], "--nodes 0"),
+        (["up", "--nodes", "two"], "invalid int value"),
+        (["reboot"], "invalid choice"),
+        ([], "required"),
+        (["set", "spark9", "wedged"], "no simulated fleet is up"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim_command(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err
+
+
+def test_status_without_a_fleet_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim_command(["status"]) == 0
+    assert "no simulated fleet is up" in capsys.readouterr().out
+
+
+def test_bad_slot_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SPARK_SIM_SLOT", "12")
+    assert sim_command(["status"]) == 1
+    assert "SPARK_SIM_SLOT=12" in capsys.readouterr().err
+
+
+def _bundle(tmp_path: Path, env: list[str]) -> Path:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "process": {"env": env}}))
+    return bundle
+
+
+def _hook(bundle: Path, state_file: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"ociVersion": "1.0.2", "id": "c1", "bundle": str(bundle)})))
+    return gpu_hook.main(["--state-file", str(state_file), "prestart"])
+
+
+def test_hook_injects_the_state_with_memory_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"state": "residue", "profile": "gx10"}))
+    bundle = _bundle(tmp_path, ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"])
+    assert _hook(bundle, state, monkeypatch) == 0
+    doc = json.loads((bundle / "rootfs/run/sim-gpu/state.json").read_text())
+    healthy = gpu_hook.container_state({"state": "healthy", "profile": "gx10"})
+    assert doc["state"] == "residue" and doc["total_gib"] == healthy["total_gib"]
+    assert doc["free_gib"] < healthy["free_gib"]  # residue leaves less free than a clean boot
+
+
+@pytest.mark.parametrize("env", [["PATH=/usr/bin"], ["NVIDIA_VISIBLE_DEVICES=void"]])
+def test_hook_leaves_containers_without_gpus_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: list[str]) -> None:
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"state": "healthy", "profile": "founders"}))
+    bundle = _bundle(tmp_path, env)
+    assert _hook(bundle, state, monkeypatch) == 0
+    assert not (bundle / "rootfs/run").exists()
+
+
+def test_hook_fails_loudly_without_a_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = _bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
+    assert _hook(bundle, tmp_path / "missing.json", monkeypatch) == 1
+    assert "GPU state file" in capsys.readouterr().err
