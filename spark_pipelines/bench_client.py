@@ -2,9 +2,10 @@
 
 It records, per request, the start time, the arrival time of every chunk that carries generated
 text, the end time and the server's usage; all arithmetic lives in `core.bench`. The per-chunk
-path is kept cheap on purpose (the client shares 2 cores with the server it measures): bytes
-are split on newlines and searched with `bytes.find`; only the usage chunk and error chunks are
-parsed as JSON.
+path is kept cheap on purpose (the client shares 2 cores with the server it measures): streamed
+requests use plain asyncio streams (see `_Http1Pool`), bytes are split on newlines and searched
+with `bytes.find`, and only the usage chunk and error chunks are parsed as JSON. httpx serves
+the rest: /metrics, probes and the recipe's non-streaming requests.
 """
 
 from __future__ import annotations
@@ -54,12 +55,60 @@ def _auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+class _Http1Pool:
+    """Keep-alive HTTP/1.1 connections for the streaming hot path.
+
+    httpx (h11 + anyio) costs several times more CPU per SSE chunk than the server spends
+    making it; on 2 shared cores that skews the very rates we measure. Streaming requests
+    therefore go over plain asyncio streams: one readline + one readexactly per chunk.
+    httpx still does everything else (metrics, probes, non-streaming requests).
+    """
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = parts.scheme == "https"
+        self.path = parts.path or "/"
+        netloc = self.host if parts.port is None else f"{self.host}:{parts.port}"
+        self.host_header = netloc
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer
+            writer.close()
+        return await asyncio.open_connection(self.host, self.port, ssl=self.ssl or None,
+                                             limit=1 << 20)
+
+    def release(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], reuse: bool) -> None:
+        if reuse:
+            self.idle.append(conn)
+        else:
+            conn[1].close()
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+    def request_head(self, body: bytes, headers: Mapping[str, str]) -> bytes:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n"
+        ).encode("latin-1")
+
+
 async def _stream_one(
-    client: httpx.AsyncClient,
-    url: str,
+    pool: _Http1Pool,
     body: Mapping[str, object],
     headers: Mapping[str, str],
     meta: tuple[str, str, int, int],
+    timeout_s: float = 600.0,
 ) -> core.RequestSample:
     phase, name, repeat, max_tokens = meta
     clock = time.perf_counter
@@ -67,41 +116,90 @@ async def _stream_one(
     append = chunk_times.append
     usage: dict[str, int] = {}
     error: str | None = None
+    payload = json.dumps(body).encode()
     started = clock()
+    conn = None
+    reusable = False
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                raw = await resp.aread()
-                error = f"HTTP {resp.status_code}: {_error_text(raw)}"
+        async with asyncio.timeout(timeout_s):
+            conn = await pool.acquire()
+            reader, writer = conn
+            writer.write(pool.request_head(payload, headers) + payload)
+            status_line = await reader.readline()
+            if not status_line:
+                raise ConnectionError("server closed the connection without answering")
+            status = int(status_line.split(b" ", 2)[1])
+            length = -1
+            chunked = False
+            keep_alive = status_line.startswith(b"HTTP/1.1")
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                key, _, value = line.partition(b":")
+                key = key.strip().lower()
+                if key == b"content-length":
+                    length = int(value)
+                elif key == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+                elif key == b"connection":
+                    keep_alive = b"close" not in value.lower()
+            if status != 200:
+                raw = await _read_body(reader, chunked, length)
+                error = f"HTTP {status}: {_error_text(raw)}"
+                reusable = keep_alive
             else:
                 buf = b""
-                async for chunk in resp.aiter_raw():
+                done = False
+                while not done:
+                    if chunked:
+                        size_line = await reader.readline()
+                        size = int(size_line.split(b";", 1)[0], 16)
+                        if size == 0:
+                            await reader.readline()  # the empty trailer
+                            reusable = keep_alive
+                            break
+                        data = (await reader.readexactly(size + 2))[:-2]
+                    else:
+                        data = await reader.read(65536)
+                        if not data:
+                            break
                     now = clock()
-                    buf += chunk
-                    if b"\n" not in chunk:
-                        continue
-                    lines = buf.split(b"\n")
-                    buf = lines.pop()
+                    if buf:
+                        data = buf + data
+                    if not data.endswith(b"\n"):
+                        lines = data.split(b"\n")
+                        buf = lines.pop()
+                    else:
+                        buf = b""
+                        lines = data.split(b"\n")
                     seen_text = False
                     for line in lines:
                         if not line.startswith(b"data:"):
+                            continue
+                        if line.startswith(b"[DONE]", 6) or line.startswith(b"[DONE]", 5):
+                            done = not chunked
                             continue
                         if not seen_text and _carries_text(line):
                             seen_text = True
                         if b'"usage"' in line:
                             for m in _USAGE_MARKERS:
                                 if m in line:
-                                    u = json.loads(line[5:]).get("usage") or {}
-                                    usage = u
+                                    usage = json.loads(line[5:]).get("usage") or {}
                                     break
-                        elif line.startswith(_ERROR_MARKERS, 5) or line.startswith(
-                            _ERROR_MARKERS, 6
-                        ):
+                        elif line.startswith(_ERROR_MARKERS, 5) or line.startswith(_ERROR_MARKERS, 6):
                             error = _error_text(line[5:])
                     if seen_text:
                         append(now)
-    except (httpx.HTTPError, ValueError) as exc:
+    except TimeoutError:
+        error = f"no complete answer within {timeout_s:.0f} s"
+        reusable = False
+    except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        reusable = False
+    finally:
+        if conn is not None:
+            pool.release(conn, reusable)
     finished = clock()
     if error is None and not usage:
         error = "stream ended without a usage chunk (server ignores stream_options.include_usage?)"
@@ -117,6 +215,20 @@ async def _stream_one(
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         error=error,
     )
+
+
+async def _read_body(reader: asyncio.StreamReader, chunked: bool, length: int) -> bytes:
+    if chunked:
+        parts = []
+        while True:
+            size = int((await reader.readline()).split(b";", 1)[0], 16)
+            if size == 0:
+                await reader.readline()
+                return b"".join(parts)
+            parts.append((await reader.readexactly(size + 2))[:-2])
+    if length >= 0:
+        return await reader.readexactly(length)
+    return await reader.read()
 
 
 async def _post_one(
@@ -182,7 +294,10 @@ async def read_metrics(
         return None
     if resp.status_code != 200:
         return None
-    parsed = parse_metrics(resp.text)
+    try:
+        parsed = parse_metrics(resp.text)
+    except ValueError:  # 200 but not Prometheus text: some gateway page
+        return None
     return parsed if core.METRIC_GENERATION in parsed else None
 
 
@@ -233,7 +348,13 @@ async def run_bench_async(
             if require_isolation:
                 core.isolation_check(before, where=metrics_url)
             isolation = "verified idle (num_requests_running = 0 before start)"
-        send = _stream_one if stream else _post_one
+        pool = _Http1Pool(chat_url)
+
+        async def send(body: Mapping[str, object], meta: tuple[str, str, int, int]):
+            if stream:
+                return await _stream_one(pool, body, headers, meta, timeout_s)
+            return await _post_one(client, chat_url, body, headers, meta)
+
         samples: list[core.RequestSample] = []
         for repeat in range(plan.repeats):
             for phase, prompts, conc in plan.phases:
@@ -241,16 +362,17 @@ async def run_bench_async(
                     for p in prompts:
                         body = core.chat_body(model, p, stream=stream, ignore_eos=ignore_eos)
                         meta = (phase, p.name, repeat, p.max_tokens)
-                        samples.append(await send(client, chat_url, body, headers, meta))
+                        samples.append(await send(body, meta))
                 else:
                     gate = asyncio.Semaphore(conc)
 
                     async def gated(p: core.BenchPrompt, ph: str = phase, r: int = repeat):
                         async with gate:
                             body = core.chat_body(model, p, stream=stream, ignore_eos=ignore_eos)
-                            return await send(client, chat_url, body, headers, (ph, p.name, r, p.max_tokens))
+                            return await send(body, (ph, p.name, r, p.max_tokens))
 
                     samples.extend(await asyncio.gather(*(gated(p) for p in prompts)))
+        pool.close()
         counters = None
         if before is not None:
             after = await read_metrics(client, metrics_url, headers)

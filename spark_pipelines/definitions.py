@@ -12,10 +12,11 @@ from pathlib import Path
 import dagster as dg
 
 from spark_pipelines.assets.bench import build_bench_assets
+from spark_pipelines.assets.experiments import ab_experiment_job
 from spark_pipelines.assets.gateway import build_gateway_assets
 from spark_pipelines.assets.images import build_image_assets
 from spark_pipelines.assets.model import build_model_assets
-from spark_pipelines.assets.nodes import build_node_assets, node_partitions
+from spark_pipelines.assets.nodes import build_node_assets
 from spark_pipelines.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import ModelHub
@@ -38,18 +39,17 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         *build_gateway_assets(fleet),
         *build_bench_assets(fleet),
     ]
-    partitions = node_partitions(fleet)
     build_job = dg.define_asset_job("build_job", selection=dg.AssetSelection.groups("model", "images"),
                                     description="Steps 0-4 on the build host: checkpoint, MTP weights, images.")
     node_job = dg.define_asset_job("deploy_node_job", selection=dg.AssetSelection.groups("nodes"),
-                                   partitions_def=partitions, description="Artifacts and deployment on one node.")
+                                   description="Artifacts and deployment on one node.")
     gateway_job = dg.define_asset_job("gateway_job", selection=dg.AssetSelection.groups("gateway"))
     bench_job = dg.define_asset_job("bench_job", selection=dg.AssetSelection.groups("bench"),
-                                    partitions_def=partitions, description="Isolated bench of one node.")
+                                    description="Isolated bench of one node.")
     ssh = FleetSSH(fleet_path=fleet_path, command_log_path=command_log_path or os.environ.get("SPARK_COMMAND_LOG"))
     return dg.Definitions(
         assets=assets,
-        jobs=[build_job, node_job, gateway_job, bench_job],
+        jobs=[build_job, node_job, gateway_job, bench_job, ab_experiment_job],
         sensors=[build_pins_sensor(fleet_path, build_job, node_job), build_health_sensor(fleet_path, node_job)],
         schedules=build_schedules(build_job, bench_job, [n.name for n in fleet.serve_nodes]),
         resources={"ssh": ssh, "hub": ModelHub(), "litellm": LiteLLMGateway(ssh=ssh)},

@@ -377,6 +377,13 @@ class Gateway(SshTarget):
         return v
 
 
+class PreflightSettings(Strict):
+    # "need ~170GB for models + build" on the build host; a serving node holds the ~71 GB
+    # checkpoint, the ~20 GB image and the JIT caches.
+    build_host_disk_gib: float = Field(default=170.0, ge=0)
+    serve_node_disk_gib: float = Field(default=100.0, ge=0)
+
+
 class BenchSettings(Strict):
     suite: Literal["recipe", "loaded", "all"] = "recipe"
     reference_tok_s: float = Field(default=51.6, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
@@ -392,6 +399,7 @@ class Fleet(Strict):
     launch: LaunchProfile
     gateway: Gateway
     bench: BenchSettings = BenchSettings()
+    preflight: PreflightSettings = PreflightSettings()
 
     @field_validator("nodes")
     @classmethod

@@ -7,6 +7,7 @@ healthy and put back if it is not, so a failed deploy leaves the previous deploy
 """
 
 
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,8 @@ def observe(s: FleetSession, node: Node, image: str, gmu: float) -> PreflightRun
     prof = fleet.profile_of(node)
     report = preflight.evaluate(
         n, obs, gmu=gmu, max_gmu=prof.max_gmu, profile_total_gib=prof.cuda_total_gib,
-        build_host=node.name == fleet.build_node.name,
+        min_disk_gib=(fleet.preflight.build_host_disk_gib if node.name == fleet.build_node.name
+                      else fleet.preflight.serve_node_disk_gib),
     )
     return PreflightRun(report, stopped)
 
@@ -165,6 +167,74 @@ def launch_and_wait(s: FleetSession, node: Node, spec: LaunchSpec, timeout_s: fl
     ready = diagnosis.milestones(log_text)
     ok = bool(watch.matched) and wait_healthy(s.fleet, node, 60)
     return ok, log_text, ready
+
+
+@dataclass
+class Deployed:
+    container_id: str
+    metadata: dict[str, Any]
+    preflight: str
+    findings: list[diagnosis.Finding]
+    smoke_tokens: int
+
+
+def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed:
+    """Replace whatever runs on the node by `spec`, keeping the previous deployment until the new
+    one is healthy and putting it back otherwise (raises DeployFailed with the diagnosis)."""
+    f = s.fleet
+    docker = NodeDocker(s)
+    started = time.monotonic()
+    previous = docker.keep_previous(node.name, spec.container_name, spec.image)
+    pre = observe(s, node, spec.image, spec.gpu_memory_utilization)
+    log.info(pre.report.explain())
+
+    def roll_back(why: str) -> str:
+        if previous is None:
+            return f"{why}; no previous deployment on {node.name} to put back"
+        docker.restore_previous(node.name, spec.container_name, spec.image)
+        back = wait_healthy(f, node, min(600, f.launch_for(node).health_timeout_s))
+        return f"{why}; previous deployment put back on {node.name} ({'healthy' if back else 'NOT healthy yet'})"
+
+    if not pre.report.passed:
+        for c in pre.stopped_exporters:
+            docker.start(node.name, c)
+        msg = roll_back(f"preflight blocked {node.name}: " + "; ".join(
+            f"{c.name}: {c.detail} -> {c.fix}" for c in pre.report.failures()))
+        raise DeployFailed(description=msg, metadata={"preflight": dg.MetadataValue.md(pre.report.explain())})
+
+    ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
+    findings = diagnosis.diagnose(log_text)
+    if ok:
+        try:
+            smoke = smoke_test(f, node)
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            ok, smoke = False, {"error": f"{type(e).__name__}: {e}"}
+    if not ok:
+        docker.remove(node.name, spec.container_name, force=True)
+        msg = roll_back(f"launch on {node.name} did not become healthy")
+        for c in pre.stopped_exporters:
+            docker.start(node.name, c)
+        first = findings[0] if findings else None
+        headline = (f"{msg}. Diagnosis: {first.signature.cause} -> {first.signature.fix} "
+                    f"(runbook: {first.signature.runbook_ref})" if first else msg)
+        raise DeployFailed(
+            description=headline,
+            metadata={"diagnosis": dg.MetadataValue.md(diagnosis_md(findings)),
+                      "log_tail": dg.MetadataValue.md("```\n" + "\n".join(log_text.splitlines()[-40:]) + "\n```")},
+        )
+
+    docker.drop_previous(node.name, spec.container_name, spec.image)
+    for c in pre.stopped_exporters:  # back on now that the node is healthy
+        docker.start(node.name, c)
+    container = docker.inspect_container(node.name, spec.container_name) or {}
+    meta = {
+        "kv_cache_tokens": ready.kv_tokens or 0,
+        "max_concurrency": ready.concurrency or 0.0,
+        "startup_seconds": round(time.monotonic() - started, 1),
+        "free_gib_at_preflight": pre.report.memory.free_gib if pre.report.memory else 0.0,
+        "graph_mode": ready.graph_mode or "unknown",
+    }
+    return Deployed(container.get("Id", ""), meta, pre.report.explain(), findings, int(smoke.get("completion_tokens", 0)))
 
 
 def build_node_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
@@ -248,57 +318,9 @@ def build_node_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             yield dg.AssetCheckResult(check_name="serving", passed=True, description="already serving this launch spec")
             return
 
-        started = time.monotonic()
-        previous = docker.keep_previous(node.name, spec.container_name, spec.image)
-        pre = observe(s, node, spec.image, spec.gpu_memory_utilization)
-        context.log.info(pre.report.explain())
-
-        def roll_back(why: str) -> str:
-            if previous is None:
-                return f"{why}; no previous deployment on {node.name} to put back"
-            docker.restore_previous(node.name, spec.container_name, spec.image)
-            back = wait_healthy(f, node, min(600, f.launch_for(node).health_timeout_s))
-            return f"{why}; previous deployment put back on {node.name} ({'healthy' if back else 'NOT healthy yet'})"
-
-        if not pre.report.passed:
-            for c in pre.stopped_exporters:
-                docker.start(node.name, c)
-            msg = roll_back(f"preflight blocked {node.name}: " + "; ".join(
-                f"{c.name}: {c.detail} -> {c.fix}" for c in pre.report.failures()))
-            raise DeployFailed(description=msg, metadata={"preflight": dg.MetadataValue.md(pre.report.explain())})
-
-        ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
-        findings = diagnosis.diagnose(log_text)
-        if ok:
-            try:
-                smoke = smoke_test(f, node)
-            except (httpx.HTTPError, ValueError, KeyError) as e:
-                ok, smoke = False, {"error": f"{type(e).__name__}: {e}"}
-        if not ok:
-            docker.remove(node.name, spec.container_name, force=True)
-            msg = roll_back(f"launch on {node.name} did not become healthy")
-            for c in pre.stopped_exporters:
-                docker.start(node.name, c)
-            first = findings[0] if findings else None
-            headline = (f"{msg}. Diagnosis: {first.signature.cause} -> {first.signature.fix} "
-                        f"(runbook: {first.signature.runbook_ref})" if first else msg)
-            raise DeployFailed(
-                description=headline,
-                metadata={"diagnosis": dg.MetadataValue.md(diagnosis_md(findings)),
-                          "log_tail": dg.MetadataValue.md("```\n" + "\n".join(log_text.splitlines()[-40:]) + "\n```")},
-            )
-
-        docker.drop_previous(node.name, spec.container_name, spec.image)
-        for c in pre.stopped_exporters:  # back on now that the node is healthy
-            docker.start(node.name, c)
-        container = docker.inspect_container(node.name, spec.container_name) or {}
-        meta = {
-            "kv_cache_tokens": ready.kv_tokens or 0,
-            "max_concurrency": ready.concurrency or 0.0,
-            "startup_seconds": round(time.monotonic() - started, 1),
-            "free_gib_at_preflight": pre.report.memory.free_gib if pre.report.memory else 0.0,
-            "graph_mode": ready.graph_mode or "unknown",
-        }
+        done = deploy(s, node, spec, context.log)
+        meta = done.metadata
+        container = {"Id": done.container_id}
         markers.write(s, node, "node_deployment", sig, container_id=container.get("Id"), metadata=meta)
         yield dg.Output(
             {"node": node.name, "container_id": container.get("Id"), "fingerprint": spec.fingerprint},
@@ -306,13 +328,13 @@ def build_node_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             metadata={
                 "skipped": False,
                 **meta,
-                "docker_run": dg.MetadataValue.text(" ".join(spec.docker_run_argv())),
-                "preflight": dg.MetadataValue.md(pre.report.explain()),
-                "warnings": dg.MetadataValue.md(diagnosis_md(findings) if findings else "none"),
-                "smoke_completion_tokens": smoke.get("completion_tokens", 0),
+                "docker_run": dg.MetadataValue.text(shlex.join(spec.docker_run_argv())),
+                "preflight": dg.MetadataValue.md(done.preflight),
+                "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
+                "smoke_completion_tokens": done.smoke_tokens,
             },
         )
         yield dg.AssetCheckResult(check_name="serving", passed=True,
-                                  description=f"healthy; smoke test answered {smoke.get('completion_tokens')} tokens")
+                                  description=f"healthy; smoke test answered {done.smoke_tokens} tokens")
 
     return [node_artifacts, node_deployment]

@@ -11,11 +11,6 @@ from typing import Literal
 
 from spark_pipelines.core.memory import MemoryGate, memory_gate
 
-# "need ~170GB for models + build" on the build host; a serving node holds the ~71 GB checkpoint
-# and the ~20 GB image plus JIT caches.
-BUILD_HOST_DISK_GIB = 170.0
-SERVE_NODE_DISK_GIB = 100.0
-
 # Exporters hold a CUDA context (~9 GiB for nvidia_gpu_exporter) and must be stopped before
 # launch so the memory check sees the real free memory; restarted once the node is healthy.
 EXPORTER_CONTAINERS = ("nvidia_gpu_exporter", "node_exporter")
@@ -82,7 +77,7 @@ def evaluate(
     gmu: float,
     max_gmu: float,
     profile_total_gib: float,
-    build_host: bool,
+    min_disk_gib: float,
 ) -> PreflightReport:
     checks: list[Check] = []
 
@@ -133,7 +128,7 @@ def evaluate(
     else:
         checks.append(Check("exporters", "ok", "no exporter holds the GPU"))
 
-    need = BUILD_HOST_DISK_GIB if build_host else SERVE_NODE_DISK_GIB
+    need = min_disk_gib
     if obs.disk_free_gib < need:
         checks.append(
             Check("disk", "fail", f"{obs.disk_free_gib:.0f} GiB free in $HOME, need ~{need:.0f} GiB",

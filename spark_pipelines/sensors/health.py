@@ -21,11 +21,11 @@ def build_health_sensor(fleet_path: str, node_job: Any) -> dg.SensorDefinition:
     @dg.sensor(name="node_health", job=node_job, minimum_interval_seconds=60,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description="Redeploys a node after consecutive failed /health probes.")
-    def node_health(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    def node_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         try:
             fleet = load_fleet(fleet_path)
         except FleetError as e:
-            return dg.SkipReason(f"fleet file unusable: {e}")
+            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}", cursor=context.cursor)
         counts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
         requests = []
         for node in fleet.serve_nodes:

@@ -23,11 +23,11 @@ def build_pins_sensor(fleet_path: str, build_job: Any,
                       node_job: Any) -> dg.SensorDefinition:
     @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
                description="Requests the steps whose pins changed in the fleet file.")
-    def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         try:
             fleet = load_fleet(fleet_path)
         except FleetError as e:
-            return dg.SkipReason(f"fleet file unusable, nothing requested: {e}")
+            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}", cursor=context.cursor)
         now = code_versions(fleet)
         if context.cursor is None:
             return dg.SensorResult(cursor=json.dumps(now), skip_reason="first tick: pins recorded")

@@ -54,9 +54,10 @@ DEFAULT_FLEET_OUT = "sim-fleet.yaml"
 GPU_STATES = ("healthy", "idle", "wedged", "residue", "low-memory")
 MAX_NODES = 32
 SSH_PORT = 22
-LITELLM_BIN = Path("/work/venvs/litellm/bin/litellm")
-# The GB10 CUDA-visible total and clean-boot free memory if gpu_states is unavailable.
-_FALLBACK_FREE_GIB = {"founders": 99.0, "gx10": 103.0}
+# The real proxy, installed by scripts/bootstrap.sh (run as root on the gateway, see litellm-proxy).
+# The runbook's per-node single-stream figure (~52 tok/s); tests raise it to keep benches short.
+DEFAULT_TOKENS_PER_SECOND = float(os.environ.get("SPARK_SIM_TOKENS_PER_SECOND", "52"))
+LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
 REQUIRED_BINARIES = ("ip", "dockerd", "docker", "/usr/sbin/sshd", "ssh-keygen", "useradd", "userdel", "visudo",
                      "sudo", "setsid", "fuser", "rsync", "git")
 
@@ -135,12 +136,19 @@ class Layout:
             raise SimError(f"SPARK_SIM_SLOT={raw_slot!r} is not a number; use 0-9") from None
         if not 0 <= self.slot <= 9:
             raise SimError(f"SPARK_SIM_SLOT={self.slot} is out of range; use 0-9")
+        if len(self.root.parts) < 3:
+            raise SimError(f"SPARK_SIM_ROOT={self.root} is too close to /; use a dedicated dir like {DEFAULT_ROOT}")
         self.prefix = "sp" if self.slot == 0 else f"sp{self.slot}"
         self.subnet = f"10.213.{self.slot}"
 
     @property
     def state_file(self) -> Path:
         return self.root / "state.json"
+
+    @property
+    def marker(self) -> Path:
+        """Present in every root the sim made: `down` deletes only such a root (or an empty one)."""
+        return self.root / ".spark-sim-root"
 
     @property
     def switch_ns(self) -> str:
@@ -153,6 +161,11 @@ class Layout:
     @property
     def host_ip(self) -> str:
         return f"{self.subnet}.1"
+
+    @property
+    def hub_cache(self) -> Path:
+        """The local model source (an HF hub cache layout) that the node's `hf` reads."""
+        return self.root / "upstream" / "hub"
 
     @property
     def client_dir(self) -> Path:
@@ -316,14 +329,6 @@ def _wait(what: str, ready: Any, timeout_s: float, log: Path | None = None, fail
     raise SimError(f"{what} did not become ready{tail}")
 
 
-def _gpu_free_gib(state: str, profile: str) -> float:
-    try:
-        from spark_pipelines.sim import gpu_states
-    except ImportError:
-        return _FALLBACK_FREE_GIB[profile]
-    return gpu_states.free_gib(state, profile)
-
-
 # -- the fleet ---------------------------------------------------------------------------------
 
 
@@ -343,7 +348,12 @@ class SimFleet:
             return {}
 
     def _save_state(self) -> None:
-        self.layout.root.mkdir(parents=True, exist_ok=True)
+        lay = self.layout
+        if not lay.root.exists() or not any(lay.root.iterdir()):
+            lay.root.mkdir(parents=True, exist_ok=True)
+            lay.marker.touch()
+        elif not lay.marker.exists():
+            raise SimError(f"{lay.root} exists and was not made by the sim; set SPARK_SIM_ROOT to a new dir")
         _write(self.layout.state_file, json.dumps(self.state, indent=2), mode=0o600)
 
     def _record(self, kind: str, value: str) -> None:
@@ -395,8 +405,13 @@ class SimFleet:
 
     # -- up --
 
-    def up(self, nodes: int = 2, fleet_out: str | os.PathLike[str] = DEFAULT_FLEET_OUT) -> Path:
-        """Start `nodes` simulated nodes and the gateway host; write and return the fleet file."""
+    def up(self, nodes: int = 2, fleet_out: str | os.PathLike[str] = DEFAULT_FLEET_OUT,
+           tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND) -> Path:
+        """Start `nodes` simulated nodes and the gateway host; write and return the fleet file.
+        tokens_per_second: the stand-in engine's single-stream decode rate on a healthy node."""
+        if not 0 < tokens_per_second <= 100_000:
+            raise SimError(f"--tokens-per-second {tokens_per_second:g}: choose a rate in (0, 100000]")
+        self.tokens_per_second = tokens_per_second
         if not 1 <= nodes <= MAX_NODES:
             raise SimError(f"--nodes {nodes}: choose between 1 and {MAX_NODES}")
         if os.geteuid() != 0:
@@ -407,7 +422,7 @@ class SimFleet:
         if self.is_up:
             raise SimError(f"a simulated fleet is already up under {self.layout.root}; run `spark-pipelines sim down` first")
         if self.state or self.layout.root.exists():
-            self.down(quiet=True)  # leftovers of a crashed run
+            self.down()  # leftovers of a crashed run
         fleet_path = Path(fleet_out).resolve()
         seed = self._read_seed()
         members = self.layout.members(nodes)
@@ -457,7 +472,7 @@ class SimFleet:
             _write(fleet_path, text)
             load_fleet(fleet_path)
         except BaseException:
-            self.down(quiet=True)
+            self.down()
             raise
         return fleet_path
 
@@ -489,7 +504,7 @@ class SimFleet:
         _run(["ip", "addr", "add", f"{lay.host_ip}/24", "dev", lay.root_link])
         _run(["ip", "link", "set", lay.root_link, "up"])
 
-    def _make_member(self, m: Member) -> str:
+    def _make_member(self, m: Member) -> list[str]:
         """Namespace, user, files and keys of one member; returns its host public key line."""
         lay = self.layout
         self._record("netns", m.netns)
@@ -528,12 +543,13 @@ class SimFleet:
             self._make_gateway_files(m)
         else:
             self._make_node_files(m)
-        return Path(f"{hostkey}.pub").read_text().split()[0:2]  # type: ignore[return-value]
+        return Path(f"{hostkey}.pub").read_text().split()[0:2]
 
     def _sshd_config(self, m: Member, hostkey: Path) -> str:
         env = [f"PATH={m.bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", f"SIM_NODE={m.name}"]
         if not m.is_gateway:
-            env += [f"DOCKER_HOST={m.docker_host}", f"SIM_GPU_STATE_FILE={m.gpu_state_file}"]
+            env += [f"DOCKER_HOST={m.docker_host}", f"SIM_GPU_STATE_FILE={m.gpu_state_file}",
+                    f"HF_HUB_CACHE={self.layout.hub_cache}"]
         lines = [
             f"# sshd of simulated {m.name}, written by `spark-pipelines sim up`",
             f"ListenAddress {m.ip}",
@@ -568,9 +584,13 @@ class SimFleet:
             f"export SIM_GPU_STATE_FILE PYTHONPATH={pythonpath}\n"
             f"exec {py} -m spark_pipelines.sim.nvidia_smi_standin \"$@\"\n"
         ), 0o755)
+        hf = Path(__file__).with_name("hf_standin.py")
+        if hf.exists():  # `hf download` reads the local model source instead of the Hub
+            _write(m.bin / "hf", f"#!/bin/sh\nexec {py} -s {hf} \"$@\"\n", 0o755)
         # runc runs the hook with an empty environment: everything is spelled out here.
         _write(m.hook_dir / "nvidia-container-runtime-hook", (
             "#!/bin/sh\n"
+            f"SIM_TOKENS_PER_SECOND={self.tokens_per_second:g} "
             f"PYTHONPATH={pythonpath} exec {py} -s {Path(gpu_hook.__file__).resolve()} "
             f"--state-file {m.gpu_state_file} \"$@\"\n"
         ), 0o755)
@@ -728,7 +748,7 @@ class SimFleet:
         os.chmod(base, 0o755)
         recipe_sha = upstream.make_recipe_repo(base / "recipe")
         build_sha = upstream.make_build_repo(base / "build")
-        source = upstream.make_model_source(base / "hub")
+        source = upstream.make_model_source(self.layout.hub_cache)
         self.state["hub_cache"] = str(source.hub_cache)
         self._save_state()
         # The stand-in repos belong to root; git refuses to clone a repo another user owns
@@ -756,8 +776,10 @@ class SimFleet:
         for m in members:
             if m.is_gateway:
                 continue
-            node = copy.deepcopy(templates.get(m.hardware) or seed["nodes"][-1])
-            node.update({"name": m.name, **target(m)})
+            template = copy.deepcopy(templates.get(m.hardware) or seed["nodes"][-1])
+            # Same key order as the seed, with the reach fields where an operator looks for them.
+            node = {"name": m.name, **target(m)}
+            node.update({k: v for k, v in template.items() if k not in node})
             if m.name != "spark1":
                 node["roles"] = ["serve"]
             nodes.append(node)
@@ -770,6 +792,8 @@ class SimFleet:
             "reload_dir": str(work),
             "reload_command": [str(gw.bin / "litellm-restart")],
         })
+        # The stand-in checkpoint is a few MB, not ~71 GB: the runbook's disk floors do not apply.
+        doc["preflight"] = {"build_host_disk_gib": 1, "serve_node_disk_gib": 1}
         if pins:
             doc["pins"]["recipe_repo"] = pins["recipe_repo"]
             doc["pins"]["build_repo"] = pins["build_repo"]
@@ -779,10 +803,12 @@ class SimFleet:
 
     # -- down --
 
-    def down(self, quiet: bool = False) -> list[str]:
+    def down(self) -> list[str]:
         """Remove every process, container, namespace, user, sudoers file and file the sim made.
         Idempotent; works from the state file and the naming convention after a crash."""
         lay = self.layout
+        if lay.root.exists() and not lay.marker.exists() and any(lay.root.iterdir()):
+            raise SimError(f"{lay.root} was not made by the sim (no {lay.marker.name}); not touching it")
         made = self.state.get("made", {})
         done: list[str] = []
         netns = list(dict.fromkeys(
@@ -872,6 +898,9 @@ class SimFleet:
                 except (OSError, ValueError):
                     row["gpu"] = None
                 row["containers"] = self.containers(m) if row["dockerd_alive"] else []
+            else:
+                proxy = _pid_from(m.dir / "litellm.pid")
+                row.update({"litellm_pid": proxy, "litellm_alive": _alive(proxy)})
             rows.append(row)
         return rows
 
@@ -1005,6 +1034,8 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the simulated nodes and write a fleet file for them")
     up.add_argument("--nodes", type=int, default=2, help="number of nodes (spark1 founders+build, spark2.. gx10)")
     up.add_argument("--fleet-out", default=DEFAULT_FLEET_OUT, help="fleet file to write (default: sim-fleet.yaml)")
+    up.add_argument("--tokens-per-second", type=float, default=DEFAULT_TOKENS_PER_SECOND,
+                    help="stand-in engine's single-stream rate on a healthy node (default 52, the runbook's)")
     sub.add_parser("down", help="remove every process, namespace, user and file the sim made")
     sub.add_parser("status", help="show each node's namespace, sshd, dockerd, GPU state and containers")
     st = sub.add_parser("set", help="set a node's simulated GPU state")
@@ -1030,6 +1061,8 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
                 f"gpu {gpu.get('state', '?')} ({gpu.get('profile', '?')})",
                 f"containers: {'; '.join(r['containers']) or 'none'}",
             ]
+        elif "litellm_alive" in r:
+            parts.append(f"litellm {r['litellm_pid']} alive" if r["litellm_alive"] else "litellm not running")
         print("  ".join(parts))
 
 
@@ -1051,7 +1084,7 @@ def sim_command(argv: list[str]) -> int:
                 print(f"spark-pipelines sim up: --nodes {args.nodes}: choose between 1 and {MAX_NODES}", file=sys.stderr)
                 return 2
             t0 = time.monotonic()
-            path = fleet.up(args.nodes, args.fleet_out)
+            path = fleet.up(args.nodes, args.fleet_out, args.tokens_per_second)
             print(f"simulated fleet up: {args.nodes} nodes in {time.monotonic() - t0:.1f} s under {fleet.layout.root}")
             _print_status(fleet.status())
             print(f"fleet file: {path}")

@@ -45,6 +45,8 @@ def container_state(node_state: dict) -> dict:
 
         doc.setdefault("free_gib", gpu_states.free_gib(doc.get("state", "healthy"), doc.get("profile", "founders")))
         doc.setdefault("total_gib", gpu_states.TOTAL_CUDA_GIB)
+    if os.environ.get("SIM_TOKENS_PER_SECOND"):  # set by `sim up --tokens-per-second`
+        doc.setdefault("tokens_per_second", float(os.environ["SIM_TOKENS_PER_SECOND"]))
     return doc
 
 

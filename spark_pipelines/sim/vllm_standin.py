@@ -356,7 +356,8 @@ class Server:
         self.args = args
         self.gpu = gpu
         self.c = Counters()
-        self.base_rate = float(os.environ.get("SIM_TOKENS_PER_SECOND", BASE_RATE))
+        # The node's rate comes with its GPU state (the sim's hook injects it); env for direct runs.
+        self.base_rate = float(gpu.data.get("tokens_per_second") or os.environ.get("SIM_TOKENS_PER_SECOND", BASE_RATE))
         self.api_key = args.api_key or os.environ.get("VLLM_API_KEY")
         self.slots = asyncio.Semaphore(args.max_num_seqs)
         self.spec_k = num_spec_tokens(args)

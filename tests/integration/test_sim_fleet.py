@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -253,6 +254,14 @@ def test_status_reports_every_member(sim_fleet: SimFleet) -> None:
 # -- lifecycle: a fleet of its own -------------------------------------------------------------
 
 
+def _running(pid: int) -> bool:
+    """True for a live process; a zombie waiting for init to reap it is gone already."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _leftovers(fleet: SimFleet, users: list[str], fleet_file: Path) -> list[str]:
     lay = fleet.layout
     found = []
@@ -303,12 +312,58 @@ def test_up_then_down_leaves_nothing_even_after_a_crash(tmp_path: Path) -> None:
             for net in ([], ["--net=host"])
         ]
         pids = [int(ok(fleet, spark1, ["docker", "inspect", "--format", "{{.State.Pid}}", c])) for c in containers]
-        assert all(Path(f"/proc/{p}").exists() for p in pids)
+        assert all(_running(p) for p in pids)
         assert _leftovers(fleet, users, out)  # the check sees a live fleet
         # A crash: the sim's own process state is gone and a daemon is killed hard.
         os.kill(int(spark1.dockerd_pidfile.read_text()), 9)
         crashed = SimFleet(root=root, slot=slot)
         crashed.down()
         assert _leftovers(crashed, users, out) == []
-        assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
+        assert [p for p in pids if _running(p)] == []
         assert SimFleet(root=root, slot=slot).down() == []  # idempotent
+
+
+# -- the gateway host --------------------------------------------------------------------------
+
+
+
+def test_gateway_reload_command_restarts_a_real_litellm_proxy(sim_fleet: SimFleet) -> None:
+    fleet = load_fleet(sim_fleet.fleet_file)
+    gw, spark1 = sim_fleet.gateway, sim_fleet.node("spark1")
+    config = {"model_list": [{"model_name": "fast", "litellm_params": {
+        "model": f"openai/{fleet.launch.served_model_name}", "api_base": f"http://{spark1.ip}:8000/v1", "api_key": "dummy"}}]}
+    c = _client(sim_fleet)
+    c.connect(gw.ip, username=gw.user, key_filename=str(sim_fleet.layout.key_path), allow_agent=False, look_for_keys=False)
+    try:
+        with c.open_sftp() as sftp, sftp.open(fleet.gateway.config_path, "w") as f:
+            f.write(yaml.safe_dump(config))
+    finally:
+        c.close()
+    key = os.environ["LITELLM_MASTER_KEY"]  # set by the sim_fleet fixture, used by the proxy
+    pids = []
+    for _ in range(2):  # a restart replaces the running proxy
+        out = ok(sim_fleet, gw, ["sh", "-c", f"cd {shlex.quote(fleet.gateway.reload_dir)} && {shlex.join(fleet.gateway.reload_command)}"])
+        assert f"litellm ready on {gw.ip}:4000" in out
+        pids.append(int(out.rsplit("pid ", 1)[1].rstrip(")\n")))
+        req = urllib.request.Request(f"http://{gw.ip}:{fleet.gateway.proxy_port}/v1/models",
+                                     headers={"Authorization": f"Bearer {key}"})
+        models = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        assert [m["id"] for m in models["data"]] == ["fast"]
+    assert pids[0] != pids[1] and not _running(pids[0])
+    assert {r["name"]: r for r in sim_fleet.status()}["gateway"]["litellm_alive"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(f"http://{gw.ip}:4000/v1/models",
+                                                      headers={"Authorization": "Bearer wrong"}), timeout=10)
+    assert refused.value.code in (400, 401, 403)
+
+
+def test_nodes_download_models_from_the_local_model_source(sim_fleet: SimFleet) -> None:
+    fleet = load_fleet(sim_fleet.fleet_file)
+    spark2 = sim_fleet.node("spark2")
+    pin = fleet.pins.base_model
+    dest = f"{spark2.home}/models/base"
+    ok(sim_fleet, spark2, ["hf", "download", pin.repo, "--revision", pin.revision, "--local-dir", dest])
+    got = ok(sim_fleet, spark2, ["ls", dest]).split()
+    assert "model.safetensors.index.json" in got and "config.json" in got
+    rc, _, err = ssh(sim_fleet, spark2, ["hf", "download", "nobody/nothing", "--local-dir", f"{spark2.home}/models/x"])
+    assert rc != 0 and "Not Found" in err

@@ -13,7 +13,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-VLLM_PYTHON = Path("/work/venvs/vllm/bin/python")
-LITELLM_BIN = Path("/work/venvs/litellm/bin/litellm")
+# The Makefile's bootstrap exports where it put the venvs; the shared machines have them here.
+VLLM_PYTHON = Path(os.environ.get("SPARK_VLLM_VENV", "/work/venvs/vllm")) / "bin" / "python"
+LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/work/venvs/litellm")) / "bin" / "litellm"
 SYSTEM_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
 STANDIN = Path(__file__).resolve().parents[2] / "spark_pipelines" / "sim" / "vllm_standin.py"
 TINY_MODEL_SCRIPT = Path(__file__).with_name("make_tiny_model.py")
@@ -118,7 +118,7 @@ def start_server(
                        f"{served.log()[-3000:]}")
 
 
-def _base_env() -> dict[str, str]:
+def loopback_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SIM_", "VLLM_"))}
     # Loopback only, never through a proxy.
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
@@ -146,7 +146,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def real_vllm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A real vLLM 0.32 CPU server, started once (~60 s) and stopped at session end."""
     port = free_port()
-    env = _base_env()
+    env = loopback_env()
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
@@ -178,7 +178,7 @@ def real_litellm(real_vllm: Served, tmp_path_factory: pytest.TempPathFactory) ->
         "general_settings": {"master_key": f"os.environ/{key_env}"},
     }
     (d / "config.yaml").write_text(json.dumps(config))  # JSON is valid YAML
-    env = _base_env()
+    env = loopback_env()
     env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", key_env: key})
     base = f"http://127.0.0.1:{port}"
     served = start_server(
@@ -207,7 +207,7 @@ def standin_argv(port: int, flags: Sequence[str] = RECIPE_FLAGS, model: str = "q
 
 def standin_env(gpu_file: Path, gpu: Mapping[str, object], extra: Mapping[str, str]) -> dict[str, str]:
     gpu_file.write_text(json.dumps(gpu))
-    env = _base_env()
+    env = loopback_env()
     env.update({"SIM_GPU_STATE_FILE": str(gpu_file), "SIM_STARTUP_SECONDS": "0.4"})
     env.update(extra)
     return env
@@ -278,5 +278,5 @@ def healthy_standin(vllm_standin: StandinFactory) -> Served:
 
 __all__ = [
     "HEALTHY_GPU", "MANDATORY_ENV", "RECIPE_FLAGS", "Served", "StandinFactory", "free_port",
-    "start_server", "sys",
+    "start_server",
 ]

@@ -9,7 +9,8 @@ def obs(**kw):
 
 
 def run(o, build=False):
-    return evaluate("spark1", o, gmu=0.85, max_gmu=0.85, profile_total_gib=121.69, build_host=build)
+    return evaluate("spark1", o, gmu=0.85, max_gmu=0.85, profile_total_gib=121.69,
+                    min_disk_gib=170.0 if build else 100.0)
 
 
 def test_clean_node_is_ready():

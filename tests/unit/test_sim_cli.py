@@ -84,3 +84,21 @@ def test_hook_fails_loudly_without_a_state_file(tmp_path: Path, monkeypatch: pyt
     bundle = _bundle(tmp_path, ["NVIDIA_VISIBLE_DEVICES=all"])
     assert _hook(bundle, tmp_path / "missing.json", monkeypatch) == 1
     assert "GPU state file" in capsys.readouterr().err
+
+
+def test_down_refuses_a_root_the_sim_did_not_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data.txt").write_text("keep me")
+    monkeypatch.setenv("SPARK_SIM_ROOT", str(precious))
+    monkeypatch.setenv("SPARK_SIM_SLOT", "4")
+    assert sim_command(["down"]) == 1
+    assert "was not made by the sim" in capsys.readouterr().err
+    assert (precious / "data.txt").read_text() == "keep me"
+
+
+def test_root_too_close_to_slash_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SPARK_SIM_ROOT", "/var")
+    assert sim_command(["down"]) == 1
+    assert "too close to /" in capsys.readouterr().err

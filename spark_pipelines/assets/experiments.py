@@ -1,0 +1,124 @@
+"""A/B experiments: one node benchmarked under two launch-profile variants, honestly compared.
+
+The runbook's MTP-2 vs MTP-3 and env-var verdicts were once contaminated by gateway traffic. Here
+the node leaves the gateway for the whole experiment, each variant is deployed with the same
+rollback-safe procedure as production, benched `repeats` times, and compared with
+`core.bench.compare`, which declines to name a winner when the spreads overlap. The node's
+production launch is put back in every outcome.
+"""
+
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from spark_pipelines.assets.bench import wait_idle
+from spark_pipelines.assets.nodes import api_root, deploy
+from spark_pipelines.bench_client import run_bench
+from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core.launch import launch_spec
+from spark_pipelines.fleet import Fleet, FleetError, parse_fleet
+from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.ssh import FleetSSH
+
+
+class Variant(dg.Config):
+    name: str
+    num_speculative_tokens: int | None = Field(default=None, description="MTP tokens per step")
+    gpu_memory_utilization: float | None = None
+    env: dict[str, str] = Field(default_factory=dict, description="env vars to set (or override)")
+    unset_env: list[str] = Field(default_factory=list, description="env vars to remove")
+
+
+class ABConfig(dg.Config):
+    node: str
+    a: Variant = Variant(name="mtp2", num_speculative_tokens=2)
+    b: Variant = Variant(name="mtp3", num_speculative_tokens=3)
+    repeats: int = Field(default=3, ge=2, le=20, description="measured repeats per variant (+1 warm-up)")
+    suite: str = "all"
+
+
+def variant_fleet(fleet: Fleet, node: str, v: Variant) -> Fleet:
+    """The fleet with this node's launch changed by the variant, validated like any fleet file
+    (a variant cannot smuggle --enable-prefix-caching or a GMU the hardware refuses)."""
+    data = fleet.model_dump(mode="json")
+    n = next(x for x in data["nodes"] if x["name"] == node)
+    # A fleet of this node alone: the variant's launch must validate for its hardware, not others'.
+    n["roles"] = ["build", "serve"]
+    data["nodes"] = [n]
+    launch = fleet.launch_for(fleet.node(node))
+    over: dict[str, Any] = dict(n.get("overrides") or {})
+    env = {k: val for k, val in launch.env.items() if k not in v.unset_env}
+    env.update(v.env)
+    data["launch"]["env"] = env
+    over["env"] = {}
+    if v.num_speculative_tokens is not None:
+        over["speculative"] = {"method": launch.speculative.method if launch.speculative else "mtp",
+                               "num_speculative_tokens": v.num_speculative_tokens}
+    if v.gpu_memory_utilization is not None:
+        over["gpu_memory_utilization"] = v.gpu_memory_utilization
+    n["overrides"] = over
+    return parse_fleet(data, f"variant {v.name!r}")
+
+
+def comparison_md(node: str, reports: dict[str, bench_core.BenchReport], verdicts: list[str]) -> str:
+    lines = [f"### A/B on {node}", "", "| variant | recipe mean tok/s (min-max) | loaded aggregate tok/s | acceptance |",
+             "|---|---|---|---|"]
+    for name, r in reports.items():
+        loaded = next((p.aggregate_tok_s for p in r.phases if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+        acc = r.counters.acceptance_rate if r.counters and r.counters.acceptance_rate is not None else None
+        lines.append(f"| {name} | {r.recipe_mean_tok_s.text(2) if r.recipe_mean_tok_s else '-'} | "
+                     f"{loaded.text(2) if loaded else '-'} | {f'{acc:.1%}' if acc is not None else '-'} |")
+    lines += ["", *[f"- {v}" for v in verdicts]]
+    return "\n".join(lines)
+
+
+@dg.op(description="Deploy variant A, bench, deploy variant B, bench, compare; production launch restored.")
+def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSSH, litellm: LiteLLMGateway) -> dict:
+    s = ssh.session
+    fleet = s.fleet
+    try:
+        node = fleet.node(config.node)
+        variants = {v.name: variant_fleet(fleet, config.node, v) for v in (config.a, config.b)}
+    except FleetError as e:
+        raise dg.Failure(description=f"A/B config refused: {e}") from None
+    if len(variants) != 2:
+        raise dg.Failure(description="the two variants need different names")
+    gw = litellm.host()
+    was_in = node.name in gw.rotation()
+    if was_in:
+        gw.drain(node.name)
+    reports: dict[str, bench_core.BenchReport] = {}
+    try:
+        for name, vf in variants.items():
+            vnode = vf.node(node.name)
+            context.log.info(f"variant {name}: deploying")
+            deploy(s, vnode, launch_spec(vf, vnode), context.log)
+            wait_idle(vf, vnode)
+            reports[name] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name, suite=config.suite,
+                                      concurrency=fleet.bench.loaded_concurrency, repeats=config.repeats + 1)
+    finally:
+        context.log.info(f"restoring the production launch on {node.name}")
+        deploy(s, node, launch_spec(fleet, node), context.log)
+        if was_in:
+            gw.restore(node.name)
+    (na, ra), (nb, rb) = reports.items()
+    verdicts = []
+    if ra.recipe_mean_tok_s and rb.recipe_mean_tok_s:
+        verdicts.append("single-stream: " + bench_core.compare(ra.recipe_mean_tok_s, rb.recipe_mean_tok_s, names=(na, nb)).text)
+    la = next((p.aggregate_tok_s for p in ra.phases if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+    lb = next((p.aggregate_tok_s for p in rb.phases if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+    if la and lb:
+        verdicts.append(f"loaded N={fleet.bench.loaded_concurrency}: " + bench_core.compare(la, lb, names=(na, nb)).text)
+    table = comparison_md(node.name, reports, verdicts)
+    context.log_event(dg.AssetMaterialization(
+        asset_key=dg.AssetKey(["ab_experiments", node.name]),
+        description=f"{na} vs {nb} on {node.name}",
+        metadata={"comparison": dg.MetadataValue.md(table), "verdicts": dg.MetadataValue.json(verdicts)},
+    ))
+    return {"node": node.name, "verdicts": verdicts}
+
+
+@dg.job(description="A/B two launch-profile variants on one node (e.g. MTP-2 vs MTP-3) in isolation.")
+def ab_experiment_job():
+    ab_experiment()

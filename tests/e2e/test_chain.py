@@ -1,0 +1,185 @@
+"""The whole chain through a real Dagster instance, on the simulated fleet (real sshd, dockerd,
+LiteLLM proxy; GB10 and vLLM stand-ins).
+
+Order matters inside this module: one fleet, one instance, one history.
+"""
+
+import json
+import os
+
+import dagster as dg
+import httpx
+import pytest
+import yaml
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+
+from spark_pipelines.demo import run_chain
+from spark_pipelines.definitions import build_definitions
+from spark_pipelines.fleet import load_fleet
+from spark_pipelines.resources.ssh import read_command_log
+
+pytestmark = pytest.mark.slow
+
+# What "heavy remote work" looks like in the command log.
+HEAVY_SCRIPTS = ("build-hybrid-checkpoint.py", "add-mtp-weights.py", "build-and-copy.sh")
+HEAVY_PHRASES = ("hf download", "docker build", "docker save", "docker load", "docker run -d")
+
+
+def is_heavy(argv) -> bool:
+    joined = " ".join(argv)
+    return (any(a == "rsync" or a.endswith("/rsync") for a in argv)
+            or any(a.endswith(x) for a in argv for x in HEAVY_SCRIPTS)
+            or any(p in joined for p in HEAVY_PHRASES))
+
+
+@pytest.fixture(scope="module")
+def chain(sim_fleet, tmp_path_factory):
+    root = tmp_path_factory.mktemp("chain")
+    (root / "dagster").mkdir()
+    instance = dg.DagsterInstance.local_temp(str(root / "dagster"))
+    log = root / "commands.jsonl"
+    os.environ["SPARK_COMMAND_LOG"] = str(log)
+    try:
+        yield {"instance": instance, "log": log, "fleet": str(sim_fleet.fleet_file), "root": root, "sim": sim_fleet}
+    finally:
+        os.environ.pop("SPARK_COMMAND_LOG", None)
+        instance.dispose()
+
+
+def variant(chain, name, change) -> str:
+    data = yaml.safe_load(open(chain["fleet"]))
+    change(data)
+    path = chain["root"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def heavy_commands(log_path, since: int) -> list[str]:
+    return [" ".join(r.argv) for r in read_command_log(log_path)[since:] if is_heavy(r.argv)]
+
+
+def latest(instance, asset, partition=None):
+    recs = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None), limit=1
+    ).records
+    return {k: v.value for k, v in recs[0].asset_materialization.metadata.items()} if recs else {}
+
+
+def test_low_memory_node_fails_alone(chain, sim_gpu):
+    """First deploy ever: spark2 lacks memory, spark1 deploys regardless."""
+    sim_gpu("spark2", "low-memory")
+    defs = build_definitions(chain["fleet"])
+    assert defs.get_job_def("build_job").execute_in_process(instance=chain["instance"], raise_on_error=False).success
+    job = defs.get_job_def("deploy_node_job")
+    bad = job.execute_in_process(instance=chain["instance"], partition_key="spark2", raise_on_error=False)
+    ok = job.execute_in_process(instance=chain["instance"], partition_key="spark1", raise_on_error=False)
+    assert ok.success and not bad.success
+    # spark2 got its checkpoint and image streamed from the build host before its preflight failed.
+    art = latest(chain["instance"], "node_artifacts", "spark2")
+    assert art["copied"] is True and art["image_copied"] is True and art["bytes_sent"] > 0
+    why = " ".join(e.step_failure_data.user_failure_data.description for e in bad.all_events
+                   if e.is_step_failure and e.step_failure_data.user_failure_data)
+    assert "preflight blocked spark2" in why and "memory" in why and "reboot" in why
+    assert "lower GMU to 0.80" not in why.replace("do NOT lower GMU to 0.80", "")
+    fleet = load_fleet(chain["fleet"])
+    assert httpx.get(f"http://{fleet.node('spark1').host}:8000/health", timeout=5).status_code == 200
+
+
+def test_materialize_all(chain):
+    failures = run_chain(chain["fleet"], chain["instance"], log=lambda *_: None)
+    assert failures == {}
+    inst = chain["instance"]
+    fleet = load_fleet(chain["fleet"])
+    for node in ("spark1", "spark2"):
+        dep = latest(inst, "node_deployment", node)
+        assert dep["kv_cache_tokens"] == 268224 and dep["max_concurrency"] == pytest.approx(3.81)
+        bench = latest(inst, "bench_results", node)
+        assert bench["mean_tok_s"] >= fleet.bench_floor(fleet.node(node))
+        assert "| Q&A" in bench["table"] or "Q&A" in bench["table"]
+    assert latest(inst, "mtp_weights")["fp8_scales"] == 144
+    assert latest(inst, "base_image")["torch"] == "2.12.0+cu130"
+    art = latest(inst, "node_artifacts", "spark2")
+    assert art["image_id"] == latest(inst, "serving_image")["image_id"]
+    # Both nodes are back in the gateway after their benches, and the real proxy routes to both.
+    gw = chain["sim"].gateway
+    key = os.environ["LITELLM_MASTER_KEY"]
+    bases = set()
+    for _ in range(12):
+        with httpx.stream("POST", f"http://{gw.ip}:{fleet.gateway.proxy_port}/v1/chat/completions",
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                "stream": True}, timeout=60) as r:
+            assert r.status_code == 200
+            body = "".join(r.iter_text())
+            assert "data: [DONE]" in body
+            bases.add(r.headers.get("x-litellm-model-api-base"))
+    assert {f"http://{fleet.node(n).host}:8000/v1" for n in ("spark1", "spark2")} <= bases
+
+
+def test_second_run_does_no_heavy_work(chain):
+    since = len(read_command_log(chain["log"]))
+    assert run_chain(chain["fleet"], chain["instance"], log=lambda *_: None) == {}
+    assert heavy_commands(chain["log"], since) == []
+    assert latest(chain["instance"], "node_deployment", "spark1")["skipped"] is True
+
+
+def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):
+    path = variant(chain, "newref", lambda d: d["pins"].__setitem__("vllm_ref", "3b5f1c2d0"))
+    graph = build_definitions(path).get_repository_def().asset_graph
+    resolver = CachingStaleStatusResolver(chain["instance"], graph)
+    status = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        parts = node.partitions_def.get_partition_keys() if node.partitions_def else [None]
+        status[key.to_user_string()] = {resolver.get_status(key, p) for p in parts}
+    stale = {k for k, v in status.items() if StaleStatus.STALE in v}
+    assert stale == {"base_image", "serving_image", "node_artifacts", "node_deployment", "gateway", "bench_results"}
+    assert status["base_model"] == status["hybrid_checkpoint"] == status["mtp_weights"] == {StaleStatus.FRESH}
+
+
+def test_dying_launch_is_diagnosed_and_previous_keeps_serving(chain, sim_gpu):
+    def drop_fix_var(d):
+        # An operator who declared founders nodes exempt from the 2026-06-18 fix: validation
+        # passes, the GB10 does not forgive it.
+        d["hardware_profiles"] = {"founders": {"name": "founders", "cuda_total_gib": 121.69, "max_gmu": 0.85,
+                                               "requires_fix_env": False, "clean_boot_free_gib": 117.5}}
+        del d["launch"]["env"]["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"]
+
+    path = variant(chain, "nofix", drop_fix_var)
+    fleet = load_fleet(path)
+    from spark_pipelines.resources.ssh import FleetSession
+
+    with FleetSession(fleet) as s:
+        before = json.loads(s.run("spark1", ["docker", "inspect", "vllm-qwen35-v2"], log=False).stdout)[0]["Id"]
+    res = build_definitions(path).get_job_def("deploy_node_job").execute_in_process(
+        instance=chain["instance"], partition_key="spark1", raise_on_error=False)
+    assert not res.success
+    fail = next(e for e in res.all_events if e.is_step_failure).step_failure_data.user_failure_data
+    assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS" in fail.description or "num_gpu_blocks" in fail.description
+    assert "previous deployment put back on spark1 (healthy)" in fail.description
+    with FleetSession(fleet) as s:
+        after = json.loads(s.run("spark1", ["docker", "inspect", "vllm-qwen35-v2"], log=False).stdout)[0]
+    assert after["Id"] == before and after["State"]["Running"]
+    assert httpx.get(f"http://{fleet.node('spark1').host}:8000/health", timeout=5).status_code == 200
+
+
+def test_ab_experiment_mtp2_vs_mtp3_restores_production(chain):
+    fleet = load_fleet(chain["fleet"])
+    defs = build_definitions(chain["fleet"])
+    res = defs.get_job_def("ab_experiment_job").execute_in_process(
+        instance=chain["instance"], raise_on_error=False,
+        run_config={"ops": {"ab_experiment": {"config": {"node": "spark2", "repeats": 2, "suite": "recipe"}}}})
+    assert res.success
+    out = res.output_for_node("ab_experiment")
+    assert out["node"] == "spark2" and out["verdicts"]
+    assert all(("better" in v) or ("cannot be told apart" in v) for v in out["verdicts"])
+    mat = chain["instance"].fetch_materializations(dg.AssetKey(["ab_experiments", "spark2"]), limit=1).records[0]
+    assert "mtp2" in mat.asset_materialization.metadata["comparison"].value
+    # Production launch (MTP-2) is back and serving, and spark2 is back in the gateway.
+    from spark_pipelines.resources.ssh import FleetSession
+
+    with FleetSession(fleet) as s:
+        args = json.loads(s.run("spark2", ["docker", "inspect", "vllm-qwen35-v2"], log=False).stdout)[0]["Args"]
+        rotation = __import__("spark_pipelines.resources.gateway", fromlist=["GatewayHost"]).GatewayHost(s).rotation()
+    assert '{"method":"mtp","num_speculative_tokens":2}' in args
+    assert "spark2" in rotation

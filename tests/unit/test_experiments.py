@@ -1,0 +1,35 @@
+"""A/B variants are fleet changes validated like a fleet file, limited to the node under test."""
+
+import pytest
+
+from spark_pipelines.assets.experiments import Variant, comparison_md, variant_fleet
+from spark_pipelines.core.launch import docker_run_argv
+from spark_pipelines.fleet import FleetError, load_fleet
+
+
+def test_mtp3_variant_changes_only_the_speculative_tokens():
+    f = load_fleet("fleets/seed.yaml")
+    vf = variant_fleet(f, "spark2", Variant(name="mtp3", num_speculative_tokens=3))
+    base, var = docker_run_argv(f, f.node("spark2")), docker_run_argv(vf, vf.node("spark2"))
+    diff = [(a, b) for a, b in zip(base, var) if a != b]
+    assert diff == [('{"method":"mtp","num_speculative_tokens":2}', '{"method":"mtp","num_speculative_tokens":3}')]
+    assert vf.node_names == ["spark2"]
+
+
+def test_env_variant_on_gx10_can_drop_a_fix_var_but_not_on_founders():
+    f = load_fleet("fleets/seed.yaml")
+    vf = variant_fleet(f, "spark2", Variant(name="no-atomic", unset_env=["VLLM_MARLIN_USE_ATOMIC_ADD"]))
+    assert not any("VLLM_MARLIN_USE_ATOMIC_ADD" in a for a in docker_run_argv(vf, vf.node("spark2")))
+    with pytest.raises(FleetError, match="VLLM_MARLIN_USE_ATOMIC_ADD"):
+        variant_fleet(f, "spark1", Variant(name="no-atomic", unset_env=["VLLM_MARLIN_USE_ATOMIC_ADD"]))
+
+
+def test_variant_cannot_exceed_the_hardware_gmu():
+    f = load_fleet("fleets/seed.yaml")
+    with pytest.raises(FleetError, match="0.9"):
+        variant_fleet(f, "spark2", Variant(name="gmu90", gpu_memory_utilization=0.90))
+
+
+def test_comparison_table_without_reports_still_renders_verdicts():
+    md = comparison_md("spark2", {}, ["single-stream: cannot be told apart at this spread (...)"])
+    assert "cannot be told apart" in md and "| variant |" in md
