@@ -15,6 +15,8 @@ stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 
 apt_packages() {
   local missing=()
+  # The simulated fleet's base image is assembled with `apt-get download`: it needs package lists.
+  compgen -G "/var/lib/apt/lists/*_Packages" >/dev/null || apt-get update -qq
   for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done

@@ -50,7 +50,14 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     return dg.Definitions(
         assets=assets,
         jobs=[build_job, node_job, gateway_job, bench_job, ab_experiment_job],
-        sensors=[build_pins_sensor(fleet_path, build_job, node_job), build_health_sensor(fleet_path, node_job)],
+        sensors=[
+            build_pins_sensor(fleet_path, build_job, node_job),
+            build_health_sensor(fleet_path, node_job),
+            # Carries a rebuilt checkpoint or image to every node (eager conditions on the node steps).
+            dg.AutomationConditionSensorDefinition(
+                "rollout", target=dg.AssetSelection.groups("nodes"), default_status=dg.DefaultSensorStatus.STOPPED
+            ),
+        ],
         schedules=build_schedules(build_job, bench_job, [n.name for n in fleet.serve_nodes]),
         resources={"ssh": ssh, "hub": ModelHub(), "litellm": LiteLLMGateway(ssh=ssh)},
     )

@@ -7,8 +7,8 @@ install.sh's skip test passes a half-built checkpoint whose index is stale.
 
 
 import json
-from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
@@ -74,6 +74,29 @@ def index_digest(session: FleetSession, node: Node, directory: str) -> str:
     return r.stdout.split()[0][:16]
 
 
+def checkpoint_step(
+    context: dg.AssetExecutionContext, s: FleetSession, node: Node, step: str, sig: str, directory: str,
+    verify: Callable[[], checkpoint_core.CheckpointReport], build: Callable[[], None],
+) -> tuple[checkpoint_core.CheckpointReport, str, bool]:
+    """Reuse the step's output when its marker matches AND it still verifies; else build and verify.
+
+    Returns (report, index digest, skipped). The digest is the one recorded at build time: step 2
+    rewrites the index in place, and step 1's data version must not move because of it."""
+    marker = markers.matches(s, node, step, sig)
+    if marker:
+        report = verify()
+        if report.ok:
+            return report, marker["index"], True
+        context.log.warning(f"{step}: marker matches but the output fails verification, rebuilding: {report.problems[0]}")
+    build()
+    report = verify()
+    if not report.ok:
+        return report, "invalid", False
+    digest = index_digest(s, node, directory)
+    markers.write(s, node, step, sig, index=digest)
+    return report, digest, False
+
+
 def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
     cv = code_versions(fleet)
 
@@ -124,14 +147,8 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
         recipe = layout.recipe_dir(node)
         out = layout.hybrid_dir(f, node)
         sig = markers.signature(cv["hybrid_checkpoint"], base_model["revision"])
-        report = None
-        skipped = bool(markers.matches(s, node, "hybrid_checkpoint", sig))
-        if skipped:
-            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False)
-            skipped = report.ok
-            if not skipped:
-                context.log.warning(f"marker matches but the checkpoint fails verification; rebuilding: {report.problems[0]}")
-        if not skipped:
+
+        def build() -> None:
             checkout(s, node, f.pins.recipe_repo, recipe)
             # The builder's --force removes model.safetensors* and config.json but not the
             # model-*-of-* shards: leftovers of another build would mix in. Remove them first.
@@ -142,10 +159,10 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
                  "--fp8-repo", f.pins.fp8_model.repo, "--output", out, "--force"],
                 secret_env=hub.secret_env() or None,
             )
-            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False)
-        digest = index_digest(s, node, out) if report.ok else "invalid"
-        if report.ok and not skipped:
-            markers.write(s, node, "hybrid_checkpoint", sig, index=digest)
+
+        report, digest, skipped = checkpoint_step(
+            context, s, node, "hybrid_checkpoint", sig, out,
+            lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False), build)
         yield dg.Output(
             {"node": node.name, "path": out, "index": digest},
             data_version=dg.DataVersion(digest),
@@ -168,22 +185,16 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
     )
     def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: dict, hybrid_checkpoint: dict):
         s = ssh.session
-        f = s.fleet
-        node = f.build_node
+        node = s.fleet.build_node
         out = hybrid_checkpoint["path"]
         sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"])
-        skipped = bool(markers.matches(s, node, "mtp_weights", sig))
-        report = None
-        if skipped:
-            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
-            skipped = report.ok
-        if not skipped:
-            recipe = layout.recipe_dir(node)
-            s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"], "--target", out])
-            report = verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
-        digest = index_digest(s, node, out) if report.ok else "invalid"
-        if report.ok and not skipped:
-            markers.write(s, node, "mtp_weights", sig, index=digest)
+        recipe = layout.recipe_dir(node)
+        report, digest, skipped = checkpoint_step(
+            context, s, node, "mtp_weights", sig, out,
+            lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
+            lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"],
+                                      "--target", out]),
+        )
         yield dg.Output(
             {"node": node.name, "path": out, "index": digest},
             data_version=dg.DataVersion(digest),
@@ -199,4 +210,3 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
     return [base_model, hybrid_checkpoint, mtp_weights]
 
 
-__all__ = ["build_model_assets", "verify_on_node", "checkout", "asdict"]

@@ -246,6 +246,8 @@ def build_node_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
         kinds={"ssh", "docker"},
         partitions_def=partitions,
         code_version=cv["node_artifacts"],
+        # A new checkpoint or image rolls out to every node once the build host has it.
+        automation_condition=dg.AutomationCondition.eager(),
         check_specs=[dg.AssetCheckSpec("same_image_as_build_host", asset="node_artifacts", blocking=True)],
         description="Checkpoint and serving image on the node, streamed node-to-node from the build host.",
     )
@@ -296,6 +298,7 @@ def build_node_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
         kinds={"docker", "vllm"},
         partitions_def=partitions,
         code_version=cv["node_deployment"],
+        automation_condition=dg.AutomationCondition.eager(),
         check_specs=[dg.AssetCheckSpec("serving", asset="node_deployment", blocking=True)],
         description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure.",
     )

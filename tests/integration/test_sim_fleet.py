@@ -14,6 +14,8 @@ from pathlib import Path
 
 import paramiko
 import pytest
+
+from tests.plugins import unavailable
 import yaml
 
 from spark_pipelines.fleet import load_fleet
@@ -292,7 +294,7 @@ def _leftovers(fleet: SimFleet, users: list[str], fleet_file: Path) -> list[str]
 
 def test_up_then_down_leaves_nothing_even_after_a_crash(tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        unavailable("needs root")
     with sim_slot() as slot:
         root = f"/var/lib/spark-sim-pytest-{slot}"
         fleet = SimFleet(root=root, slot=slot)

@@ -1,7 +1,7 @@
 """Write a tiny random-weight Llama checkpoint directory that real vLLM (CPU) can serve.
 
 Run with the vLLM venv's interpreter (it needs `tokenizers`):
-    /work/venvs/vllm/bin/python tests/plugins/make_tiny_model.py OUT_DIR
+    $SPARK_VLLM_VENV/bin/python tests/plugins/make_tiny_model.py OUT_DIR
 Weights are not written: vLLM serves it with `--load-format dummy`. No hub access is needed.
 """
 

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins import unavailable
+
 # The Makefile's bootstrap exports where it put the venvs; the shared machines have them here.
-VLLM_PYTHON = Path(os.environ.get("SPARK_VLLM_VENV", "/work/venvs/vllm")) / "bin" / "python"
-LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/work/venvs/litellm")) / "bin" / "litellm"
+VLLM_PYTHON = Path(os.environ.get("SPARK_VLLM_VENV", "/opt/spark-pipelines/vllm")) / "bin" / "python"
+LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
 SYSTEM_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
 STANDIN = Path(__file__).resolve().parents[2] / "spark_pipelines" / "sim" / "vllm_standin.py"
 TINY_MODEL_SCRIPT = Path(__file__).with_name("make_tiny_model.py")
@@ -135,7 +137,7 @@ def loopback_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not VLLM_PYTHON.exists():
-        pytest.skip(f"real vLLM venv missing: {VLLM_PYTHON}")
+        unavailable(f"real vLLM venv missing: {VLLM_PYTHON}")
     out = tmp_path_factory.mktemp("tiny-llama")
     subprocess.run([str(VLLM_PYTHON), str(TINY_MODEL_SCRIPT), str(out)], check=True,
                    capture_output=True, timeout=120)
@@ -164,7 +166,7 @@ def real_vllm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def real_litellm(real_vllm: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A real LiteLLM proxy in front of `real_vllm`; its master key is in extra['key_env']."""
     if not LITELLM_BIN.exists():
-        pytest.skip(f"real LiteLLM venv missing: {LITELLM_BIN}")
+        unavailable(f"real LiteLLM venv missing: {LITELLM_BIN}")
     port = free_port()
     key = "sk-" + secrets.token_hex(16)
     key_env = "SPARK_TEST_LITELLM_KEY"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins import unavailable
+
 from spark_pipelines.fleet import Fleet, load_fleet
 from spark_pipelines.sim.fleet import SimFleet
 
@@ -41,12 +43,12 @@ def sim_slot() -> Iterator[int]:
             path.unlink(missing_ok=True)
             os.close(fd)
         return
-    pytest.skip(f"all simulated-fleet slots {TEST_SLOTS} are taken by other test sessions")
+    unavailable(f"all simulated-fleet slots {TEST_SLOTS} are taken by other test sessions")
 
 
 def _need_root() -> None:
     if os.geteuid() != 0:
-        pytest.skip("the simulated fleet needs root (network namespaces, users, dockerd)")
+        unavailable("the simulated fleet needs root (network namespaces, users, dockerd)")
 
 
 @pytest.fixture(scope="session")
