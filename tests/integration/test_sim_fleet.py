@@ -69,8 +69,11 @@ def test_fleet_file_is_the_seed_except_how_to_reach_the_nodes(sim_fleet: SimFlee
     gw_fields = REACH_FIELDS | {"config_path", "reload_dir", "reload_command"}
     assert {k: v for k, v in sim["gateway"].items() if k not in gw_fields} == \
         {k: v for k, v in seed["gateway"].items() if k not in gw_fields}
-    for k in ("launch", "bench"):
-        assert sim[k] == seed[k]
+    assert sim["launch"] == seed["launch"]
+    # What the stand-ins make moot: the disk floors of a ~71 GB checkpoint, the JIT warm-up run.
+    assert {k: v for k, v in sim["bench"].items() if k != "repeats"} == \
+        {k: v for k, v in seed["bench"].items() if k != "repeats"}
+    assert sim["bench"]["repeats"] == 1 and sim["preflight"]["build_host_disk_gib"] < seed["preflight"]["build_host_disk_gib"]
     for k, v in seed["pins"].items():
         if k in ("build_repo", "recipe_repo"):
             assert sim["pins"][k]["url"].startswith(f"file://{sim_fleet.layout.root}/")
