@@ -227,26 +227,42 @@ _FROM = re.compile(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", re.IGNORECASE)
 _UV_INSTALL = re.compile(r"\buv pip install\b")
 
 
+class _GuardedStages:
+    """Which build stages install with the torch override: a stage is guarded once its pinned
+    install has run, and a stage built FROM a guarded stage inherits the override file."""
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+        self._current: str | None = None
+        self.active = False
+
+    def enter(self, from_match: re.Match[str]) -> None:
+        self._current = from_match.group(2)
+        self.active = from_match.group(1) in self._names
+        self._remember()
+
+    def guard(self) -> None:
+        self.active = True
+        self._remember()
+
+    def _remember(self) -> None:
+        if self.active and self._current:
+            self._names.add(self._current)
+
+
 def _check_torch_guard(text: str, guard_run: str, override_flag: str) -> None:
     """Postcondition: no uv install after the guard runs without the override (install.sh
     likewise refuses an unprotected wheel install)."""
-    guarded_stages: set[str] = set()
-    stage_name: str | None = None
-    stage_guarded = False
+    stages = _GuardedStages()
     for n, line in enumerate(text.splitlines(keepends=True), 1):
         m = _FROM.match(line)
         if m:
-            stage_name = m.group(2)
-            stage_guarded = m.group(1) in guarded_stages
-            if stage_guarded and stage_name:
-                guarded_stages.add(stage_name)
+            stages.enter(m)
             continue
         if line == guard_run:
-            stage_guarded = True
-            if stage_name:
-                guarded_stages.add(stage_name)
+            stages.guard()
             continue
-        if stage_guarded and _UV_INSTALL.search(line) and override_flag not in line:
+        if stages.active and _UV_INSTALL.search(line) and override_flag not in line:
             raise DockerfileEditError(
                 "guard-torch-override",
                 override_flag,
@@ -277,24 +293,18 @@ def _guard_torch_override(text: str, pins: TorchPins) -> tuple[str, EditRecord]:
         )
     out: list[str] = []
     touched: list[int] = []
-    guarded_stages: set[str] = set()
-    stage_name: str | None = None
-    stage_guarded = False
+    stages = _GuardedStages()
     pending_guard_at = -1  # insert the guard RUN after this input line index
     for n, line in enumerate(lines):
         m = _FROM.match(line)
         if m:
-            # a stage built FROM a guarded stage inherits the override file
-            stage_name = m.group(2)
-            stage_guarded = m.group(1) in guarded_stages
-            if stage_guarded and stage_name:
-                guarded_stages.add(stage_name)
+            stages.enter(m)
             out.append(line)
             continue
         if pins.install_line in line:
             pending_guard_at = _instruction_end(lines, _instruction_start(lines, n))
             out.append(line)
-        elif stage_guarded and _UV_INSTALL.search(line) and override_flag not in line:
+        elif stages.active and _UV_INSTALL.search(line) and override_flag not in line:
             out.append(_UV_INSTALL.sub(override_flag, line))
             touched.append(n + 1)
         else:
@@ -307,9 +317,7 @@ def _guard_torch_override(text: str, pins: TorchPins) -> tuple[str, EditRecord]:
                     out[-1] += "\n"
                 out.append(guard_run)
                 touched.append(n + 1)
-            stage_guarded = True
-            if stage_name:
-                guarded_stages.add(stage_name)
+            stages.guard()
     result = "".join(out)
     _check_torch_guard(result, guard_run, override_flag)
     detail = f"override guard on {len(touched)} line(s)" if touched else "override guard present"
