@@ -4,6 +4,7 @@ node's floor, which keeps the node out of rotation and says why."""
 
 
 import base64
+import threading
 import time
 
 import dagster as dg
@@ -11,16 +12,54 @@ import httpx
 
 from spark_pipelines.assets import markers
 from spark_pipelines.assets.gateway import BENCH_GATE
-from spark_pipelines.assets.nodes import api_root, node_partitions
+from spark_pipelines.assets.nodes import GPU_QUERY, api_root, node_partitions
 from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core import gpu
 from spark_pipelines.core.diagnosis import parse_metrics
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.fleet import Fleet, Node
 from spark_pipelines.resources.gateway import LiteLLMGateway
-from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 
 DRAIN_TIMEOUT_S = 120
+GPU_SAMPLE_EVERY_S = 2.0
+
+
+class GpuSampler:
+    """Reads the node's nvidia-smi while the bench drives load: the PD-firmware wedge only shows
+    under load (runbook: "run nvidia-smi ... during load -- if <1000 MHz, cold-drain is required").
+    A thread, because the bench client owns this thread's event loop."""
+
+    def __init__(self, s: FleetSession, node: Node, every_s: float = GPU_SAMPLE_EVERY_S) -> None:
+        self._s, self._node, self._every = s, node, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"gpu-sampler-{node.name}", daemon=True)
+        self.readings: list[gpu.GpuReading] = []
+        self.errors: list[str] = []
+
+    def __enter__(self) -> "GpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                out = self._s.run(self._node.name, list(GPU_QUERY), check=False, log=False, timeout=20)
+                self.readings.append(gpu.parse_reading(out.stdout))
+            except Exception as e:  # a sample lost must not fail the bench it watches
+                self.errors.append(f"{type(e).__name__}: {e}")
+
+    def verdict(self) -> gpu.GpuVerdict:
+        v = gpu.judge_under_load(self.readings)
+        if self.errors:
+            v = gpu.GpuVerdict(state=v.state, reasons=[*v.reasons, f"{len(self.errors)} sample(s) unreadable: "
+                                                       f"{self.errors[-1]}"])
+        return v
 
 
 def wait_idle(fleet: Fleet, node: Node, timeout_s: float = DRAIN_TIMEOUT_S) -> float:
@@ -74,8 +113,9 @@ def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             gw.drain(node.name)
         try:
             waited = wait_idle(f, node)
-            report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
-                               concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats)
+            with GpuSampler(s, node) as sampler:
+                report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
+                                   concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats)
         except BaseException:
             if was_in:  # nothing is lost: a failed bench puts the node back
                 gw.restore(node.name)
@@ -83,10 +123,8 @@ def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
         mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
         loaded = next((p.aggregate_tok_s.median for p in report.phases
                        if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
-        promoted = mean is not None and mean >= floor
-        reason = (f"bench {mean:.1f} tok/s >= floor {floor:g}" if promoted else
-                  f"bench {mean if mean is not None else 0:.1f} tok/s < floor {floor:g}: kept out of the gateway; "
-                  "check for the PD-firmware wedge (nvidia-smi clocks under load) before redeploying")
+        gpu_verdict = sampler.verdict()
+        promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict)
         markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
         if promoted and (was_in or node.name not in gw.rotation()):
             gw.restore(node.name)
@@ -96,6 +134,9 @@ def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             "vs_reference": round((mean or 0.0) / f.bench.reference_tok_s, 3),
             "floor_tok_s": floor,
             "drain_wait_s": waited,
+            "gpu_under_load": gpu_verdict.state,
+            "gpu_samples": len(sampler.readings),
+            "gpu_verdict": "; ".join(gpu_verdict.reasons),
             "isolation": report.isolation,
             "table": dg.MetadataValue.md(bench_core.render_markdown(report)),
         }
@@ -117,7 +158,7 @@ def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             passed=promoted,
             severity=dg.AssetCheckSeverity.ERROR,
             description=reason,
-            metadata={"mean_tok_s": float(mean or 0.0), "floor_tok_s": floor},
+            metadata={"mean_tok_s": float(mean or 0.0), "floor_tok_s": floor, "gpu_under_load": gpu_verdict.state},
         )
 
     return [bench_results]

@@ -29,6 +29,8 @@ READY_LINE = "Application startup complete"
 SMOKE_PROMPT = "What is 2+2? Be concise."
 MEMCHECK_PY = "import torch; f, t = torch.cuda.mem_get_info(); print(f / 2**30, t / 2**30)"
 GPU_DEVICE = "/dev/nvidia0"
+# One read gives every field of the wedge signature, counters included (CSV lacks them on 580).
+GPU_QUERY = ("nvidia-smi", "-q", "-d", "PERFORMANCE,CLOCK,POWER,UTILIZATION")
 # The runbook's flush, verbatim, so the sudoers line operators already have keeps matching.
 DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"
 GIB = 2**30
@@ -50,7 +52,7 @@ class PreflightRun:
 def observe(s: FleetSession, node: Node, image: str, gmu: float) -> PreflightRun:
     n = node.name
     docker = NodeDocker(s)
-    q = s.run(n, ["nvidia-smi", "-q", "-d", "PERFORMANCE,CLOCK,POWER,UTILIZATION"], check=False, log=False)
+    q = s.run(n, list(GPU_QUERY), check=False, log=False)
     try:
         reading = gpu.parse_reading(q.stdout)
         verdict = gpu.classify(reading, under_load=(reading.utilization_pct or 0) >= 50)

@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from spark_pipelines.core.gpu import GpuVerdict
+
 # ---------------------------------------------------------------------------------------------
 # The suite
 # ---------------------------------------------------------------------------------------------
@@ -618,3 +620,22 @@ def render_markdown(report: BenchReport) -> str:
     if report.failures:
         lines += ["Failed requests:"] + [f"- {f}" for f in report.failures] + [""]
     return "\n".join(lines)
+
+
+def promotion_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict) -> tuple[bool, str]:
+    """(promoted, why) for a benched node. A wedged GPU never goes back into the gateway, even
+    above the floor (it only gets worse); a slow one gets the runbook's two checks in order."""
+    if gpu_verdict.state == "wedged":
+        return False, ("PD-firmware wedge under load (" + "; ".join(gpu_verdict.reasons) + "); kept out of the "
+                       "gateway. Runbook Known Firmware Issues: capture evidence, stop vLLM, sudo poweroff, "
+                       "unplug the brick at the wall 90-120 s, power on, then rerun the bench")
+    if mean is not None and mean >= floor:
+        return True, f"bench {mean:.1f} tok/s >= floor {floor:g}"
+    got = f"{mean:.1f}" if mean is not None else "no"
+    if gpu_verdict.state == "healthy":
+        advice = ("the GPU ran at full clock under load, so not the wedge; second check: a stale torch_compile "
+                  "cache (sudo rm -rf ~/.cache/vllm on the node, then redeploy)")
+    else:
+        advice = ("check for the PD-firmware wedge (nvidia-smi clocks under load; "
+                  + "; ".join(gpu_verdict.reasons) + ") before redeploying")
+    return False, f"bench {got} tok/s < floor {floor:g}: kept out of the gateway; {advice}"

@@ -481,3 +481,28 @@ def classify(reading: GpuReading, under_load: bool) -> GpuVerdict:
         # throttle, which the runbook separates from the silent firmware wedge.
         reasons.append(f"low clock but not the wedge: {', '.join(absent)} does not hold")
     return GpuVerdict(state="healthy", reasons=reasons)
+
+
+def judge_under_load(readings: Sequence[GpuReading]) -> GpuVerdict:
+    """Judge the samples taken while a bench drove load (runbook: "Run nvidia-smi ... during
+    load -- if <1000 MHz, cold-drain is required").
+
+    Idle samples (between requests) are set aside. A wedge is pinned, not intermittent, so it
+    is reported only when at least half the loaded samples show the whole signature and none
+    is healthy at full clock; one healthy loaded sample rules it out.
+    """
+    verdicts = [classify(r, under_load=True) for r in readings]
+    loaded = [v for v in verdicts if v.state != "idle"]
+    if not loaded:
+        return GpuVerdict(
+            state="unknown",
+            reasons=[f"none of {len(readings)} sample(s) caught the GPU under load"],
+        )
+    wedged = [v for v in loaded if v.state == "wedged"]
+    healthy = [v for v in loaded if v.state == "healthy"]
+    summary = f"{len(wedged)} wedged, {len(healthy)} healthy of {len(loaded)} loaded sample(s)"
+    if wedged and not healthy and 2 * len(wedged) >= len(loaded):
+        return GpuVerdict(state="wedged", reasons=[summary, *wedged[0].reasons])
+    if healthy:
+        return GpuVerdict(state="healthy", reasons=[summary, *healthy[-1].reasons])
+    return GpuVerdict(state="unknown", reasons=[summary, *loaded[0].reasons])

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spark_pipelines.core.gpu import REASON_BITS  # the NVML bit table, kept in one place
 
@@ -98,6 +98,9 @@ class SimGpu(BaseModel):
     state: State
     profile: Profile
     under_load: bool = False
+    # The port of the engine using this GPU on the node: while it reports requests running,
+    # nvidia-smi shows the GPU under load, as a real one does while vLLM decodes.
+    engine_port: int | None = Field(default=None, ge=1, le=65535)
     persistence_mode: bool = True
     locked_clocks: tuple[int, int] | None = None
 

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,25 @@ def load_state(path: Path) -> SimGpu:
         raise ValueError(f"{STATE_FILE_ENV}={path}: {problems}") from exc
 
 
+def engine_busy(port: int | None, timeout_s: float = 0.5) -> bool:
+    """Whether the engine on this node's loopback reports a request running (vLLM's gauge)."""
+    if port is None:
+        return False
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return False  # no engine, or one still starting: the GPU is not decoding
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            try:
+                if float(line.rsplit(None, 1)[-1]) > 0:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
 def main(argv: Sequence[str] | None = None, state_file: Path | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if state_file is None:
@@ -55,8 +75,11 @@ def main(argv: Sequence[str] | None = None, state_file: Path | None = None) -> i
     except ValueError as exc:
         sys.stderr.write(f"nvidia-smi stand-in: {exc}\n")
         return NO_DRIVER_RC
-    result, new_sim = run(args, sim, dt.datetime.now())
-    if new_sim != sim:
+    seen = sim if sim.under_load else sim.model_copy(update={"under_load": engine_busy(sim.engine_port)})
+    result, new_seen = run(args, seen, dt.datetime.now())
+    if new_seen != seen:
+        # Only settings changes (-pm, -lgc, -rgc) are persisted, never the observed load.
+        new_sim = new_seen.model_copy(update={"under_load": sim.under_load})
         tmp = state_file.with_suffix(state_file.suffix + ".tmp")
         tmp.write_text(new_sim.model_dump_json(), encoding="utf-8")
         tmp.replace(state_file)  # atomic, so a concurrent reader never sees half a file

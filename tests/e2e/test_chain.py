@@ -195,3 +195,31 @@ def test_ab_experiment_mtp2_vs_mtp3_restores_production(chain):
         rotation = __import__("spark_pipelines.resources.gateway", fromlist=["GatewayHost"]).GatewayHost(s).rotation()
     assert '{"method":"mtp","num_speculative_tokens":2}' in args
     assert "spark2" in rotation
+
+
+def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gpu):
+    """The runbook's first check for a slow node, done by the bench itself: nvidia-smi sampled
+    under load shows the PD-firmware wedge, so spark2 stays drained and the check says what to do."""
+    from spark_pipelines.resources.gateway import GatewayHost
+    from spark_pipelines.resources.ssh import FleetSession
+
+    fleet = load_fleet(chain["fleet"])
+    job = build_definitions(chain["fleet"]).get_job_def("bench_job")
+
+    def bench_spark2():
+        res = job.execute_in_process(instance=chain["instance"], partition_key="spark2", raise_on_error=False)
+        (check,) = res.get_asset_check_evaluations()
+        with FleetSession(fleet) as s:
+            rotation = GatewayHost(s).rotation()
+        return check, latest(chain["instance"], "bench_results", "spark2"), rotation
+
+    sim_gpu("spark2", "wedged")
+    check, meta, rotation = bench_spark2()
+    assert meta["gpu_under_load"] == "wedged" and meta["gpu_samples"] >= 2
+    assert not check.passed and "PD-firmware wedge" in check.description and "90-120 s" in check.description
+    assert "spark2" not in rotation and "spark1" in rotation
+
+    sim_gpu("spark2", "healthy")  # after the cold drain
+    check, meta, rotation = bench_spark2()
+    assert meta["gpu_under_load"] == "healthy" and check.passed
+    assert "spark2" in rotation

@@ -197,3 +197,21 @@ def test_failures_are_listed_not_averaged():
     assert report.prompts[4].failures == 1 and report.prompts[4].tok_s is None
     assert report.failures == ["recipe/LongCode run 1: HTTP 400: max_tokens too large"]
     assert "Failed requests" in core.render_markdown(report)
+
+
+def test_promotion_gate_follows_the_runbooks_two_checks():
+    from spark_pipelines.core.gpu import GpuVerdict
+
+    healthy = GpuVerdict(state="healthy", reasons=["under load (util 96%, SM 2450 MHz)"])
+    wedged = GpuVerdict(state="wedged", reasons=["2 wedged, 0 healthy of 2 loaded sample(s)"])
+    unknown = GpuVerdict(state="unknown", reasons=["none of 3 sample(s) caught the GPU under load"])
+
+    assert core.promotion_gate(52.0, 40.0, healthy) == (True, "bench 52.0 tok/s >= floor 40")
+    # A wedge keeps the node out even above the floor, and names the cold drain.
+    promoted, why = core.promotion_gate(45.0, 40.0, wedged)
+    assert not promoted and "PD-firmware wedge" in why and "unplug the brick at the wall 90-120 s" in why
+    # Slow at full clock: not the wedge, so the second check (stale torch_compile cache).
+    promoted, why = core.promotion_gate(34.0, 40.0, healthy)
+    assert not promoted and "34.0 tok/s < floor 40" in why and "sudo rm -rf ~/.cache/vllm" in why
+    promoted, why = core.promotion_gate(None, 40.0, unknown)
+    assert not promoted and "no tok/s" in why and "check for the PD-firmware wedge" in why

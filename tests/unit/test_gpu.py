@@ -9,6 +9,7 @@ from spark_pipelines.core.gpu import (
     GpuReading,
     classify,
     combine,
+    judge_under_load,
     parse_q,
     parse_query_csv,
     parse_reading,
@@ -140,3 +141,31 @@ def test_bad_values_name_the_field() -> None:
         parse_q("hello\n")
     with pytest.raises(GpuFormatError, match="no GPU rows"):
         parse_query_csv("name, pstate\n")
+
+
+IDLE_BETWEEN_REQUESTS = dict(util="0", clock="1200", power="4.1", mask="0x0000000000000001", counter="1170000000")
+
+
+def test_samples_under_load_report_a_pinned_wedge() -> None:
+    samples = [gb10(**IDLE_BETWEEN_REQUESTS), gb10(**WEDGED), gb10(**{**WEDGED, "clock": "702"})]
+    verdict = judge_under_load(samples)
+    assert verdict.state == "wedged"
+    assert verdict.reasons[0].startswith("2 wedged, 0 healthy of 2 loaded")
+    assert any("cold drain" in reason for reason in verdict.reasons)
+
+
+def test_one_healthy_loaded_sample_rules_the_wedge_out() -> None:
+    verdict = judge_under_load([gb10(**WEDGED), gb10(**HEALTHY), gb10(**WEDGED)])
+    assert verdict.state == "healthy"
+
+
+def test_samples_that_never_caught_load_say_so() -> None:
+    verdict = judge_under_load([gb10(**IDLE_BETWEEN_REQUESTS)] * 3)
+    assert verdict.state == "unknown" and "none of 3" in verdict.reasons[0]
+    assert judge_under_load([]).state == "unknown"
+
+
+def test_real_h200_load_capture_is_healthy_over_samples() -> None:
+    loaded = combine([parse_query_csv(h200("query-load.csv"))[0], parse_q(h200("nvidia-smi-q-perf-load.txt"))[0]])
+    idle = combine([parse_query_csv(h200("query-idle.csv"))[0], parse_q(h200("nvidia-smi-q-perf-idle.txt"))[0]])
+    assert judge_under_load([idle, loaded, loaded]).state == "healthy"

@@ -181,3 +181,43 @@ def test_standin_bad_state_file_is_a_clear_error(tmp_path: Path, capsys: pytest.
     assert "SIM_GPU_STATE_FILE" in err and "state" in err and "Traceback" not in err
     assert main(["-q"], tmp_path / "missing.json") == 9
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_gpu_shows_load_while_the_engine_reports_running_requests(tmp_path: Path, capsys) -> None:
+    """The stand-in reads vLLM's own gauge on loopback, as the GPU is busy while vLLM decodes."""
+    import http.server
+    import threading
+
+    running = {"n": 0}
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = f'vllm:num_requests_running{{model_name="m"}} {running["n"]}.0\n'.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state = tmp_path / "gpu.json"
+    state.write_text(json.dumps({"state": "wedged", "profile": "gx10", "engine_port": server.server_port}))
+    try:
+        verdicts = []
+        for n in (0, 2):
+            running["n"] = n
+            assert main([f"--query-gpu={CSV_FIELDS}", "--format=csv"], state_file=state) == 0
+            verdicts.append(classify(parse_reading(capsys.readouterr().out), under_load=True).state)
+        assert verdicts == ["idle", "wedged"]
+        # The observed load is never written back into the node's state.
+        assert main(["-pm", "0"], state_file=state) == 0
+        assert json.loads(state.read_text())["under_load"] is False
+        capsys.readouterr()
+    finally:
+        server.shutdown()
+    state.write_text(json.dumps({"state": "healthy", "profile": "gx10", "engine_port": server.server_port}))
+    assert main([f"--query-gpu={CSV_FIELDS}", "--format=csv"], state_file=state) == 0  # engine gone
+    assert classify(parse_reading(capsys.readouterr().out), under_load=True).state == "idle"
