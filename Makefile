@@ -9,7 +9,6 @@ export SPARK_LITELLM_VENV ?= /opt/spark-pipelines/litellm
 # The main job: bring up the simulated GB10 fleet, materialize the whole chain, print bench results.
 demo:
 	@scripts/bootstrap.sh base litellm
-	@mkdir -p $(DAGSTER_HOME)
 	.venv/bin/spark-pipelines demo
 
 # What a deploy of the runbook's fleet would do, touching nothing.
@@ -29,7 +28,8 @@ test-fast:
 # The Dagster UI on the demo's instance (http://127.0.0.1:3000).
 ui:
 	@scripts/bootstrap.sh base
-	@mkdir -p $(DAGSTER_HOME)
+	@mkdir -p $(DAGSTER_HOME) && { test -f $(DAGSTER_HOME)/dagster.yaml || \
+	  printf 'telemetry:\n  enabled: false\n' > $(DAGSTER_HOME)/dagster.yaml; }
 	SPARK_FLEET=$${SPARK_FLEET:-$$( [ -f sim-fleet.yaml ] && echo sim-fleet.yaml || echo fleets/seed.yaml )} \
 	  .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 

@@ -134,6 +134,7 @@ def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             "vs_reference": round((mean or 0.0) / f.bench.reference_tok_s, 3),
             "floor_tok_s": floor,
             "drain_wait_s": waited,
+            "promoted": promoted,
             "gpu_under_load": gpu_verdict.state,
             "gpu_samples": len(sampler.readings),
             "gpu_verdict": "; ".join(gpu_verdict.reasons),

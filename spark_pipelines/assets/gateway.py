@@ -55,7 +55,7 @@ def build_gateway_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
                 description="no node is healthy and promoted: the gateway config was NOT rewritten "
                 "(the proxy keeps its current pools). " + "; ".join(f"{k}: {v}" for k, v in left_out.items())
             )
-        config = host.set_rotation(rotation)
+        config, reloaded = host.set_rotation(rotation)
         # One streamed request through the first pool proves the proxy routes to a live backend.
         pool = f.gateway.pools[0]
         key = os.environ.get(f.gateway.master_key_env, "")
@@ -77,6 +77,7 @@ def build_gateway_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             data_version=dg.DataVersion(markers.signature(config)),
             metadata={
                 "nodes_in_rotation": len(rotation),
+                "reloaded": reloaded,
                 "rotation": ", ".join(rotation),
                 "left_out": dg.MetadataValue.md("\n".join(f"- {k}: {v}" for k, v in left_out.items()) or "none"),
                 "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(config) + "```"),

@@ -44,9 +44,15 @@ class GatewayHost:
             return None
         return gateway_core.load(self.session.read_text(GATEWAY_KEY, path))
 
-    def apply(self, config: dict[str, Any]) -> None:
-        """Write the config and reload the proxy; wait until it answers readiness again."""
+    def apply(self, config: dict[str, Any]) -> bool:
+        """Write the config and reload the proxy; wait until it answers readiness again.
+        A ready proxy already serving this exact config is left alone (a reload drops in-flight
+        streams and takes ~10-20 s). Returns whether it reloaded."""
         path = expand_home(self.gw.config_path, self.gw.home_dir)
+        current = self.read_config()
+        if current is not None and gateway_core.dump(current) == gateway_core.dump(config) and self.ready():
+            self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM config unchanged and proxy ready; not reloaded")
+            return False
         self.session.put_text(GATEWAY_KEY, path, gateway_core.dump(config), 0o600)
         argv = list(self.gw.reload_command)
         if self.gw.reload_dir:
@@ -54,6 +60,13 @@ class GatewayHost:
         secret = {self.gw.master_key_env: k} if (k := self.master_key()) else None
         self.session.run(GATEWAY_KEY, argv, secret_env=secret, timeout=300)
         self.wait_ready()
+        return True
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/health/readiness", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -72,10 +85,10 @@ class GatewayHost:
             f"check the proxy's logs on the gateway host"
         )
 
-    def set_rotation(self, nodes: list[str]) -> dict[str, Any]:
+    def set_rotation(self, nodes: list[str]) -> tuple[dict[str, Any], bool]:
+        """(the config now serving, whether the proxy was reloaded for it)."""
         config = gateway_core.render_config(self.fleet, nodes)
-        self.apply(config)
-        return config
+        return config, self.apply(config)
 
     def drain(self, node: str) -> list[str]:
         """Take one node out of every pool; returns the rotation before, for restore."""

@@ -70,8 +70,8 @@ def test_low_memory_node_fails_alone(chain, sim_gpu):
     """First deploy ever: spark2 lacks memory, spark1 deploys regardless."""
     sim_gpu("spark2", "low-memory")
     defs = build_definitions(chain["fleet"])
-    assert defs.get_job_def("build_job").execute_in_process(instance=chain["instance"], raise_on_error=False).success
-    job = defs.get_job_def("deploy_node_job")
+    assert defs.resolve_job_def("build_job").execute_in_process(instance=chain["instance"], raise_on_error=False).success
+    job = defs.resolve_job_def("deploy_node_job")
     bad = job.execute_in_process(instance=chain["instance"], partition_key="spark2", raise_on_error=False)
     ok = job.execute_in_process(instance=chain["instance"], partition_key="spark1", raise_on_error=False)
     assert ok.success and not bad.success
@@ -125,6 +125,8 @@ def test_second_run_does_no_heavy_work(chain):
     assert run_chain(chain["fleet"], chain["instance"], log=lambda *_: None) == {}
     assert heavy_commands(chain["log"], since) == []
     assert latest(chain["instance"], "node_deployment", "spark1")["skipped"] is True
+    # Same rotation, same config: the live proxy is not restarted under its users.
+    assert latest(chain["instance"], "gateway")["reloaded"] is False
 
 
 def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):
@@ -163,7 +165,7 @@ def test_dying_launch_is_diagnosed_and_previous_keeps_serving(chain, sim_gpu):
 
     with FleetSession(fleet) as s:
         before = json.loads(s.run("spark1", ["docker", "inspect", "vllm-qwen35-v2"], log=False).stdout)[0]["Id"]
-    res = build_definitions(path).get_job_def("deploy_node_job").execute_in_process(
+    res = build_definitions(path).resolve_job_def("deploy_node_job").execute_in_process(
         instance=chain["instance"], partition_key="spark1", raise_on_error=False)
     assert not res.success
     fail = next(e for e in res.all_events if e.is_step_failure).step_failure_data.user_failure_data
@@ -178,7 +180,7 @@ def test_dying_launch_is_diagnosed_and_previous_keeps_serving(chain, sim_gpu):
 def test_ab_experiment_mtp2_vs_mtp3_restores_production(chain):
     fleet = load_fleet(chain["fleet"])
     defs = build_definitions(chain["fleet"])
-    res = defs.get_job_def("ab_experiment_job").execute_in_process(
+    res = defs.resolve_job_def("ab_experiment_job").execute_in_process(
         instance=chain["instance"], raise_on_error=False,
         run_config={"ops": {"ab_experiment": {"config": {"node": "spark2", "repeats": 2, "suite": "recipe"}}}})
     assert res.success
@@ -204,7 +206,7 @@ def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gp
     from spark_pipelines.resources.ssh import FleetSession
 
     fleet = load_fleet(chain["fleet"])
-    job = build_definitions(chain["fleet"]).get_job_def("bench_job")
+    job = build_definitions(chain["fleet"]).resolve_job_def("bench_job")
 
     def bench_spark2():
         res = job.execute_in_process(instance=chain["instance"], partition_key="spark2", raise_on_error=False)
