@@ -4,9 +4,11 @@
 
 1. Starts a real vLLM (CPU, tiny random-weight Llama) on 127.0.0.1. Runs the same load with both
    clients, alternating (ours, theirs, ours, theirs): N requests, C at once, fixed output length
-   (ignore_eos), temperature 0, streaming chat completions. Each client runs in its own process;
-   CPU is read with getrusage (whole process) and time.process_time around the benchmark call
-   itself (which leaves out interpreter and import start-up: vLLM's import alone costs seconds).
+   (ignore_eos), temperature 0, streaming chat completions. Each client runs in its own process
+   on cores apart from the server's (a CPU-bound server sharing a core would run slower under
+   the heavier client). CPU is read with getrusage (whole process) and time.process_time around
+   the benchmark call itself (which leaves out interpreter and import start-up: vLLM's import
+   alone costs seconds).
    Prints our output tok/s over theirs (should agree within 3%) and our client CPU seconds per
    1,000 streamed tokens over theirs (target <= 1.0).
 2. Starts the vLLM stand-in at a known pace and measures it at 1, 8, 64 and 256 concurrent
@@ -76,11 +78,23 @@ json.dump({"output_tok_s": out["output_throughput"], "cpu_in_call": cpu,
 """
 
 
+# A CPU-bound server sharing cores with the client runs slower under a heavier client, which
+# would turn a client's CPU cost into a throughput "difference". With two or more cores the
+# server gets core 0 and every client the rest, so the server's pace is the same for both.
+CORES = sorted(os.sched_getaffinity(0))
+SERVER_CORES = CORES[:1] if len(CORES) >= 2 else CORES
+CLIENT_CORES = CORES[1:] if len(CORES) >= 2 else CORES
+
+
+def pinned(argv: list[str], cores: list[int]) -> list[str]:
+    return ["taskset", "-c", ",".join(map(str, cores)), *argv]
+
+
 def run_child(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run argv to completion: (wall seconds, CPU seconds user+sys of the child)."""
+    """Run argv to completion on the client cores: (wall seconds, CPU seconds user+sys)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(pinned(argv, CLIENT_CORES), env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -167,9 +181,9 @@ def real_vllm_comparison(args: argparse.Namespace, work: Path) -> dict[str, obje
     base = f"http://127.0.0.1:{port}"
     print(f"starting vLLM (CPU) on {base} ...", flush=True)
     served = start_server(
-        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--served-model-name", TINY_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-         "--load-format", "dummy", "--max-model-len", str(TINY_MAX_MODEL_LEN)],
+        pinned([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                "--served-model-name", TINY_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+                "--load-format", "dummy", "--max-model-len", str(TINY_MAX_MODEL_LEN)], SERVER_CORES),
         env=env, log_path=work / "vllm.log", ready_url=base + "/health", base_url=base,
         model=TINY_MODEL_NAME, timeout=400)
     try:
@@ -232,7 +246,8 @@ def main() -> int:
             print(f"real vLLM venv missing: {VLLM_PYTHON}", file=sys.stderr)
             return 2
         print(f"1. ours vs vllm bench serve: {args.prompts} requests, {args.concurrency} at once, "
-              f"{args.output_len} tokens each, {args.rounds} rounds per client", flush=True)
+              f"{args.output_len} tokens each, {args.rounds} rounds per client; server on CPU "
+              f"{SERVER_CORES}, clients on CPU {CLIENT_CORES}", flush=True)
         if not args.skip_vllm:
             comparisons.append(real_vllm_comparison(args, work))
         comparisons.append(standin_comparison(args, work))
