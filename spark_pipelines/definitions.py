@@ -23,6 +23,7 @@ from spark_pipelines.resources.hub import ModelHub
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.schedules import build_schedules
 from spark_pipelines.sensors.health import build_health_sensor
+from spark_pipelines.sensors.wedge import build_wedge_sensor
 from spark_pipelines.sensors.pins import build_pins_sensor
 
 FLEET_ENV = "SPARK_FLEET"
@@ -53,6 +54,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         sensors=[
             build_pins_sensor(fleet_path, build_job, node_job),
             build_health_sensor(fleet_path, node_job),
+            build_wedge_sensor(fleet_path, bench_job),
             # Carries a rebuilt checkpoint or image to every node (eager conditions on the node steps).
             dg.AutomationConditionSensorDefinition(
                 "rollout", target=dg.AssetSelection.groups("nodes"), default_status=dg.DefaultSensorStatus.STOPPED

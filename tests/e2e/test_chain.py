@@ -225,3 +225,44 @@ def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gp
     check, meta, rotation = bench_spark2()
     assert meta["gpu_under_load"] == "healthy" and check.passed
     assert "spark2" in rotation
+
+
+def test_wedge_watch_benches_a_node_wedged_under_live_traffic(chain, sim_gpu):
+    """Between benches the wedge shows only under load: the sensor judges a gateway node's GPU
+    while vLLM reports live requests, and asks for a bench after consecutive wedged ticks."""
+    import threading
+
+    fleet = load_fleet(chain["fleet"])
+    defs = build_definitions(chain["fleet"])
+    watch = defs.get_repository_def().get_sensor_def("wedge_watch")
+
+    def tick(cursor):
+        with dg.build_sensor_context(cursor=cursor, definitions=defs, instance=chain["instance"],
+                                     resources={"ssh": defs.resources["ssh"]}) as context:
+            return watch(context)
+
+    idle = tick(None)  # no traffic anywhere: nothing judged, nothing requested
+    assert not idle.run_requests and "GPU not judged" in idle.skip_reason.skip_message
+
+    sim_gpu("spark2", "wedged")
+    stop = threading.Event()
+    url = f"http://{fleet.node('spark2').host}:8000/v1/chat/completions"
+    model = fleet.launch_for(fleet.node("spark2")).served_model_name
+
+    def traffic():
+        while not stop.is_set():
+            httpx.post(url, json={"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 2048}, timeout=60)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    try:
+        first = tick(idle.cursor)
+        assert not first.run_requests and "spark2: wedged" in first.skip_reason.skip_message
+        second = tick(first.cursor)
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    (request,) = second.run_requests
+    assert request.partition_key == "spark2" and request.tags["reason"] == "wedge-suspected"
+    assert json.loads(second.cursor)["spark2"] == 0  # counted afresh after the request
