@@ -52,6 +52,9 @@ def build_wedge_sensor(fleet_path: str, bench_job: Any) -> dg.SensorDefinition:
                     counts.pop(node.name, None)
                     continue
                 running = running_requests(f"{api_root(fleet, node)}/metrics")
+                if running is None:
+                    seen.append(f"{node.name}: /metrics unreachable (node_health handles a dead engine)")
+                    continue
                 if not running:
                     seen.append(f"{node.name}: no live requests, GPU not judged")
                     continue  # idle: the wedge cannot show; keep the count as it was
