@@ -28,8 +28,7 @@ test-fast:
 # The Dagster UI on the demo's instance (http://127.0.0.1:3000).
 ui:
 	@scripts/bootstrap.sh base
-	@mkdir -p $(DAGSTER_HOME) && { test -f $(DAGSTER_HOME)/dagster.yaml || \
-	  printf 'telemetry:\n  enabled: false\n' > $(DAGSTER_HOME)/dagster.yaml; }
+	@.venv/bin/python -c "from spark_pipelines.demo import prepare_instance_home; prepare_instance_home()"
 	SPARK_FLEET=$${SPARK_FLEET:-$$( [ -f sim-fleet.yaml ] && echo sim-fleet.yaml || echo fleets/seed.yaml )} \
 	  .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 

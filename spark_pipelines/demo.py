@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from spark_pipelines.fleet import load_fleet

@@ -8,15 +8,13 @@ import threading
 import time
 
 import dagster as dg
-import httpx
 
 from spark_pipelines.assets import markers
 from spark_pipelines.assets.gateway import BENCH_GATE
-from spark_pipelines.assets.nodes import GPU_QUERY, api_root, node_partitions
+from spark_pipelines.assets.nodes import api_root, engine_metrics, node_partitions, read_gpu
 from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import gpu
-from spark_pipelines.core.diagnosis import parse_metrics
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.fleet import Fleet, Node
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -49,8 +47,7 @@ class GpuSampler:
     def _loop(self) -> None:
         while not self._stop.wait(self._every):
             try:
-                out = self._s.run(self._node.name, list(GPU_QUERY), check=False, log=False, timeout=20)
-                self.readings.append(gpu.parse_reading(out.stdout))
+                self.readings.append(read_gpu(self._s, self._node.name, timeout=20))
             except Exception as e:  # a sample lost must not fail the bench it watches
                 self.errors.append(f"{type(e).__name__}: {e}")
 
@@ -66,7 +63,9 @@ def wait_idle(fleet: Fleet, node: Node, timeout_s: float = DRAIN_TIMEOUT_S) -> f
     """Wait until vLLM reports no running or waiting request; returns the seconds waited."""
     started = time.monotonic()
     while True:
-        m = parse_metrics(httpx.get(f"{api_root(fleet, node)}/metrics", timeout=10).text)
+        m = engine_metrics(fleet, node)
+        if m is None:
+            raise dg.Failure(description=f"{node.name}: vLLM /metrics does not answer; is the deployment up?")
         busy = m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
         if busy == 0:
             return round(time.monotonic() - started, 1)
@@ -126,7 +125,7 @@ def build_bench_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
         gpu_verdict = sampler.verdict()
         promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict)
         markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
-        if promoted and (was_in or node.name not in gw.rotation()):
+        if promoted:  # a no-op (no reload) when the node is already in every pool
             gw.restore(node.name)
         meta: dict = {
             "mean_tok_s": float(mean or 0.0),

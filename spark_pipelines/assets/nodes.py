@@ -49,12 +49,16 @@ class PreflightRun:
     stopped_exporters: list[str]
 
 
+def read_gpu(s: FleetSession, node: str, timeout: float = 30) -> gpu.GpuReading:
+    """One nvidia-smi read of the node (raises GpuFormatError on output it cannot parse)."""
+    return gpu.parse_reading(s.run(node, list(GPU_QUERY), check=False, log=False, timeout=timeout).stdout)
+
+
 def observe(s: FleetSession, node: Node, image: str, gmu: float) -> PreflightRun:
     n = node.name
     docker = NodeDocker(s)
-    q = s.run(n, list(GPU_QUERY), check=False, log=False)
     try:
-        reading = gpu.parse_reading(q.stdout)
+        reading = read_gpu(s, n)
         verdict = gpu.classify(reading, under_load=(reading.utilization_pct or 0) >= 50)
         gpu_state = verdict.state
     except gpu.GpuFormatError:
@@ -109,6 +113,14 @@ def observe(s: FleetSession, node: Node, image: str, gmu: float) -> PreflightRun
 def api_root(fleet: Fleet, node: Node) -> str:
     host = node.host if ":" not in node.host else f"[{node.host}]"
     return f"http://{host}:{fleet.launch_for(node).port}"
+
+
+def engine_metrics(fleet: Fleet, node: Node, timeout: float = 10.0) -> dict[str, float] | None:
+    """The node's vLLM /metrics (parsed), or None when the engine does not answer."""
+    try:
+        return diagnosis.parse_metrics(httpx.get(f"{api_root(fleet, node)}/metrics", timeout=timeout).text)
+    except httpx.HTTPError:
+        return None
 
 
 def healthy(fleet: Fleet, node: Node, timeout: float = 5.0) -> bool:

@@ -44,12 +44,12 @@ class GatewayHost:
             return None
         return gateway_core.load(self.session.read_text(GATEWAY_KEY, path))
 
-    def apply(self, config: dict[str, Any]) -> bool:
+    def apply(self, config: dict[str, Any], current: dict[str, Any] | None) -> bool:
         """Write the config and reload the proxy; wait until it answers readiness again.
-        A ready proxy already serving this exact config is left alone (a reload drops in-flight
-        streams and takes ~10-20 s). Returns whether it reloaded."""
+        `current` is the config on the host (the caller has read it already). A ready proxy
+        already serving this exact config is left alone (a reload drops in-flight streams and
+        takes ~10-20 s). Returns whether it reloaded."""
         path = expand_home(self.gw.config_path, self.gw.home_dir)
-        current = self.read_config()
         if current is not None and gateway_core.dump(current) == gateway_core.dump(config) and self.ready():
             self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM config unchanged and proxy ready; not reloaded")
             return False
@@ -88,7 +88,7 @@ class GatewayHost:
     def set_rotation(self, nodes: list[str]) -> tuple[dict[str, Any], bool]:
         """(the config now serving, whether the proxy was reloaded for it)."""
         config = gateway_core.render_config(self.fleet, nodes)
-        return config, self.apply(config)
+        return config, self.apply(config, self.read_config())
 
     def drain(self, node: str) -> list[str]:
         """Take one node out of every pool; returns the rotation before, for restore."""
@@ -96,12 +96,13 @@ class GatewayHost:
         before = gateway_core.nodes_in_rotation(current) if current else []
         if current is None:
             return before
-        self.apply(gateway_core.drain(current, node))
+        self.apply(gateway_core.drain(current, node), current)
         return before
 
     def restore(self, node: str) -> None:
-        current = self.read_config() or gateway_core.render_config(self.fleet, [])
-        self.apply(gateway_core.restore(current, self.fleet, node))
+        current = self.read_config()
+        self.apply(gateway_core.restore(current or gateway_core.render_config(self.fleet, []), self.fleet, node),
+                   current)
 
     def rotation(self) -> list[str]:
         current = self.read_config()

@@ -12,23 +12,22 @@ import json
 from typing import Any
 
 import dagster as dg
-import httpx
 
-from spark_pipelines.assets.nodes import GPU_QUERY, api_root
+from spark_pipelines.assets.nodes import engine_metrics, read_gpu
 from spark_pipelines.core import gpu
-from spark_pipelines.core.diagnosis import parse_metrics
 from spark_pipelines.fleet import FleetError, load_fleet
 from spark_pipelines.resources.gateway import GatewayHost
-from spark_pipelines.resources.ssh import FleetSSH, RemoteError
+from spark_pipelines.resources.ssh import FleetSession, FleetSSH, RemoteError
 
 WEDGED_TICKS_BEFORE_BENCH = 2
 
 
-def running_requests(url: str) -> float | None:
+def judge(s: FleetSession, node: str) -> gpu.GpuVerdict:
+    """One nvidia-smi read of a node that is serving live requests; unreadable = unknown."""
     try:
-        return parse_metrics(httpx.get(url, timeout=5).text).get("vllm:num_requests_running", 0.0)
-    except httpx.HTTPError:
-        return None
+        return gpu.classify(read_gpu(s, node), under_load=True)
+    except (RemoteError, gpu.GpuFormatError) as e:
+        return gpu.GpuVerdict(state="unknown", reasons=[f"nvidia-smi not read ({e})"])
 
 
 def build_wedge_sensor(fleet_path: str, bench_job: Any) -> dg.SensorDefinition:
@@ -42,38 +41,38 @@ def build_wedge_sensor(fleet_path: str, bench_job: Any) -> dg.SensorDefinition:
             return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}", cursor=context.cursor)
         counts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
         requests, seen = [], []
-        with ssh.open_session(context.log) as s:
-            try:
-                rotation = set(GatewayHost(s).rotation())
-            except RemoteError as e:
-                return dg.SensorResult(skip_reason=f"gateway config unreadable: {e}", cursor=context.cursor)
-            for node in fleet.serve_nodes:
-                if node.name not in rotation:
-                    counts.pop(node.name, None)
-                    continue
-                running = running_requests(f"{api_root(fleet, node)}/metrics")
-                if running is None:
-                    seen.append(f"{node.name}: /metrics unreachable (node_health handles a dead engine)")
-                    continue
-                if not running:
-                    seen.append(f"{node.name}: no live requests, GPU not judged")
-                    continue  # idle: the wedge cannot show; keep the count as it was
+        # HTTP first: SSH is opened only on ticks where some node has live traffic to judge under.
+        busy: dict[str, float] = {}
+        for node in fleet.serve_nodes:
+            metrics = engine_metrics(fleet, node, timeout=5)
+            running = None if metrics is None else metrics.get("vllm:num_requests_running", 0.0)
+            if running is None:
+                seen.append(f"{node.name}: /metrics unreachable (node_health handles a dead engine)")
+            elif not running:
+                seen.append(f"{node.name}: no live requests, GPU not judged")  # its count stays as it was
+            else:
+                busy[node.name] = running
+        if busy:
+            with ssh.open_session(context.log) as s:
                 try:
-                    out = s.run(node.name, list(GPU_QUERY), check=False, log=False, timeout=30)
-                    verdict = gpu.classify(gpu.parse_reading(out.stdout), under_load=True)
-                except (RemoteError, gpu.GpuFormatError) as e:
-                    seen.append(f"{node.name}: nvidia-smi not read ({e})")
-                    continue
-                seen.append(f"{node.name}: {verdict.state} under {running:g} live request(s)")
-                if verdict.state != "wedged":
-                    counts[node.name] = 0
-                    continue
-                counts[node.name] = counts.get(node.name, 0) + 1
-                if counts[node.name] >= WEDGED_TICKS_BEFORE_BENCH:
-                    counts[node.name] = 0
-                    requests.append(dg.RunRequest(partition_key=node.name,
-                                                  tags={"reason": "wedge-suspected", "evidence": verdict.reasons[0][:200]}))
+                    rotation = set(GatewayHost(s).rotation())
+                except RemoteError as e:
+                    return dg.SensorResult(skip_reason=f"gateway config unreadable: {e}", cursor=context.cursor)
+                for name, running in busy.items():
+                    if name not in rotation:
+                        counts.pop(name, None)
+                        seen.append(f"{name}: out of the gateway, not watched")
+                        continue
+                    verdict = judge(s, name)
+                    seen.append(f"{name}: {verdict.state} under {running:g} live request(s)")
+                    if verdict.state == "unknown":
+                        continue  # cannot tell: the count stays as it was
+                    counts[name] = counts.get(name, 0) + 1 if verdict.state == "wedged" else 0
+                    if counts[name] >= WEDGED_TICKS_BEFORE_BENCH:
+                        counts[name] = 0
+                        requests.append(dg.RunRequest(partition_key=name, tags={
+                            "reason": "wedge-suspected", "evidence": verdict.reasons[0][:200]}))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(counts),
-                               skip_reason=None if requests else "; ".join(seen) or "no node in the gateway")
+                               skip_reason=None if requests else "; ".join(seen) or "no serving node")
 
     return wedge_watch

@@ -425,6 +425,8 @@ class SimFleet:
             self.down()  # leftovers of a crashed run
         fleet_path = Path(fleet_out).resolve()
         seed = self._read_seed()
+        # The stand-in nvidia-smi shows load while the engine on this port has requests running.
+        self.engine_port = int(seed.get("launch", {}).get("port", 8000))
         members = self.layout.members(nodes)
         self.state = {
             "version": 1,
@@ -573,16 +575,9 @@ class SimFleet:
         ]
         return "\n".join(lines) + "\n"
 
-    def _engine_port(self) -> int:
-        """The seed launch's port: the stand-in nvidia-smi watches that engine for load."""
-        try:
-            return int(self._read_seed().get("launch", {}).get("port", 8000))
-        except (SimError, TypeError, ValueError, AttributeError):
-            return 8000
-
     def _make_node_files(self, m: Member) -> None:
         py, pythonpath = _node_python()
-        state = {"state": "healthy", "profile": m.hardware, "engine_port": self._engine_port()}
+        state = {"state": "healthy", "profile": m.hardware, "engine_port": self.engine_port}
         _write(m.gpu_state_file, json.dumps(state), 0o664, owner=m.user)
         # The GB10 nvidia-smi stand-in; under sudo the env is reset, hence the default state file.
         _write(m.bin / "nvidia-smi", (

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from spark_pipelines.core.diagnosis import parse_metrics
 from spark_pipelines.sim.gpu_states import SimGpu, run
 
 STATE_FILE_ENV = "SIM_GPU_STATE_FILE"
@@ -50,14 +51,7 @@ def engine_busy(port: int | None, timeout_s: float = 0.5) -> bool:
             text = resp.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return False  # no engine, or one still starting: the GPU is not decoding
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
-            try:
-                if float(line.rsplit(None, 1)[-1]) > 0:
-                    return True
-            except ValueError:
-                continue
-    return False
+    return parse_metrics(text).get("vllm:num_requests_running", 0.0) > 0
 
 
 def main(argv: Sequence[str] | None = None, state_file: Path | None = None) -> int:
