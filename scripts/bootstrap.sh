@@ -30,12 +30,12 @@ apt_packages() {
 
 project_venv() {
   local want
-  want=$(sha256sum pyproject.toml | cut -c1-16)
+  want=$(cat pyproject.toml sim/pyproject.toml | sha256sum | cut -c1-16)
   if ! stamp_ok .venv "$want"; then
     echo "bootstrap: project venv (.venv)"
     [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
     .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[test]'
+    .venv/bin/pip install -q -e '.[test]' -e ./sim
     echo "$want" > .venv/.stamp
   fi
 }

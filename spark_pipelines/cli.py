@@ -19,7 +19,7 @@ from typing import Any
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
-from spark_pipelines.fleet import Fleet, FleetError, load_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
 
 DEFAULT_FLEET = "fleets/seed.yaml"
 
@@ -131,7 +131,7 @@ def _delegate(module: str, func: str, argv: list[str]) -> int:
 
 COMMANDS = {
     "plan": cmd_plan,
-    "sim": lambda a: _delegate("spark_pipelines.sim.fleet", "sim_command", a),
+    "sim": lambda a: _delegate("spark_sim.fleet", "sim_command", a),
     "bench": lambda a: _delegate("spark_pipelines.bench_client", "bench_command", a),
     "demo": lambda a: _delegate("spark_pipelines.demo", "demo_command", a),
 }

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spark_pipelines.fleet import load_fleet
+from spark_pipelines.core.fleet import load_fleet
 
 STEPS = ("build_job", "deploy_node_job", "gateway_job", "bench_job")
 
@@ -134,7 +134,7 @@ def demo_command(argv: list[str]) -> int:
 
     import dagster as dg
 
-    from spark_pipelines.sim.fleet import SimFleet
+    from spark_sim.fleet import SimFleet
 
     # Output(data_version=...) is how steps skip; Dagster flags it beta on every materialization.
     warnings.filterwarnings("ignore", category=dg.BetaWarning)

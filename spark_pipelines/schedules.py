@@ -2,27 +2,30 @@
 
 The weekly rebuild is cheap when nothing changed (each step re-verifies its output and skips the
 heavy work), so it doubles as a weekly integrity check of the checkpoint and images. The bench
-runs when the gateway is quietest: it drains one node at a time.
+runs when the gateway is quietest and drains one node at a time.
 """
-
-
-from typing import Any
 
 import dagster as dg
 
+from spark_pipelines.core.fleet import Fleet
 
-def build_schedules(build_job: Any, bench_job: Any,
-                    nodes: list[str]) -> list[dg.ScheduleDefinition]:
+
+def schedule_definitions(fleet: Fleet) -> dg.Definitions:
+    nodes = [n.name for n in fleet.serve_nodes]
     weekly_rebuild = dg.ScheduleDefinition(
-        name="weekly_rebuild", job=build_job, cron_schedule="0 3 * * 0",
+        name="weekly_rebuild", job_name="build_job", cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
+        description="Sundays 03:00: build_job re-verifies the checkpoint and images and rebuilds only what a pin "
+                    "or a failed verification says is stale.",
     )
 
-    @dg.schedule(name="nightly_bench", job=bench_job, cron_schedule="30 4 * * *",
-                 default_status=dg.DefaultScheduleStatus.STOPPED)
+    @dg.schedule(name="nightly_bench", job_name="bench_job", cron_schedule="30 4 * * *",
+                 default_status=dg.DefaultScheduleStatus.STOPPED,
+                 description="04:30 daily: an isolated bench of every serve node, one node at a time (each drained "
+                             "from the gateway while measured).")
     def nightly_bench(context: dg.ScheduleEvaluationContext):
         stamp = context.scheduled_execution_time.strftime("%Y%m%d")
         for node in nodes:
             yield dg.RunRequest(run_key=f"bench-{node}-{stamp}", partition_key=node)
 
-    return [weekly_rebuild, nightly_bench]
+    return dg.Definitions(schedules=[weekly_rebuild, nightly_bench])

@@ -12,14 +12,18 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets.bench import wait_idle
-from spark_pipelines.assets.nodes import api_root, deploy
+from spark_pipelines.assets import fail
 from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.launch import launch_spec
-from spark_pipelines.fleet import Fleet, FleetError, parse_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, parse_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.runbook.bench import wait_idle
+from spark_pipelines.runbook.deploy import deploy
+from spark_pipelines.runbook.engine import api_root
+from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.rotation import drained
 
 
 class Variant(dg.Config):
@@ -84,24 +88,23 @@ def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSS
         raise dg.Failure(description=f"A/B config refused: {e}") from None
     if len(variants) != 2:
         raise dg.Failure(description="the two variants need different names")
-    gw = litellm.host()
-    was_in = node.name in gw.rotation()
-    if was_in:
-        gw.drain(node.name)
     reports: dict[str, bench_core.BenchReport] = {}
     try:
-        for name, vf in variants.items():
-            vnode = vf.node(node.name)
-            context.log.info(f"variant {name}: deploying")
-            deploy(s, vnode, launch_spec(vf, vnode), context.log)
-            wait_idle(vf, vnode)
-            reports[name] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name, suite=config.suite,
-                                      concurrency=fleet.bench.loaded_concurrency, repeats=config.repeats + 1)
-    finally:
-        context.log.info(f"restoring the production launch on {node.name}")
-        deploy(s, node, launch_spec(fleet, node), context.log)
-        if was_in:
-            gw.restore(node.name)
+        with drained(litellm.host(), node.name):
+            try:
+                for name, vf in variants.items():
+                    vnode = vf.node(node.name)
+                    context.log.info(f"variant {name}: deploying")
+                    deploy(s, vnode, launch_spec(vf, vnode), context.log)
+                    wait_idle(vf, vnode)
+                    reports[name] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
+                                              suite=config.suite, concurrency=fleet.bench.loaded_concurrency,
+                                              repeats=config.repeats + 1)
+            finally:
+                context.log.info(f"restoring the production launch on {node.name}")
+                deploy(s, node, launch_spec(fleet, node), context.log)
+    except RunbookError as e:
+        fail(e)
     (na, ra), (nb, rb) = reports.items()
     verdicts = []
     if ra.recipe_mean_tok_s and rb.recipe_mean_tok_s:
@@ -122,3 +125,7 @@ def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSS
 @dg.job(description="A/B two launch-profile variants on one node (e.g. MTP-2 vs MTP-3) in isolation.")
 def ab_experiment_job():
     ab_experiment()
+
+
+def experiment_definitions() -> dg.Definitions:
+    return dg.Definitions(jobs=[ab_experiment_job])

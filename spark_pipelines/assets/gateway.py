@@ -6,36 +6,16 @@ import os
 import dagster as dg
 import httpx
 
-from spark_pipelines.assets import markers
-from spark_pipelines.assets.nodes import healthy
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
-from spark_pipelines.fleet import Fleet
-from spark_pipelines.resources.gateway import GatewayError, LiteLLMGateway
+from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
-
-BENCH_GATE = "bench_gate"  # marker the bench step leaves on a node: promoted or held out, and why
-
-
-def promotion(ssh: FleetSSH) -> tuple[list[str], dict[str, str]]:
-    """Nodes to put in rotation, and the reason each other node is left out."""
-    s = ssh.session
-    f = s.fleet
-    rotation: list[str] = []
-    out: dict[str, str] = {}
-    for node in f.serve_nodes:
-        if not healthy(f, node):
-            out[node.name] = "vLLM /health does not answer"
-            continue
-        gate = markers.read(s, node, BENCH_GATE)
-        if gate and not gate.get("promoted", True):
-            out[node.name] = gate.get("reason", "held out by its last bench")
-            continue
-        rotation.append(node.name)
-    return rotation, out
+from spark_pipelines.runbook import markers
+from spark_pipelines.runbook.rotation import promotion
 
 
-def build_gateway_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
+def gateway_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
 
     @dg.asset(
@@ -49,7 +29,7 @@ def build_gateway_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
     def gateway(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
         host = litellm.host()
         f = host.fleet
-        rotation, left_out = promotion(ssh)
+        rotation, left_out = promotion(ssh.session)
         if not rotation:
             raise dg.Failure(
                 description="no node is healthy and promoted: the gateway config was NOT rewritten "
@@ -90,7 +70,8 @@ def build_gateway_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             description=f"streamed request to pool {pool!r}: {detail}",
         )
 
-    return [gateway]
-
-
-__all__ = ["build_gateway_assets", "promotion", "GatewayError"]
+    gateway_job = dg.define_asset_job(
+        "gateway_job", selection=dg.AssetSelection.groups("gateway"),
+        description="Phase 5: write the LiteLLM pools (fast / reasoning / code) over every healthy, promoted "
+                    "node to the gateway host, reload the proxy, and prove it routes.")
+    return dg.Definitions(assets=[gateway], jobs=[gateway_job])

@@ -7,14 +7,14 @@ The Dockerfile edits come from core/dockerfile.py, each refusing to go on when i
 
 import dagster as dg
 
-from spark_pipelines.assets import markers
-from spark_pipelines.assets.model import StepFailed, checkout
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.pins import code_versions
-from spark_pipelines.fleet import Fleet
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.runbook import markers
+from spark_pipelines.runbook.build_steps import checkout
 
 # Patch 03's marker: proves the INT8 LM head v2 is baked into the serving image.
 LMHEAD_MARKER = "DGX_SPARK_INT8_LMHEAD_V2"
@@ -32,7 +32,7 @@ def _torch_pins(fleet: Fleet) -> dockerfile_core.TorchPins:
     return dockerfile_core.TorchPins(torch=t.torch, torchvision=t.torchvision, torchaudio=t.torchaudio, index_url=t.index_url)
 
 
-def build_image_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
+def image_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     base_tag = f"{fleet.pins.build.base_tag}:latest"
 
@@ -63,7 +63,7 @@ def build_image_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             try:
                 edited, edits = dockerfile_core.apply_build_edits(original, _torch_pins(f), patches)
             except dockerfile_core.DockerfileEditError as e:
-                raise StepFailed(description=f"{node.name}: {e} (build repo {f.pins.build_repo.commit})") from None
+                raise dg.Failure(description=f"{node.name}: {e} (build repo {f.pins.build_repo.commit})") from None
             s.put_text(node.name, f"{build_dir}/Dockerfile", edited)
             for pin, patch in zip(f.pins.patches, patches):
                 s.run(node.name, ["cp", f"{recipe}/{pin.path}", f"{build_dir}/{patch.file_name}"])
@@ -74,7 +74,7 @@ def build_image_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             s.run(node.name, argv)
             current = docker.image_id(node.name, base_tag)
             if not current:
-                raise StepFailed(description=f"{node.name}: build-and-copy.sh finished but {base_tag} does not exist")
+                raise dg.Failure(description=f"{node.name}: build-and-copy.sh finished but {base_tag} does not exist")
         version = s.run(
             node.name, ["docker", "run", "--rm", "--entrypoint", "python3", base_tag, "-c", TORCH_VERSION_PY], log=False
         ).stdout.strip().splitlines()[-1]
@@ -132,7 +132,7 @@ def build_image_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             try:
                 edited = dockerfile_core.pin_serving_deps(s.read_text(node.name, path), pins)
             except dockerfile_core.DockerfileEditError as e:
-                raise StepFailed(description=f"{node.name}: {e}") from None
+                raise dg.Failure(description=f"{node.name}: {e}") from None
             s.put_text(node.name, path, edited)
             s.run(node.name, ["env", "-C", recipe, "docker", "build", "--build-arg", f"VLLM_BASE={base_tag}",
                               "--label", f"{SIGNATURE_LABEL}={sig}", "-t", image, "-f", "docker/Dockerfile.v2", "."])
@@ -155,4 +155,8 @@ def build_image_assets(fleet: Fleet) -> list[dg.AssetsDefinition]:
             ),
         )
 
-    return [base_image, serving_image]
+    build_job = dg.define_asset_job(
+        "build_job", selection=dg.AssetSelection.groups("model", "images"),
+        description="Steps 0-4 on the build host: base model, hybrid checkpoint, MTP weights, base and serving "
+                    "images. Each step re-verifies its output and skips the heavy work when nothing changed.")
+    return dg.Definitions(assets=[base_image, serving_image], jobs=[build_job])

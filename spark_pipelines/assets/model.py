@@ -1,47 +1,28 @@
 """Runbook steps 0-2 on the build host: base model download, hybrid INT4+FP8 checkpoint, MTP weights.
 
 Each step verifies its output by reading the safetensors index and shard headers ON the node
-(core/checkpoint.py is stdlib-only and is piped to the node's python3), not by file existence:
-install.sh's skip test passes a half-built checkpoint whose index is stale.
+(`runbook.build_steps.verify_on_node`), not by file existence: install.sh's skip test passes a
+half-built checkpoint whose index is stale.
 """
 
-
-import json
-from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import markers
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import layout
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
-from spark_pipelines.fleet import Fleet, GitPin, Node
 from spark_pipelines.resources.hub import ModelHub
-from spark_pipelines.resources.ssh import FleetSession, FleetSSH
+from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.runbook import markers
+from spark_pipelines.runbook.build_steps import checkout, checkpoint_step, verify_on_node
 
 # "Tensors replaced (BF16->FP8): 144": the shared-expert dense layers, 48 layers x gate/up/down.
 EXPECTED_FP8_SCALES = 144
 
 HYBRID_BUILDER = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py"
 MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"
-
-
-class StepFailed(dg.Failure):
-    pass
-
-
-def verify_on_node(
-    session: FleetSession, node: Node, directory: str, *, expected_scales: int, require_mtp: bool
-) -> checkpoint_core.CheckpointReport:
-    argv = ["python3", "-", directory, "--expected-scales", str(expected_scales)]
-    if not require_mtp:
-        argv.append("--no-mtp")
-    source = Path(checkpoint_core.__file__).read_text()
-    r = session.run(node.name, argv, stdin=source, log=False, timeout=600)
-    data = json.loads(r.stdout.strip().splitlines()[-1])
-    return checkpoint_core.CheckpointReport(**data)
 
 
 def report_metadata(report: checkpoint_core.CheckpointReport) -> dict[str, Any]:
@@ -57,47 +38,7 @@ def report_metadata(report: checkpoint_core.CheckpointReport) -> dict[str, Any]:
     }
 
 
-def checkout(session: FleetSession, node: Node, pin: GitPin, dest: str) -> str:
-    """Clone once, then fetch only when the pinned commit is missing; always a clean detached tree."""
-    if not session.exists(node.name, f"{dest}/.git"):
-        session.run(node.name, ["git", "clone", "--quiet", pin.url, dest], timeout=1800)
-    has = session.run(node.name, ["git", "-C", dest, "cat-file", "-e", f"{pin.commit}^{{commit}}"], check=False, log=False)
-    if not has.ok:
-        session.run(node.name, ["git", "-C", dest, "fetch", "--quiet", "origin"], timeout=1800)
-    session.run(node.name, ["git", "-C", dest, "checkout", "--quiet", "--force", "--detach", pin.commit])
-    session.run(node.name, ["git", "-C", dest, "clean", "-fdq", "-e", ".venv"])
-    return session.run(node.name, ["git", "-C", dest, "rev-parse", "HEAD"], log=False).stdout.strip()
-
-
-def index_digest(session: FleetSession, node: Node, directory: str) -> str:
-    r = session.run(node.name, ["sha256sum", f"{directory}/{checkpoint_core.INDEX_NAME}"], log=False)
-    return r.stdout.split()[0][:16]
-
-
-def checkpoint_step(
-    context: dg.AssetExecutionContext, s: FleetSession, node: Node, step: str, sig: str, directory: str,
-    verify: Callable[[], checkpoint_core.CheckpointReport], build: Callable[[], None],
-) -> tuple[checkpoint_core.CheckpointReport, str, bool]:
-    """Reuse the step's output when its marker matches AND it still verifies; else build and verify.
-
-    Returns (report, index digest, skipped). The digest is the one recorded at build time: step 2
-    rewrites the index in place, and step 1's data version must not move because of it."""
-    marker = markers.matches(s, node, step, sig)
-    if marker:
-        report = verify()
-        if report.ok:
-            return report, marker["index"], True
-        context.log.warning(f"{step}: marker matches but the output fails verification, rebuilding: {report.problems[0]}")
-    build()
-    report = verify()
-    if not report.ok:
-        return report, "invalid", False
-    digest = index_digest(s, node, directory)
-    markers.write(s, node, step, sig, index=digest)
-    return report, digest, False
-
-
-def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetChecksDefinition]:
+def model_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
 
     @dg.asset(
@@ -122,7 +63,7 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
             s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None)
             report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
             if not report.ok:
-                raise StepFailed(
+                raise dg.Failure(
                     description=f"base model on {node.name} is incomplete after download: {report.problems[0]}",
                     metadata=report_metadata(report),
                 )
@@ -161,7 +102,7 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
             )
 
         report, digest, skipped = checkpoint_step(
-            context, s, node, "hybrid_checkpoint", sig, out,
+            s, node, "hybrid_checkpoint", sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False), build)
         yield dg.Output(
             {"node": node.name, "path": out, "index": digest},
@@ -190,7 +131,7 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
         sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"])
         recipe = layout.recipe_dir(node)
         report, digest, skipped = checkpoint_step(
-            context, s, node, "mtp_weights", sig, out,
+            s, node, "mtp_weights", sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
             lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"],
                                       "--target", out]),
@@ -207,6 +148,6 @@ def build_model_assets(fleet: Fleet) -> list[dg.AssetsDefinition | dg.AssetCheck
             description=(f"{report.mtp_keys_mapped} mtp. keys mapped" if report.ok else report.problems[0]),
         )
 
-    return [base_model, hybrid_checkpoint, mtp_weights]
+    return dg.Definitions(assets=[base_model, hybrid_checkpoint, mtp_weights])
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from spark_pipelines.fleet import Fleet, Node
+from spark_pipelines.core.fleet import Fleet, Node
 
 NODE_TAG = "spark_node"  # kept in model_info; LiteLLM passes unknown model_info keys through
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from spark_pipelines.fleet import Fleet, LaunchProfile, Node
+from spark_pipelines.core.fleet import Fleet, LaunchProfile, Node
 
 MODELS_MOUNT = "/models"
 

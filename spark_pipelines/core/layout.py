@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spark_pipelines.core.launch import expand_home
-from spark_pipelines.fleet import Fleet, ModelPin, Node
+from spark_pipelines.core.fleet import Fleet, ModelPin, Node
 
 # State this tool keeps on nodes: step markers (what was built from which inputs) and secrets.
 STATE_DIR = "~/.cache/spark-pipelines"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from spark_pipelines.fleet import MIN_GMU
+from spark_pipelines.core.fleet import MIN_GMU
 
 # Below this margin the launch passes the check but any allocation during model load can tip it
 # over (the runbook's "startup fragility" of 0.90 GMU).

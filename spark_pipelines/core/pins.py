@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from spark_pipelines.core.launch import launch_spec
-from spark_pipelines.fleet import Fleet
+from spark_pipelines.core.fleet import Fleet
 
 # Bump when the procedure of a step changes in a way that needs a rerun on every fleet.
 PROCEDURE_REVISION = {

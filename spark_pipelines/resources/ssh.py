@@ -31,7 +31,7 @@ from pydantic import Field, PrivateAttr
 
 from spark_pipelines.core import remote
 from spark_pipelines.core.launch import expand_home
-from spark_pipelines.fleet import Fleet, Gateway, Node, SshTarget, load_fleet
+from spark_pipelines.core.fleet import Fleet, Gateway, Node, SshTarget, load_fleet
 
 GATEWAY_KEY = "gateway"
 # Keep at most this much stdout text in a result; the tail and the log carry the rest.

@@ -7,18 +7,17 @@ node must fail FAILURES_BEFORE_REDEPLOY ticks in a row; the cursor keeps the cou
 
 import json
 
-from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets.nodes import healthy
-from spark_pipelines.fleet import FleetError, load_fleet
+from spark_pipelines.runbook.engine import healthy
+from spark_pipelines.core.fleet import FleetError, load_fleet
 
 FAILURES_BEFORE_REDEPLOY = 3
 
 
-def build_health_sensor(fleet_path: str, node_job: Any) -> dg.SensorDefinition:
-    @dg.sensor(name="node_health", job=node_job, minimum_interval_seconds=60,
+def health_sensors(fleet_path: str) -> dg.Definitions:
+    @dg.sensor(name="node_health", job_name="deploy_node_job", minimum_interval_seconds=60,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description="Redeploys a node after consecutive failed /health probes.")
     def node_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
@@ -38,4 +37,4 @@ def build_health_sensor(fleet_path: str, node_job: Any) -> dg.SensorDefinition:
                 requests.append(dg.RunRequest(partition_key=node.name, tags={"reason": "health"}))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(counts))
 
-    return node_health
+    return dg.Definitions(sensors=[node_health])

@@ -8,19 +8,17 @@ steps carries the change downstream (artifacts -> deployment -> gateway) once th
 
 import json
 
-from typing import Any
 
 import dagster as dg
 
 from spark_pipelines.core.pins import changed_steps, code_versions
-from spark_pipelines.fleet import FleetError, load_fleet
+from spark_pipelines.core.fleet import FleetError, load_fleet
 
 UNPARTITIONED = ("base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image")
 PER_NODE = ("node_artifacts", "node_deployment")
 
 
-def build_pins_sensor(fleet_path: str, build_job: Any,
-                      node_job: Any) -> dg.SensorDefinition:
+def pins_sensors(fleet_path: str) -> dg.Definitions:
     @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
                description="Requests the steps whose pins changed in the fleet file.")
     def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult:
@@ -44,8 +42,13 @@ def build_pins_sensor(fleet_path: str, build_job: Any,
             requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=selection, tags={"pins": ",".join(changed)}))
         elif any(s in changed for s in PER_NODE):
             for node in fleet.serve_nodes:
-                requests.append(dg.RunRequest(run_key=f"{node.name}-{key}", job_name=node_job.name,
+                requests.append(dg.RunRequest(run_key=f"{node.name}-{key}", job_name="deploy_node_job",
                                               partition_key=node.name, tags={"pins": ",".join(changed)}))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(now))
 
-    return pins_changed
+    # Carries a rebuilt checkpoint or image to every node (eager conditions on the node steps).
+    rollout = dg.AutomationConditionSensorDefinition(
+        "rollout", target=dg.AssetSelection.groups("nodes"), default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Declarative automation of the node steps: once the build host holds a new checkpoint or "
+                    "image, node_artifacts and node_deployment follow on every node (eager conditions).")
+    return dg.Definitions(sensors=[pins_changed, rollout])

@@ -9,15 +9,15 @@ the GPU themselves.
 """
 
 import json
-from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets.nodes import engine_metrics, read_gpu
 from spark_pipelines.core import gpu
-from spark_pipelines.fleet import FleetError, load_fleet
+from spark_pipelines.core.fleet import FleetError, load_fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH, RemoteError
+from spark_pipelines.runbook.engine import engine_metrics
+from spark_pipelines.runbook.preflight import read_gpu
 
 WEDGED_TICKS_BEFORE_BENCH = 2
 
@@ -30,8 +30,8 @@ def judge(s: FleetSession, node: str) -> gpu.GpuVerdict:
         return gpu.GpuVerdict(state="unknown", reasons=[f"nvidia-smi not read ({e})"])
 
 
-def build_wedge_sensor(fleet_path: str, bench_job: Any) -> dg.SensorDefinition:
-    @dg.sensor(name="wedge_watch", job=bench_job, minimum_interval_seconds=120,
+def wedge_sensors(fleet_path: str) -> dg.Definitions:
+    @dg.sensor(name="wedge_watch", job_name="bench_job", minimum_interval_seconds=120,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description="Benches a gateway node whose GPU shows the PD-firmware wedge under live traffic.")
     def wedge_watch(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
@@ -75,4 +75,4 @@ def build_wedge_sensor(fleet_path: str, bench_job: Any) -> dg.SensorDefinition:
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(counts),
                                skip_reason=None if requests else "; ".join(seen) or "no serving node")
 
-    return wedge_watch
+    return dg.Definitions(sensors=[wedge_watch])

@@ -16,7 +16,7 @@ from dagster._core.loader import LoadingContextForTest
 
 from spark_pipelines.demo import run_chain
 from spark_pipelines.definitions import build_definitions
-from spark_pipelines.fleet import load_fleet
+from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.ssh import read_command_log
 
 pytestmark = pytest.mark.slow

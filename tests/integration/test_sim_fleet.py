@@ -18,8 +18,8 @@ import pytest
 from tests.plugins import unavailable
 import yaml
 
-from spark_pipelines.fleet import load_fleet
-from spark_pipelines.sim.fleet import Member, SimError, SimFleet
+from spark_pipelines.core.fleet import load_fleet
+from spark_sim.fleet import Member, SimError, SimFleet
 from tests.plugins.sim import sim_slot
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import yaml
 
-from spark_pipelines.fleet import parse_fleet
+from spark_pipelines.core.fleet import parse_fleet
 from spark_pipelines.resources.ssh import FleetSession, NodeConnectError
 
 pytestmark = pytest.mark.slow

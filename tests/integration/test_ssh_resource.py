@@ -10,7 +10,7 @@ import paramiko
 import pytest
 
 from spark_pipelines.core import remote
-from spark_pipelines.fleet import Fleet
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import (
     FleetSession,
     FleetSSH,

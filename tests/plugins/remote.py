@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_pipelines.fleet import Fleet
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSession, SshSettings
 
 BUSYBOX = Path("/bin/busybox")

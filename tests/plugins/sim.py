@@ -19,8 +19,8 @@ import pytest
 
 from tests.plugins import unavailable
 
-from spark_pipelines.fleet import Fleet, load_fleet
-from spark_pipelines.sim.fleet import SimFleet
+from spark_pipelines.core.fleet import Fleet, load_fleet
+from spark_sim.fleet import SimFleet
 
 TEST_SLOTS = (6, 7, 8, 9)
 LOCK_DIR = Path("/run/lock")

@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from spark_pipelines.core.checkpoint import read_safetensors_header, verify_checkpoint
-from spark_pipelines.sim import upstream
+from spark_sim import upstream
 
 SCRIPTS = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py", "patches/02-mtp-speculative/add-mtp-weights.py"
 

@@ -4,7 +4,7 @@ import pytest
 
 from spark_pipelines.assets.experiments import Variant, comparison_md, variant_fleet
 from spark_pipelines.core.launch import docker_run_argv
-from spark_pipelines.fleet import FleetError, load_fleet
+from spark_pipelines.core.fleet import FleetError, load_fleet
 
 
 def test_mtp3_variant_changes_only_the_speculative_tokens():

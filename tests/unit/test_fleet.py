@@ -5,7 +5,7 @@ import copy
 import pytest
 import yaml
 
-from spark_pipelines.fleet import FIX_ENV_VARS, FleetError, load_fleet, parse_fleet
+from spark_pipelines.core.fleet import FIX_ENV_VARS, FleetError, load_fleet, parse_fleet
 
 
 def refused(data, *needles):

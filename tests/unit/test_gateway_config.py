@@ -1,7 +1,7 @@
 """LiteLLM config rendering for pools x nodes, and per-node drain / restore."""
 
 from spark_pipelines.core import gateway
-from spark_pipelines.fleet import load_fleet, parse_fleet
+from spark_pipelines.core.fleet import load_fleet, parse_fleet
 
 
 def test_seed_config_matches_runbook_entries():

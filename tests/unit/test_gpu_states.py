@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_pipelines.core.gpu import classify, combine, parse_q, parse_query_csv, parse_reading
-from spark_pipelines.sim.gpu_states import (
+from spark_sim.gpu_states import (
     PROFILES,
     STATES,
     TOTAL_CUDA_GIB,
@@ -18,7 +18,7 @@ from spark_pipelines.sim.gpu_states import (
     run,
     valid_query_fields,
 )
-from spark_pipelines.sim.nvidia_smi_standin import main
+from spark_sim.nvidia_smi_standin import main
 
 NOW = dt.datetime(2026, 6, 18, 9, 5, 1, 123000)
 H200 = Path("/work/shared/fixtures/nvidia-smi/h200")
@@ -165,7 +165,7 @@ def test_free_gib_follows_the_runbook_gmu_check() -> None:
 def test_standin_cli_reads_and_writes_state_file(tmp_path: Path) -> None:
     state = tmp_path / "gpu.json"
     state.write_text(json.dumps({"state": "wedged", "profile": "gx10", "under_load": True}))
-    env_cmd = [sys.executable, "-m", "spark_pipelines.sim.nvidia_smi_standin"]
+    env_cmd = [sys.executable, "-m", "spark_sim.nvidia_smi_standin"]
     env = {"SIM_GPU_STATE_FILE": str(state), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(env_cmd + ["-q", "-d", "PERFORMANCE"], env=env, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
     assert done.returncode == 0 and "SW Power Capping" in done.stdout

@@ -3,7 +3,7 @@
 import json
 
 from spark_pipelines.core.launch import docker_run_argv, expand_home, launch_spec
-from spark_pipelines.fleet import load_fleet, parse_fleet
+from spark_pipelines.core.fleet import load_fleet, parse_fleet
 
 
 def runbook_argv(home: str) -> list[str]:

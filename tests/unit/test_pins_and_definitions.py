@@ -7,7 +7,7 @@ import sys
 import yaml
 
 from spark_pipelines.core.pins import changed_steps, code_versions
-from spark_pipelines.fleet import load_fleet, parse_fleet
+from spark_pipelines.core.fleet import load_fleet, parse_fleet
 
 
 def test_vllm_ref_changes_only_the_base_image_step(seed_data):

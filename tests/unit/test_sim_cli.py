@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_pipelines.sim import gpu_hook
-from spark_pipelines.sim.fleet import sim_command
+from spark_sim import gpu_hook
+from spark_sim.fleet import sim_command
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ import shutil
 import subprocess
 
 from spark_pipelines.core.dockerfile import LocalPatch, ServingPins, TorchPins, apply_build_edits, pin_serving_deps
-from spark_pipelines.sim import upstream
+from spark_sim import upstream
 
 
 def test_repos_are_reproducible(tmp_path):

@@ -17,7 +17,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from spark_pipelines.sim.gpu_hook import CONTAINER_STATE_PATH
+from spark_sim.gpu_hook import CONTAINER_STATE_PATH
 
 IMAGE_REF = "sim-python-base:latest"
 

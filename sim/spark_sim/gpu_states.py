@@ -533,7 +533,7 @@ def render_query_gpu(
             return Invocation(
                 "",
                 f"nvidia-smi stand-in: field {field!r} is valid for nvidia-smi but not "
-                "simulated; add it to spark_pipelines/sim/gpu_states.py\n",
+                "simulated; add it to sim/spark_sim/gpu_states.py\n",
                 3,
             )
     lines = []

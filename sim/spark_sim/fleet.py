@@ -44,8 +44,8 @@ from typing import Any
 
 import yaml
 
-from spark_pipelines.fleet import FleetError, load_fleet, parse_fleet
-from spark_pipelines.sim import base_image, gpu_hook
+from spark_pipelines.core.fleet import FleetError, load_fleet, parse_fleet
+from spark_sim import base_image, gpu_hook
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SEED_FLEET = PROJECT_ROOT / "fleets" / "seed.yaml"
@@ -584,7 +584,7 @@ class SimFleet:
             "#!/bin/sh\n"
             f": \"${{SIM_GPU_STATE_FILE:={m.gpu_state_file}}}\"\n"
             f"export SIM_GPU_STATE_FILE PYTHONPATH={pythonpath}\n"
-            f"exec {py} -m spark_pipelines.sim.nvidia_smi_standin \"$@\"\n"
+            f"exec {py} -m spark_sim.nvidia_smi_standin \"$@\"\n"
         ), 0o755)
         hf = Path(__file__).with_name("hf_standin.py")
         if hf.exists():  # `hf download` reads the local model source instead of the Hub
@@ -742,7 +742,7 @@ class SimFleet:
     def _make_upstream(self) -> dict[str, Any]:
         """Local stand-ins of the recipe and build repos and of the HF hub, if the module exists."""
         try:
-            from spark_pipelines.sim import upstream
+            from spark_sim import upstream
         except ImportError:
             return {}
         base = self.layout.root / "upstream"
@@ -945,7 +945,7 @@ def _node_python() -> tuple[str, str]:
     import sysconfig
 
     packages = sysconfig.get_paths()["purelib"]
-    path = ":".join(dict.fromkeys([str(PROJECT_ROOT), packages]))
+    path = ":".join(dict.fromkeys([str(PROJECT_ROOT), str(PROJECT_ROOT / "sim"), packages]))
     system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
     if system.exists():
         return str(system), path

@@ -41,7 +41,7 @@ def container_state(node_state: dict) -> dict:
     (free and total CUDA memory): nvidia-smi on a GB10 cannot show them, the container can."""
     doc = dict(node_state)
     if "free_gib" not in doc or "total_gib" not in doc:
-        from spark_pipelines.sim import gpu_states  # lazy: only when the node file lacks them
+        from spark_sim import gpu_states  # lazy: only when the node file lacks them
 
         doc.setdefault("free_gib", gpu_states.free_gib(doc.get("state", "healthy"), doc.get("profile", "founders")))
         doc.setdefault("total_gib", gpu_states.TOTAL_CUDA_GIB)

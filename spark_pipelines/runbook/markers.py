@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from spark_pipelines.core.layout import marker_path
-from spark_pipelines.fleet import Node
+from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.ssh import FleetSession
 
 

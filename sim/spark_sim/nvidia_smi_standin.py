@@ -1,4 +1,4 @@
-"""A fake `nvidia-smi` for the simulated fleet: ``python -m spark_pipelines.sim.nvidia_smi_standin``.
+"""A fake `nvidia-smi` for the simulated fleet: ``python -m spark_sim.nvidia_smi_standin``.
 
 The node's GPU state lives in a JSON file whose path is in ``SIM_GPU_STATE_FILE``,
 e.g. ``{"state": "healthy", "profile": "founders", "under_load": false}``.
@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from spark_pipelines.core.diagnosis import parse_metrics
-from spark_pipelines.sim.gpu_states import SimGpu, run
+from spark_sim.gpu_states import SimGpu, run
 
 STATE_FILE_ENV = "SIM_GPU_STATE_FILE"
 # nvidia-smi's own code when it cannot reach a driver: the closest truthful answer

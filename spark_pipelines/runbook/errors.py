@@ -1,0 +1,21 @@
+"""Domain errors of the runbook procedures. The asset layer turns them into `dg.Failure`."""
+
+from __future__ import annotations
+
+
+class RunbookError(Exception):
+    """A procedure could not go on. `description` names the node and the fix; `details` holds
+    markdown blocks (diagnosis, log tail, preflight) that the UI shows as metadata."""
+
+    def __init__(self, description: str, details: dict[str, str] | None = None) -> None:
+        super().__init__(description)
+        self.description = description
+        self.details = dict(details or {})
+
+
+class StepFailed(RunbookError):
+    """A build-host or node step produced nothing usable."""
+
+
+class DeployFailed(RunbookError):
+    """A deploy did not leave the new launch serving; the message says what was put back."""

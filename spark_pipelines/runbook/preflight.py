@@ -1,0 +1,102 @@
+"""Phase 0 checks before a launch, with observing and acting kept apart.
+
+`prepare` does the runbook's two actions (stop the GPU exporters, flush the page cache) and returns
+what it stopped, so the caller can start them again (`restore_exporters`) in every outcome.
+`observe` only reads: GPU state, device holders, earlyoom, disk, CUDA-visible free memory.
+`core.preflight.evaluate` turns the observations into ready / blocked with the runbook's fixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spark_pipelines.core import gpu, preflight, remote
+from spark_pipelines.core.fleet import Node
+from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.resources.ssh import FleetSession
+
+MEMCHECK_PY = "import torch; f, t = torch.cuda.mem_get_info(); print(f / 2**30, t / 2**30)"
+GPU_DEVICE = "/dev/nvidia0"
+# One read gives every field of the wedge signature, counters included (CSV lacks them on 580).
+GPU_QUERY = ("nvidia-smi", "-q", "-d", "PERFORMANCE,CLOCK,POWER,UTILIZATION")
+# The runbook's flush, verbatim, so the sudoers line operators already have keeps matching.
+DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"
+
+
+def read_gpu(s: FleetSession, node: str, timeout: float = 30) -> gpu.GpuReading:
+    """One nvidia-smi read of the node (raises GpuFormatError on output it cannot parse)."""
+    return gpu.parse_reading(s.run(node, list(GPU_QUERY), check=False, log=False, timeout=timeout).stdout)
+
+
+@dataclass
+class Prepared:
+    """What `prepare` changed on the node, for its undo."""
+
+    stopped_exporters: list[str] = field(default_factory=list)
+    page_cache_flushed: bool = False
+
+
+def prepare(s: FleetSession, node: Node) -> Prepared:
+    """Stop the exporters holding a CUDA context (~9 GiB) and flush the page cache (MANDATORY
+    before every launch). Undo with `restore_exporters`."""
+    n = node.name
+    docker = NodeDocker(s)
+    done = Prepared()
+    running = s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
+    for c in preflight.EXPORTER_CONTAINERS:
+        if c in running:
+            docker.stop(n, c)
+            done.stopped_exporters.append(c)
+    # sync as the user, drop as root.
+    s.run(n, ["sync"], log=False, timeout=300)
+    flushed = s.run(n, ["sudo", "-n", "sh", "-c", DROP_CACHES], check=False, timeout=300)
+    if not flushed.ok and "password" in (flushed.stderr + flushed.tail).lower():
+        s.log.warning(remote.sudo_advice(n, node.user, f"/bin/sh -c {DROP_CACHES}"))
+    done.page_cache_flushed = flushed.ok
+    return done
+
+
+def restore_exporters(s: FleetSession, node: Node, prepared: Prepared) -> None:
+    docker = NodeDocker(s)
+    for c in prepared.stopped_exporters:
+        docker.start(node.name, c)
+
+
+def observe(s: FleetSession, node: Node, image: str, prepared: Prepared) -> preflight.Observations:
+    """Read-only: what the node looks like right before a launch."""
+    n = node.name
+    try:
+        reading = read_gpu(s, n)
+        gpu_state = gpu.classify(reading, under_load=(reading.utilization_pct or 0) >= 50).state
+    except gpu.GpuFormatError:
+        gpu_state = "unknown"
+    holders = s.run(n, ["sudo", "-n", "fuser", GPU_DEVICE], check=False, log=False, timeout=30)
+    persist = s.run(n, ["pgrep", "-x", "nvidia-persistenced"], check=False, log=False, timeout=30)
+    earlyoom = s.run(n, ["dpkg-query", "-W", "-f", "${Status}", "earlyoom"], check=False, log=False, timeout=30)
+    df = s.run(n, ["df", "-Pk", node.home_dir], log=False, timeout=30).stdout.splitlines()[-1].split()
+    mem = s.run(n, ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "python3", image, "-c", MEMCHECK_PY],
+                check=False, log=False, timeout=300)
+    free_gib = total_gib = None
+    if mem.ok and mem.stdout.split():
+        free_gib, total_gib = (round(float(x), 2) for x in mem.stdout.split()[-2:])
+    return preflight.Observations(
+        free_gib=free_gib,
+        total_gib=total_gib,
+        gpu_state=gpu_state,
+        gpu_holder_pids=[int(p) for p in holders.stdout.split() if p.strip().isdigit()],
+        persistenced_pids=[int(p) for p in persist.stdout.split() if p.isdigit()],
+        earlyoom_installed="install ok installed" in earlyoom.stdout,
+        running_exporters=[],  # `prepare` stopped them
+        disk_free_gib=int(df[3]) / 2**20,
+        page_cache_flushed=prepared.page_cache_flushed,
+    )
+
+
+def evaluate(s: FleetSession, node: Node, obs: preflight.Observations, gmu: float) -> preflight.PreflightReport:
+    fleet = s.fleet
+    prof = fleet.profile_of(node)
+    return preflight.evaluate(
+        node.name, obs, gmu=gmu, max_gmu=prof.max_gmu, profile_total_gib=prof.cuda_total_gib,
+        min_disk_gib=(fleet.preflight.build_host_disk_gib if node.name == fleet.build_node.name
+                      else fleet.preflight.serve_node_disk_gib),
+    )
