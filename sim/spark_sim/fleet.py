@@ -133,9 +133,9 @@ class Layout:
         try:
             self.slot = int(raw_slot)
         except ValueError:
-            raise SimError(f"SPARK_SIM_SLOT={raw_slot!r} is not a number; use 0-9") from None
-        if not 0 <= self.slot <= 9:
-            raise SimError(f"SPARK_SIM_SLOT={self.slot} is out of range; use 0-9")
+            raise SimError(f"SPARK_SIM_SLOT={raw_slot!r} is not a number; use 0-31") from None
+        if not 0 <= self.slot <= 31:
+            raise SimError(f"SPARK_SIM_SLOT={self.slot} is out of range; use 0-31")
         if len(self.root.parts) < 3:
             raise SimError(f"SPARK_SIM_ROOT={self.root} is too close to /; use a dedicated dir like {DEFAULT_ROOT}")
         self.prefix = "sp" if self.slot == 0 else f"sp{self.slot}"
