@@ -316,6 +316,7 @@ async def run_bench_async(
     loaded_requests: int | None = None,
     require_isolation: bool = True,
     timeout_s: float = 600.0,
+    reference_mean_tok_s: float = core.REFERENCE_MEAN_TOK_S,
 ) -> core.BenchReport:
     """Run a suite; see `run_bench`."""
     plan = core.plan_suite(
@@ -391,6 +392,7 @@ async def run_bench_async(
         counters=counters,
         isolation=isolation,
         started_at=started_at,
+        reference_mean_tok_s=reference_mean_tok_s,
     )
 
 
@@ -411,7 +413,7 @@ def run_bench(
     /metrics must show no running or waiting request (else `core.BenchRefused`). Keyword options:
     metrics_url (vLLM's /metrics when base_url is a gateway), stream (False = the recipe's
     non-streaming POSTs), ignore_eos, loaded_max_tokens, loaded_requests, require_isolation,
-    timeout_s. Raises BenchError when the server is unreachable or every request fails.
+    timeout_s, reference_mean_tok_s (what the report compares the recipe mean with). Raises BenchError when the server is unreachable or every request fails.
     """
     return asyncio.run(
         run_bench_async(base_url, model, suite, concurrency, repeats, api_key, **options)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[st
 
 
 def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> str:
-    rows = [("node", "deploy", "KV tokens", "startup s", "mean tok/s", "vs 51.6", "loaded tok/s", "GPU under load", "gateway")]
+    rows = [("node", "deploy", "KV tokens", "startup s", "mean tok/s", "vs reference", "loaded tok/s", "GPU under load", "gateway")]
     for n in nodes:
         dep = latest_metadata(instance, "node_deployment", n)
         b = latest_metadata(instance, "bench_results", n)

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from spark_pipelines.core import names
+from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
 
 # -- shapes ------------------------------------------------------------------------------------
 
@@ -386,7 +387,7 @@ class PreflightSettings(Strict):
 
 class BenchSettings(Strict):
     suite: Literal["recipe", "loaded", "all"] = "all"
-    reference_tok_s: float = Field(default=51.6, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
+    reference_tok_s: float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
     loaded_concurrency: int = Field(default=8, ge=1, le=512)
     repeats: int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
     floor_tok_s: float = Field(default=40.0, ge=0, description="below this a node is not promoted to the gateway")
