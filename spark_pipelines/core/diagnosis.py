@@ -207,8 +207,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="torch-cpu-wheel",
         pattern=_re(r"libtorch_cuda\.so"),
         cause="uv replaced torch with a +cpu wheel during the image build",
-        fix="pin torch==2.12.0+cu130 torchvision==0.27.0+cu130 torchaudio==2.11.0+cu130 from "
-        "the cu130 index with an override so uv cannot swap it; check torch.__version__ has +cu",
+        fix="pin the torch triple of the fleet file's pins.torch (exact +cu130 builds) from the cu130 "
+        "index with an override so uv cannot swap it; check torch.__version__ has +cu",
         runbook_ref="Upstream failure signatures: 'ImportError: libtorch_cuda.so'; torch triple",
         severity=Severity.ERROR,
     ),
@@ -233,7 +233,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="starlette-router",
         pattern=_re(r"_IncludedRouter"),
         cause="--tf5 pulled Starlette 1.x, which removed _IncludedRouter.path used by vLLM 0.19",
-        fix='pin starlette>=0.40.0,<1.0 and fastapi>=0.115.0,<0.116.0 in docker/Dockerfile.v2',
+        fix="pin starlette below 1.0 and fastapi to match, as the fleet file's pins.serving does, "
+        "in docker/Dockerfile.v2 (the serving_image step does it)",
         runbook_ref="Key fix: Starlette 1.x breaks vLLM 0.19 router; Phase 3 serving image",
         severity=Severity.ERROR,
     ),
@@ -261,8 +262,7 @@ SIGNATURES: tuple[Signature, ...] = (
             r"requirement).*torch==2\.12\.0\.dev"
         ),
         cause="the pinned torch nightly rolled off the index (issue #15)",
-        fix="use the stable cu130 triple torch==2.12.0+cu130 / torchvision==0.27.0+cu130 / "
-        "torchaudio==2.11.0+cu130",
+        fix="use the stable cu130 triple (the fleet file's pins.torch), not a nightly",
         runbook_ref="Intro: resolves issue #15; torch triple",
         severity=Severity.ERROR,
     ),

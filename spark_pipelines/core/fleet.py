@@ -179,8 +179,8 @@ class PatchPin(Strict):
 
 
 class ServingPins(Strict):
-    starlette: str = ">=0.40.0,<1.0"
-    fastapi: str = ">=0.115.0,<0.116.0"
+    starlette: str
+    fastapi: str
 
     @field_validator("starlette", "fastapi")
     @classmethod
@@ -203,7 +203,7 @@ class Pins(Strict):
     base_model: ModelPin
     fp8_model: ModelPin
     torch: TorchPins
-    serving: ServingPins = ServingPins()
+    serving: ServingPins
     patches: tuple[PatchPin, ...] = ()
     build: BuildSettings = BuildSettings()
 
