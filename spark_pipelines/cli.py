@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
 from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
@@ -55,15 +56,7 @@ def node_plan(fleet: Fleet, name: str) -> dict[str, Any]:
             "advice": gate.advice,
             "note": "expected clean-boot figures; the deploy measures free memory in a fresh container "
             "(nvidia-smi reports no memory on GB10)",
-            "steps": [
-                "GPU state not wedged (nvidia-smi)",
-                "only nvidia-persistenced holds /dev/nvidia* (fuser)",
-                "earlyoom absent",
-                "exporters stopped (nvidia_gpu_exporter, node_exporter)",
-                "page cache flushed (sync; echo 3 > /proc/sys/vm/drop_caches)",
-                "disk space in $HOME",
-                "free CUDA memory >= GMU x total",
-            ],
+            "steps": [what for _, what in preflight.CHECKS],
         },
         "env": spec.env,
         "mounts": [f"{h}:{c}" for h, c in spec.mounts],

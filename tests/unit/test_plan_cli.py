@@ -19,6 +19,7 @@ def test_plan_json_shape_and_argv():
     assert plan["nodes"]["spark1"]["docker_run_argv"] == runbook_argv("/home/operator")
     pf = plan["nodes"]["spark2"]["preflight"]
     assert pf["required_gib"] == 103.44 and pf["verdict"] in ("pass", "tight")
+    assert pf["steps"][0] == "GPU state not wedged (nvidia-smi)" and len(pf["steps"]) == 7
     assert len(plan["gateway"]["config"]["model_list"]) == 6
 
 
@@ -39,3 +40,12 @@ def test_bad_input_exit_2_one_line_no_traceback(tmp_path):
         assert "Traceback" not in p.stderr and p.stderr.strip(), args
     p = run("plan", "--fleet", str(bad))
     assert "gpu_memory_utilization 0.95" in p.stderr and "spark1" in p.stderr
+
+
+def test_plan_lists_the_checks_preflight_runs_in_its_order():
+    from spark_pipelines.core.preflight import CHECKS, Observations, evaluate
+
+    clean = Observations(free_gib=107.8, total_gib=121.69, gpu_state="idle", gpu_holder_pids=[], persistenced_pids=[],
+                         earlyoom_installed=False, running_exporters=[], disk_free_gib=500.0, page_cache_flushed=True)
+    report = evaluate("spark1", clean, gmu=0.85, max_gmu=0.85, profile_total_gib=121.69, min_disk_gib=170.0)
+    assert [c.name for c in report.checks] == [name for name, _ in CHECKS]
