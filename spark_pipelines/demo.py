@@ -19,13 +19,6 @@ from spark_pipelines.core.fleet import load_fleet
 STEPS = ("build_job", "deploy_node_job", "gateway_job", "bench_job")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        from spark_pipelines.cli import UsageError
-
-        raise UsageError(f"{self.prog}: {message}")
-
-
 def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[str, Any]:
     import dagster as dg
 
@@ -122,11 +115,13 @@ def prepare_instance_home() -> Path:
     return home
 
 
-def demo_command(argv: list[str]) -> int:
-    ap = _Parser(prog="spark-pipelines demo", description=__doc__)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--fleet-out", default="sim-fleet.yaml")
-    args = ap.parse_args(argv)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """`spark-pipelines demo` (arguments parsed by spark_pipelines.cli)."""
     if os.geteuid() != 0:
         print("spark-pipelines demo: the simulated fleet needs root (network namespaces, users, dockerd)", file=sys.stderr)
         return 2

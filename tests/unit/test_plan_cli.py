@@ -42,6 +42,23 @@ def test_bad_input_exit_2_one_line_no_traceback(tmp_path):
     assert "gpu_memory_utilization 0.95" in p.stderr and "spark1" in p.stderr
 
 
+def test_every_command_shares_the_one_parser_one_line_per_bad_input():
+    from spark_pipelines.cli import main
+
+    cases = [
+        (["bench", "--model", "m"], "spark-pipelines bench: the following arguments are required: --base-url"),
+        (["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--suite", "fast"], "invalid choice: 'fast'"),
+        (["demo", "--nodes", "x"], "spark-pipelines demo: argument --nodes: invalid int value: 'x'"),
+        (["plan", "--format", "xml"], "spark-pipelines plan: argument --format"),
+        (["nosuch"], "invalid choice: 'nosuch'"),
+    ]
+    for args, needle in cases:
+        p = run(*args)
+        assert p.returncode == 2 and needle in p.stderr, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and "usage:" not in p.stderr, p.stderr
+    assert main(["bench", "--help"]) == 0
+
+
 def test_plan_lists_the_checks_preflight_runs_in_its_order():
     from spark_pipelines.core.preflight import CHECKS, Observations, evaluate
 
