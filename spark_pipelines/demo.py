@@ -16,9 +16,6 @@ from typing import Any
 
 from spark_pipelines.core.fleet import load_fleet
 
-STEPS = ("build_job", "deploy_node_job", "gateway_job", "bench_job")
-
-
 def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[str, Any]:
     import dagster as dg
 
