@@ -47,15 +47,7 @@ def stale_steps(instance: dg.DagsterInstance, loaded: dict[str, str],
     return build, {name: steps for name, steps in nodes.items() if steps}
 
 
-def file_note(fleet_path: str, loaded: dict[str, str]) -> str | None:
-    """Why the fleet file on disk is not what the code location loaded, or None when it is."""
-    try:
-        on_disk = code_versions(load_fleet(fleet_path))
-    except FleetError as e:
-        return f"fleet file unusable, nothing requested: {e}"
-    if on_disk != loaded:
-        return "the fleet file changed since the code location loaded: reload it (UI Reload) to apply the edit"
-    return None
+RELOAD_NOTE = "the fleet file changed since the code location loaded: reload it (UI Reload) to apply the edit"
 
 
 def pins_sensors(fleet: Fleet, fleet_path: str) -> dg.Definitions:
@@ -64,10 +56,12 @@ def pins_sensors(fleet: Fleet, fleet_path: str) -> dg.Definitions:
     @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
                description="Requests the steps whose recorded code version differs from the loaded fleet's pins.")
     def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        note = file_note(fleet_path, loaded)
-        if note and note.startswith("fleet file unusable"):
+        # The file is read only to tell the operator; what is requested follows the loaded fleet.
+        try:
+            note = None if code_versions(load_fleet(fleet_path)) == loaded else RELOAD_NOTE
+        except FleetError as e:
             # Mid-edit: nothing runs until the file is whole again (and the location reloaded).
-            return dg.SensorResult(skip_reason=note)
+            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}")
         build, nodes = stale_steps(context.instance, loaded, fleet)
         requests: list[dg.RunRequest] = []
         if build:
