@@ -60,7 +60,8 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
                 waited = wait_idle(f, node)
                 with GpuSampler(s, node) as sampler:
                     report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
-                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats)
+                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
+                                       reference_mean_tok_s=f.bench.reference_tok_s)
                 mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
                 loaded = next((p.aggregate_tok_s.median for p in report.phases
                                if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)

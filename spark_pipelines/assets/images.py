@@ -28,8 +28,7 @@ LMHEAD_PY = (
 
 
 def _torch_pins(fleet: Fleet) -> dockerfile_core.TorchPins:
-    t = fleet.pins.torch
-    return dockerfile_core.TorchPins(torch=t.torch, torchvision=t.torchvision, torchaudio=t.torchaudio, index_url=t.index_url)
+    return dockerfile_core.TorchPins.of(fleet.pins.torch)
 
 
 def image_definitions(fleet: Fleet) -> dg.Definitions:
@@ -126,9 +125,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
             recipe = layout.recipe_dir(node)
             checkout(s, node, f.pins.recipe_repo, recipe)
             path = f"{recipe}/docker/Dockerfile.v2"
-            pins = dockerfile_core.ServingPins(
-                starlette=f"starlette{f.pins.serving.starlette}", fastapi=f"fastapi{f.pins.serving.fastapi}"
-            )
+            pins = dockerfile_core.ServingPins.of(f.pins.serving)
             try:
                 edited = dockerfile_core.pin_serving_deps(s.read_text(node.name, path), pins)
             except dockerfile_core.DockerfileEditError as e:

@@ -18,8 +18,7 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.build_steps import checkout, checkpoint_step, verify_on_node
 
-# "Tensors replaced (BF16->FP8): 144": the shared-expert dense layers, 48 layers x gate/up/down.
-EXPECTED_FP8_SCALES = 144
+EXPECTED_FP8_SCALES = checkpoint_core.EXPECTED_FP8_SCALES
 
 HYBRID_BUILDER = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py"
 MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"

@@ -11,6 +11,7 @@ import dagster as dg
 
 from spark_pipelines.assets import fail
 from spark_pipelines.core import layout
+from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
@@ -52,7 +53,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         image = serving_image["image"]
         meta: dict[str, Any] = {}
         if node.name == build.name:
-            report = verify_on_node(s, node, dst_dir, expected_scales=144, require_mtp=True)
+            report = verify_on_node(s, node, dst_dir, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
             if not report.ok:
                 raise dg.Failure(description=f"{node.name}: checkpoint does not verify: {report.problems[0]}")
             meta["copied"] = False

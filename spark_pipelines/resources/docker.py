@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import dagster as dg
 
 from spark_pipelines.core import names, remote
-from spark_pipelines.resources.ssh import CommandResult, FleetSession, FleetSSH, RemoteCommandError, RemoteError
+from spark_pipelines.resources.ssh import CommandResult, FleetSession, RemoteCommandError, RemoteError
 
 _NO_SUCH = ("No such image", "No such object", "No such container", "no such image", "no such container")
 
@@ -216,11 +215,3 @@ class NodeDocker:
         untagged = self.untag(node, remote.previous_image_tag(image))
         return removed or untagged
 
-
-class FleetDocker(dg.ConfigurableResource):
-    """Dagster face of NodeDocker, over the fleet's SSH resource."""
-
-    ssh: FleetSSH
-
-    def on(self) -> NodeDocker:
-        return NodeDocker(self.ssh.session)

@@ -13,15 +13,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import dagster as dg
 import paramiko
 
 from spark_pipelines.core import remote
 from spark_pipelines.core.checkpoint import INDEX_NAME, MAX_HEADER_BYTES
 from spark_pipelines.resources.docker import NodeDocker
-from spark_pipelines.resources.ssh import FleetSession, FleetSSH, HostKeyError, RemoteError
+from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteError
 
 
 class TransferError(RemoteError):
@@ -224,17 +222,3 @@ class NodeStreams:
             )
         return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=False)
 
-
-class FleetTransfer(dg.ConfigurableResource):
-    """Dagster face of NodeStreams, over the fleet's SSH resource."""
-
-    ssh: FleetSSH
-
-    def streams(self) -> NodeStreams:
-        return NodeStreams(self.ssh.session)
-
-    def copy_tree(self, src: str, dst: str, src_dir: str, dst_dir: str | None = None, **kw: Any) -> TreeCopyReport:
-        return self.streams().copy_tree(src, dst, src_dir, dst_dir, **kw)
-
-    def copy_image(self, src: str, dst: str, image: str, **kw: Any) -> ImageCopyReport:
-        return self.streams().copy_image(src, dst, image, **kw)
