@@ -61,7 +61,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         floor = f.bench_floor(node)
         gw = litellm.host()
         try:
-            with node_lease(s, node.name, "bench", run_id=context.run_id), drained(gw, node.name) as drain:
+            with node_lease(s, node.name, "bench", run_id=context.run.run_id), drained(gw, node.name) as drain:
                 waited = wait_idle(f, node)
                 with GpuSampler(s, node) as sampler:
                     report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,

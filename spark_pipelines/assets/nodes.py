@@ -138,7 +138,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             return
 
         try:
-            done = deploy(s, node, spec, context.log, run_id=context.run_id)
+            done = deploy(s, node, spec, context.log, run_id=context.run.run_id)
         except RunbookError as e:
             fail(e)
         meta = done.metadata
