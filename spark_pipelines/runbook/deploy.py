@@ -276,7 +276,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed
         back, outcome = txn.roll_back()
         if not back:
             outcome += "; " + txn.take_out_of_gateway(f"{why}; {outcome}")
-        details = e.details if isinstance(e, _NotServing) else {}
+        details = e.details if isinstance(e, _NotServing) else {"error": "```\n" + str(e)[-3000:] + "\n```"}
         if not isinstance(e, Exception):
             log.warning(f"[{node.name}] interrupted ({type(e).__name__}); {outcome}")
             raise  # run termination / KeyboardInterrupt: rolled back, now let it end the run

@@ -340,3 +340,15 @@ def test_deploy_of_a_node_held_by_another_run_is_one_clear_line(env, s):
         with pytest.raises(NodeBusy, match=r"node spark1 is busy: bench \(run other-run, pid \d+"):
             deploy(other, node, launch_spec(s.fleet, node), LOG)
         assert not [c for c in other.commands if c.argv[:2] == ("docker", "run")]
+
+
+def test_health_sensor_reads_the_container_start_over_ssh(env):
+    """The sensor's one `docker inspect` on a node whose /health failed: a container deployed
+    minutes ago is inside the start-up window, so no redeploy would be requested."""
+    from spark_pipelines.sensors.health import inspect_container, judge
+
+    fleet = env["fleet"]
+    state = inspect_container(fleet, fleet.node(NODE))
+    now = time.time()
+    assert state.running is True and now - 3600 < state.started_at <= now + 5
+    assert "start-up window" in judge(state, now - 300, now)
