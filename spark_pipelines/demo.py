@@ -102,13 +102,26 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
 
 
 def prepare_instance_home() -> Path:
-    """DAGSTER_HOME (default ./.dagster-home) with a dagster.yaml that turns telemetry off: this
-    tool talks only to the fleet. An operator's own dagster.yaml is left as it is."""
+    """DAGSTER_HOME (default ./.dagster-home) with a dagster.yaml that turns telemetry off (this
+    tool talks only to the fleet) and runs one run per node at a time: every per-node run carries
+    `dagster/partition` (its node), every bench run `spark/bench` (the gateway loses one node at
+    a time, never two). An operator's own dagster.yaml is left as it is."""
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster-home").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+        config.write_text(
+            "telemetry:\n"
+            "  enabled: false\n"
+            "run_queue:\n"
+            "  tag_concurrency_limits:\n"
+            "    - key: dagster/partition\n"
+            "      value:\n"
+            "        applyLimitPerUniqueValue: true\n"
+            "      limit: 1\n"
+            "    - key: spark/bench\n"
+            "      limit: 1\n"
+        )
     return home
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from spark_pipelines.definitions import build_definitions
-from spark_pipelines.sensors.health import FAILURES_BEFORE_REDEPLOY
+from spark_pipelines.sensors.health import FAILURES_BEFORE_REDEPLOY, ContainerState, health_sensors
 
 
 def write(tmp_path, data, name="fleet.yaml"):
@@ -140,20 +140,21 @@ def test_health_sensor_redeploys_after_consecutive_failures(tmp_path, seed_data,
     for n in seed_data["nodes"]:
         n["host"] = "127.0.0.1"
     seed_data["launch"]["port"] = port
-    defs = build_definitions(write(tmp_path, seed_data))
-    s = sensor(defs, "node_health")
+    # The container is gone (not starting): the redeploy is due at the Nth failed probe.
+    defs = health_sensors(write(tmp_path, seed_data), container_state=lambda f, n: ContainerState(False))
+    s = next(iter(defs.sensors))
     cursor = None
-    res = s(dg.build_sensor_context(cursor=cursor, definitions=defs))
+    res = s(dg.build_sensor_context(cursor=cursor))
     assert not res.run_requests
     state["up"] = False
     requested = []
     for _ in range(FAILURES_BEFORE_REDEPLOY + 1):
-        res = s(dg.build_sensor_context(cursor=res.cursor, definitions=defs))
+        res = s(dg.build_sensor_context(cursor=res.cursor))
         requested.append(sorted(r.partition_key for r in res.run_requests))
     # Nothing until the Nth failure, then exactly one request per node, then no storm.
     assert requested[: FAILURES_BEFORE_REDEPLOY - 1] == [[]] * (FAILURES_BEFORE_REDEPLOY - 1)
     assert requested[FAILURES_BEFORE_REDEPLOY - 1] == ["spark1", "spark2"]
     assert requested[FAILURES_BEFORE_REDEPLOY] == []
     state["up"] = True
-    res = s(dg.build_sensor_context(cursor=res.cursor, definitions=defs))
-    assert json.loads(res.cursor) == {"spark1": 0, "spark2": 0}
+    res = s(dg.build_sensor_context(cursor=res.cursor))
+    assert json.loads(res.cursor) == {"spark1": {"failures": 0}, "spark2": {"failures": 0}}
