@@ -11,12 +11,8 @@ import dagster as dg
 
 from spark_pipelines.assets import fail
 from spark_pipelines.core import layout
-<<<<<<< HEAD
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
-from spark_pipelines.core.fleet import Fleet
-=======
 from spark_pipelines.core.fleet import Fleet, Node
->>>>>>> deploy-txn
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker
