@@ -134,6 +134,7 @@ COMMANDS = {
     "sim": lambda a: _delegate("spark_sim.fleet", "sim_command", a),
     "bench": lambda a: _delegate("spark_pipelines.bench_client", "bench_command", a),
     "demo": lambda a: _delegate("spark_pipelines.demo", "demo_command", a),
+    "doctor": lambda a: _delegate("spark_pipelines.doctor", "doctor_command", a),
 }
 
 

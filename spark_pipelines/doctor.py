@@ -1,0 +1,106 @@
+"""`spark-pipelines doctor`: the health sweep for a person at a terminal. Reads, never changes.
+
+One line per node: verdict, the evidence that decided it, the runbook's advice. `--format json`
+prints {"nodes": {NAME: {"verdict", "evidence", "advice"}}}. Exit status 0 when every node is
+healthy or starting, 1 when some node needs action, 2 for bad input (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from spark_pipelines.core import health
+from spark_pipelines.core.fleet import Fleet, FleetError, Node, load_fleet
+from spark_pipelines.runbook import sweep
+
+DEFAULT_FLEET = "fleets/seed.yaml"
+PROG = "spark-pipelines doctor"
+
+
+class DoctorUsageError(Exception):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would print usage + exit 2; keep one clear line
+        raise DoctorUsageError(f"{self.prog}: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=PROG, description="probe every serve node (read-only) and print the runbook's verdicts")
+    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET), help="fleet file")
+    ap.add_argument("--node", help="probe only this node")
+    ap.add_argument("--format", choices=["text", "json"], default="text")
+    return ap
+
+
+def _targets(fleet: Fleet, only: str | None) -> list[Node]:
+    if only is None:
+        return fleet.serve_nodes
+    node = fleet.node(only)  # FleetError names the known nodes
+    if "serve" not in node.roles:
+        raise DoctorUsageError(f"{PROG}: node {only!r} has no 'serve' role, so nothing serves there to probe; "
+                               f"serve nodes: {', '.join(n.name for n in fleet.serve_nodes)}")
+    return [node]
+
+
+def _check_credentials(nodes: list[Node]) -> None:
+    """A missing key or known_hosts file is the operator's input, not a node being down."""
+    for n in nodes:
+        if n.key_path is not None and not Path(os.path.expanduser(n.key_path)).is_file():
+            raise DoctorUsageError(f"{PROG}: node {n.name}: key_path {n.key_path} does not exist; fix key_path in "
+                                   "the fleet file (or set it to null to use ssh-agent)")
+        if not Path(os.path.expanduser(n.known_hosts)).is_file():
+            raise DoctorUsageError(f"{PROG}: node {n.name}: known_hosts {n.known_hosts} does not exist; add the "
+                                   "node's verified host key there (ssh-keyscan -p PORT HOST >> FILE)")
+
+
+def render_text(verdicts: dict[str, health.NodeVerdict]) -> str:
+    width = max((len(n) for n in verdicts), default=0)
+    lines = []
+    for name, v in verdicts.items():
+        evidence = "; ".join(v.evidence) or "no evidence"
+        lines.append(f"{name:<{width}}  {v.verdict:<11}  {evidence}  -> {v.advice}")
+    return "\n".join(lines)
+
+
+def render_json(verdicts: dict[str, health.NodeVerdict]) -> str:
+    return json.dumps({"nodes": {name: v.to_dict() for name, v in verdicts.items()}}, indent=2)
+
+
+def run(fleet: Fleet, only: str | None = None) -> dict[str, health.NodeVerdict]:
+    targets = _targets(fleet, only)
+    _check_credentials(targets)
+    quiet = logging.getLogger("spark_pipelines.doctor")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    with sweep.open_session(fleet, logger=quiet) as s:
+        reports = sweep.sweep(s, targets)
+    return {name: r.verdict for name, r in reports.items()}
+
+
+def doctor_command(argv: list[str]) -> int:
+    # paramiko reports every failed connect on stderr; the verdict already says it.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    try:
+        args = _parser().parse_args(argv)
+        fleet = load_fleet(args.fleet)
+        verdicts = run(fleet, args.node)
+    except (DoctorUsageError, FleetError) as e:
+        print("; ".join(line.strip() for line in str(e).splitlines() if line.strip()), file=sys.stderr)
+        return 2
+    print(render_json(verdicts) if args.format == "json" else render_text(verdicts))
+    return health.summary_exit_status(verdicts)
+
+
+def main() -> None:
+    sys.exit(doctor_command(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
