@@ -149,6 +149,9 @@ class Observation:
     gpu_error: str | None = None
     container: ContainerState | None = None
     container_error: str | None = None
+    # `<name>-previous`, read only when the serving container is absent: a deploy keeps the old
+    # deployment aside under that name until the new one is healthy.
+    previous_container: ContainerState | None = None
     log_tail: str | None = None
     health_ok: bool | None = None
     health_error: str | None = None
@@ -375,10 +378,21 @@ def engine_down_or_starting(obs: Observation, runs: Sequence[Start]) -> NodeVerd
             ])
         return None
     if not c.exists:
-        return _verdict(obs, "engine-down", [
-            "the serving container does not exist",
-            f"/health: {'200' if obs.health_ok else obs.health_error or 'no answer'}",
-        ])
+        evidence = ["the serving container does not exist",
+                    f"/health: {'200' if obs.health_ok else obs.health_error or 'no answer'}"]
+        prev = obs.previous_container
+        if prev is not None and prev.exists and not prev.running:
+            aside = None if prev.finished_at is None else obs.probed_at - prev.finished_at
+            if aside is not None and 0 <= aside <= FIRST_BOOT_MAX_S:
+                return _verdict(obs, "starting", [*evidence, f"a deploy is in progress: the previous deployment "
+                                                             f"was set aside {_minutes(aside)} ago"])
+            evidence.append("a deploy set the previous deployment aside "
+                            + (f"{_minutes(aside)} ago" if aside is not None else "at an unknown time")
+                            + " and never finished")
+            return _verdict(obs, "engine-down", evidence,
+                            "a deploy was interrupted: rerun it (deploy_node_job for this partition), which puts the "
+                            "previous deployment back if the new one does not come up")
+        return _verdict(obs, "engine-down", evidence)
     if not c.running and not c.restarting:
         return _verdict(obs, "engine-down", [_describe_exit(c), *_diagnosis_evidence(current)])
     if obs.health_ok:

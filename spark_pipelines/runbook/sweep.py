@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spark_pipelines.core import diagnosis, gpu, health
+from spark_pipelines.core import diagnosis, gpu, health, remote
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.resources.ssh import (
@@ -82,6 +82,21 @@ def _warm_start(s: FleetSession, fleet: Fleet, node: Node) -> bool | None:
     return bool(r.stdout.strip()) if r.ok else False
 
 
+def _inspect(s: FleetSession, node: Node, container: str) -> tuple[health.ContainerState | None, str | None]:
+    """(state, None), or (None, why it could not be read)."""
+    try:
+        r = s.run(node.name, ["docker", "container", "inspect", container], check=False, log=False,
+                  timeout=INSPECT_TIMEOUT_S)
+        if r.ok:
+            data = json.loads(r.stdout)
+            return health.container_state(data[0] if data else None), None
+        if any(m in r.stderr for m in _NO_SUCH):
+            return health.container_state(None), None
+        return None, f"docker inspect {container} exited {r.exit_status}: {r.tail.strip()[-200:]}"
+    except (RemoteError, ValueError) as e:
+        return None, _one_line(e)
+
+
 def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,
           clock: Callable[[], float] = time.time) -> health.Observation:
     """Read one node. Never raises for what the node does; the errors become observations."""
@@ -107,20 +122,11 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
     except (RemoteError, gpu.GpuFormatError) as e:
         fields["gpu_error"] = _one_line(e)
 
-    try:
-        r = s.run(node.name, ["docker", "container", "inspect", container], check=False, log=False,
-                  timeout=INSPECT_TIMEOUT_S)
-        if r.ok:
-            data = json.loads(r.stdout)
-            fields["container"] = health.container_state(data[0] if data else None)
-        elif any(m in r.stderr for m in _NO_SUCH):
-            fields["container"] = health.container_state(None)
-        else:
-            fields["container_error"] = f"docker inspect {container} exited {r.exit_status}: {r.tail.strip()[-200:]}"
-    except (RemoteError, ValueError) as e:
-        fields["container_error"] = _one_line(e)
+    fields["container"], fields["container_error"] = _inspect(s, node, container)
 
     state = fields.get("container")
+    if state is not None and not state.exists:
+        fields["previous_container"] = _inspect(s, node, remote.previous_container_name(container))[0]
     if state is not None and state.exists:
         try:
             r = s.run(node.name, ["docker", "logs", "--tail", str(LOG_TAIL_LINES), container], check=False,

@@ -1,6 +1,7 @@
 """`spark-pipelines doctor` against the simulated fleet (real sshd, dockerd, vLLM and GB10 stand-ins),
 driven through the verdicts the sim can produce: healthy, wedged under load, engine-down (container
-killed), starting (right after a launch), unreachable (the node's link down). Each test leaves the
+killed), starting (right after a launch), crash-loop (the same failure on each restart), residue (a
+relaunch on a residue-degraded GPU), unreachable (the node's link down). Each test leaves the
 fleet healthy. Named test_zz_ so that, in a whole run, it reuses what test_chain deployed; alone it
 deploys the nodes itself.
 """
@@ -11,6 +12,7 @@ import json
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 
 import dagster as dg
 import httpx
@@ -148,31 +150,85 @@ def test_killed_container_is_engine_down(deployed, capsys):
     assert "container exited, exit code 137" in out
 
 
+@contextmanager
+def production_aside(fleet, name="spark2"):
+    """Stop the node's production container and keep it aside while a test runs its own launch under
+    the production name; put it back and wait for it to serve afterwards, in every outcome."""
+    spec = launch_spec(fleet, fleet.node(name))
+    aside = f"{spec.container_name}-doctor-aside"
+    with FleetSession(fleet) as s:
+        s.run(name, ["docker", "stop", "-t", "5", spec.container_name], log=False, timeout=60)
+        s.run(name, ["docker", "rename", spec.container_name, aside], log=False, timeout=60)
+        try:
+            yield s, spec
+        finally:
+            s.run(name, ["docker", "rm", "-f", spec.container_name], log=False, check=False, timeout=60)
+            s.run(name, ["docker", "rename", aside, spec.container_name], log=False, timeout=60)
+            s.run(name, ["docker", "start", spec.container_name], log=False, timeout=60)
+    wait_serving(fleet, name)
+
+
+def inspect(s, node, container):
+    return json.loads(s.run(node, ["docker", "container", "inspect", container], log=False, timeout=30).stdout)[0]
+
+
 def test_starting_right_after_a_launch(deployed, capsys):
     """A launch that takes a while to come up (the stand-in's start-up paced to 60 s) is starting,
-    not down: exit 0. The production container is kept aside and put back after."""
+    not down: exit 0."""
     fleet = load_fleet(deployed)
-    node = fleet.node("spark2")
-    spec = launch_spec(fleet, node)
-    aside = f"{spec.container_name}-doctor-aside"
-    argv = spec.docker_run_argv()
-    slow = argv[:3] + ["-e", "SIM_STARTUP_SECONDS=60"] + argv[3:]
-    with FleetSession(fleet) as s:
-        s.run("spark2", ["docker", "stop", "-t", "5", spec.container_name], log=False, timeout=60)
-        s.run("spark2", ["docker", "rename", spec.container_name, aside], log=False, timeout=60)
-        try:
-            s.run("spark2", slow, log=False, timeout=120)
-            rc, nodes, _ = doctor_json(capsys, deployed)
-        finally:
-            s.run("spark2", ["docker", "rm", "-f", spec.container_name], log=False, check=False, timeout=60)
-            s.run("spark2", ["docker", "rename", aside, spec.container_name], log=False, timeout=60)
-            s.run("spark2", ["docker", "start", spec.container_name], log=False, timeout=60)
-    wait_serving(fleet, "spark2")
+    with production_aside(fleet) as (s, spec):
+        argv = spec.docker_run_argv()
+        s.run("spark2", argv[:3] + ["-e", "SIM_STARTUP_SECONDS=60"] + argv[3:], log=False, timeout=120)
+        rc, nodes, _ = doctor_json(capsys, deployed)
     v = nodes["spark2"]
     assert v["verdict"] == "starting", v
     assert rc == 0 and nodes["spark1"]["verdict"] == "healthy"
     assert any("inside the" in e and "window" in e for e in v["evidence"])
     assert "25-45 min" in v["advice"]
+
+
+def test_the_same_failure_on_every_restart_is_a_crash_loop(deployed, capsys):
+    """A launch that fails the same way each time docker restarts it (here --enable-prefix-caching,
+    which crashes Qwen3.5's hybrid attention) is a crash loop, not one dead engine."""
+    fleet = load_fleet(deployed)
+    with production_aside(fleet) as (s, spec):
+        argv = spec.docker_run_argv()
+        s.run("spark2", argv[:3] + ["--restart", "on-failure:50"] + argv[3:] + ["--enable-prefix-caching"],
+              log=False, timeout=120)
+        deadline = time.monotonic() + 90
+        while inspect(s, "spark2", spec.container_name)["RestartCount"] < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        rc, nodes, _ = doctor_json(capsys, deployed, "--node", "spark2")
+    v = nodes["spark2"]
+    assert rc == 1 and v["verdict"] == "crash-loop", v
+    assert "consecutive starts: prefix-caching-enabled" in v["evidence"][0]
+    assert any("remove --enable-prefix-caching" in e for e in v["evidence"])
+    assert "stop relaunching" in v["advice"]
+
+
+def test_residue_after_a_relaunch_needs_a_reboot(deployed, capsys, sim_fleet):
+    """A relaunch on a node with crash-loop residue: the sim's residue leaves 96.5 GiB free, below the
+    GX10's clean-boot 106 GiB, so vLLM's request_memory() refuses the start. Relaunching again cannot
+    help: the verdict says reboot. (The num_gpu_blocks=0 -> silent death path is in the unit tier.)"""
+    fleet = load_fleet(deployed)
+    name = fleet.launch_for(fleet.node("spark2")).container_name
+    with FleetSession(fleet) as s:
+        sim_fleet.set_gpu("spark2", "residue")
+        try:
+            s.run("spark2", ["docker", "restart", "-t", "5", name], log=False, timeout=60)
+            deadline = time.monotonic() + 60
+            while inspect(s, "spark2", name)["State"]["Running"] and time.monotonic() < deadline:
+                time.sleep(0.5)
+            rc, nodes, _ = doctor_json(capsys, deployed, "--node", "spark2")
+        finally:
+            sim_fleet.set_gpu("spark2", "healthy")  # the reboot
+            s.run("spark2", ["docker", "start", name], log=False, timeout=60)
+    wait_serving(fleet, "spark2")
+    v = nodes["spark2"]
+    assert rc == 1 and v["verdict"] == "residue", v
+    assert v["evidence"][0].startswith("free memory 96.50 GiB is below the profile's clean-boot baseline 106.00 GiB")
+    assert "Free memory on device" in v["evidence"][0]
+    assert "relaunching cannot help" in v["advice"] and "reboot" in v["advice"].lower()
 
 
 def test_link_down_is_unreachable(deployed, capsys, sim_fleet):

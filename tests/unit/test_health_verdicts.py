@@ -168,6 +168,17 @@ def test_container_gone_is_engine_down():
     assert "redeploy" in v.advice
 
 
+def test_a_deploy_in_flight_sets_the_previous_deployment_aside():
+    aside = lambda minutes: ContainerState(exists=True, status="exited", exit_code=0,  # noqa: E731
+                                           started_at=NOW - 86400, finished_at=NOW - minutes * 60)
+    gone = ContainerState(exists=False)
+    v = judge(obs(container=gone, previous_container=aside(2), health_ok=False))
+    assert v.verdict == "starting" and "a deploy is in progress" in v.evidence[-1]
+    v = judge(obs(container=gone, previous_container=aside(90), health_ok=False))
+    assert v.verdict == "engine-down" and "never finished" in v.evidence[-1] and "interrupted" in v.advice
+    assert judge(obs(container=gone, previous_container=gone, health_ok=False)).advice == health.ADVICE["engine-down"]
+
+
 def test_exited_after_a_traceback_is_engine_down_with_the_diagnosis(standin_logs):
     code, log = standin_logs["prefix-caching"]
     assert code == 1
