@@ -1,7 +1,8 @@
 """`spark-pipelines doctor`: the health sweep for a person at a terminal. Reads, never changes.
 
 One line per node: verdict, the evidence that decided it, the runbook's advice. `--format json`
-prints {"nodes": {NAME: {"verdict", "evidence", "advice"}}}. Exit status 0 when every node is
+prints {"nodes": {NAME: {"verdict", "evidence", "advice"}}}. The node's bench history (for
+`regressed`) comes from the Dagster instance in DAGSTER_HOME when one is set. Exit status 0 when every node is
 healthy or starting, 1 when some node needs action, 2 for bad input (one line, no traceback).
 """
 
@@ -13,6 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from spark_pipelines.core import health
 from spark_pipelines.core.fleet import Fleet, FleetError, Node, load_fleet
@@ -73,14 +75,55 @@ def render_json(verdicts: dict[str, health.NodeVerdict]) -> str:
     return json.dumps({"nodes": {name: v.to_dict() for name, v in verdicts.items()}}, indent=2)
 
 
-def run(fleet: Fleet, only: str | None = None) -> dict[str, health.NodeVerdict]:
+BENCH_HISTORY_LIMIT = 20
+
+
+def bench_histories(names: list[str], instance: Any = None) -> dict[str, health.BenchHistory]:
+    """The nodes' last benches from the Dagster instance (DAGSTER_HOME), oldest first; {} when
+    there is no instance to read: a missing history only means `regressed` cannot be judged."""
+    import dagster as dg  # only here: the rest of the doctor runs without Dagster
+
+    if instance is None:
+        if not os.environ.get("DAGSTER_HOME"):
+            return {}
+        try:
+            instance = dg.DagsterInstance.get()
+        except Exception:  # an unusable DAGSTER_HOME must not stop the sweep
+            return {}
+    out: dict[str, health.BenchHistory] = {}
+    for name in names:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[name]),
+            limit=BENCH_HISTORY_LIMIT).records
+        tok_s: list[float] = []
+        acceptance: list[float] = []
+        latest_gpu = None
+        for rec in reversed(records):  # newest first from the instance
+            meta = rec.asset_materialization.metadata if rec.asset_materialization else {}
+            mean = meta.get("mean_tok_s")
+            if mean is None or not float(mean.value):
+                continue  # a bench that measured nothing is not a point of the history
+            tok_s.append(float(mean.value))
+            rate = meta.get("spec_acceptance_rate")
+            if rate is not None:
+                acceptance.append(float(rate.value))
+            state = meta.get("gpu_under_load")
+            latest_gpu = None if state is None else str(state.value)
+        if tok_s:
+            out[name] = health.BenchHistory(tuple(tok_s), tuple(acceptance) if len(acceptance) == len(tok_s)
+                                            else (), latest_gpu)
+    return out
+
+
+def run(fleet: Fleet, only: str | None = None, instance: Any = None) -> dict[str, health.NodeVerdict]:
     targets = _targets(fleet, only)
     _check_credentials(targets)
+    history = bench_histories([n.name for n in targets], instance)
     quiet = logging.getLogger("spark_pipelines.doctor")
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
     with sweep.open_session(fleet, logger=quiet) as s:
-        reports = sweep.sweep(s, targets)
+        reports = sweep.sweep(s, targets, bench=history)
     return {name: r.verdict for name, r in reports.items()}
 
 

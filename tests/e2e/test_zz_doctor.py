@@ -258,6 +258,23 @@ def test_link_down_is_unreachable(deployed, capsys, sim_fleet):
     assert nodes["spark2"]["verdict"] == "healthy"
 
 
+def test_regressed_against_the_bench_history_in_dagster_home(deployed, capsys, tmp_path, monkeypatch):
+    """The node's own benches come from the instance in DAGSTER_HOME: the latest one a fifth below
+    the earlier ones at full clock is the runbook's stale ~/.cache/vllm case."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with dg.DagsterInstance.get() as instance:
+        for mean in (51.2, 52.0, 51.6, 41.0):
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                "bench_results", partition="spark2",
+                metadata={"mean_tok_s": mean, "gpu_under_load": "healthy", "spec_acceptance_rate": 0.95}))
+    rc, nodes, _ = doctor_json(capsys, deployed)
+    assert rc == 1 and nodes["spark1"]["verdict"] == "healthy"
+    v = nodes["spark2"]
+    assert v["verdict"] == "regressed", v
+    assert v["evidence"][0].startswith("throughput: below its history (latest bench 41.00 vs earlier benches")
+    assert "~/.cache/vllm" in v["advice"]
+
+
 def test_bad_input_is_one_line_exit_2(deployed, capsys, tmp_path):
     rc, out, err = doctor(capsys, "--fleet", deployed, "--node", "spark9")
     assert rc == 2 and out == "" and err.count("\n") == 1 and "spark9" in err and "spark1, spark2" in err

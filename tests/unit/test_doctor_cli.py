@@ -80,3 +80,34 @@ def test_text_is_one_line_per_node_and_json_has_the_promised_shape():
                    "advice": "nothing to do"},
         "spark2": {"verdict": "wedged", "evidence": ["under 2 live request(s): wedge"], "advice": "cold drain"},
     }}
+
+
+def test_bench_history_comes_from_the_instances_bench_results(tmp_path):
+    import dagster as dg
+
+    from spark_pipelines.core.health import BenchHistory
+    from spark_pipelines.doctor import bench_histories
+
+    with dg.DagsterInstance.local_temp(str(tmp_path)) as instance:
+        for node, mean, rate, gpu_state in (("spark1", 51.2, 0.95, "healthy"), ("spark1", 0.0, None, "unknown"),
+                                            ("spark1", 52.0, 0.96, "healthy"), ("spark1", 40.1, 0.94, "healthy"),
+                                            ("spark2", 47.0, None, "wedged")):
+            meta = {"mean_tok_s": mean, "gpu_under_load": gpu_state}
+            if rate is not None:
+                meta["spec_acceptance_rate"] = rate
+            instance.report_runless_asset_event(dg.AssetMaterialization("bench_results", partition=node,
+                                                                        metadata=meta))
+        got = bench_histories(["spark1", "spark2", "spark3"], instance)
+    assert got == {
+        "spark1": BenchHistory((51.2, 52.0, 40.1), (0.95, 0.96, 0.94), "healthy"),  # oldest first, 0.0 skipped
+        "spark2": BenchHistory((47.0,), (), "wedged"),
+    }
+
+
+def test_no_dagster_home_no_history(monkeypatch):
+    from spark_pipelines.doctor import bench_histories
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert bench_histories(["spark1"]) == {}
+    monkeypatch.setenv("DAGSTER_HOME", "/nonexistent/dagster-home")
+    assert bench_histories(["spark1"]) == {}
