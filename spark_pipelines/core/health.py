@@ -296,9 +296,10 @@ def residue(obs: Observation, runs: Sequence[Start]) -> NodeVerdict | None:
         evidence = [_quote(blocks)]
         if death is not None:
             evidence.append(_quote(death))
-        elif killed:
-            evidence.append(f"then the container exited with code {c.exit_code}"  # type: ignore[union-attr]
-                            + (" (OOMKilled)" if c.oom_killed else "") + " and no traceback: silent EngineCore death")  # type: ignore[union-attr]
+        elif killed and c is not None:
+            oom = " (OOMKilled)" if c.oom_killed else ""
+            evidence.append(f"then the container exited with code {c.exit_code}{oom} and no traceback: "
+                            "silent EngineCore death")
         else:
             evidence.append("then the engine died silently and the container started again")
         if len(runs) > 1:
