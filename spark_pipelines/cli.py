@@ -134,7 +134,7 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import bench_client, demo
+    from spark_pipelines import bench_client, demo, doctor
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
@@ -147,6 +147,10 @@ def parser() -> Parser:
     dem = sub.add_parser("demo", help="sim up + the whole chain", description=demo.__doc__)
     demo.add_arguments(dem)
     dem.set_defaults(run=demo.demo_command)
+    doc = sub.add_parser("doctor", help="the health sweep: one verdict per node, read-only",
+                         description=doctor.__doc__)
+    doctor.add_arguments(doc)
+    doc.set_defaults(run=doctor.doctor_run)
     for name in DELEGATED:
         sub.add_parser(name, help="see `spark-pipelines sim --help`", add_help=False)
     return ap
