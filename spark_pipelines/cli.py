@@ -4,6 +4,7 @@ plan   what a deploy would do, touching nothing
 sim    the simulated GB10 fleet (up | down | status | set)
 bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
+doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
 
 Bad input exits with status 2 and one clear message on stderr, never a traceback.
 """
