@@ -26,7 +26,7 @@ from pydantic import Field
 
 from spark_pipelines.core import remote
 from spark_pipelines.core.fleet import SshTarget
-from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
+from spark_pipelines.resources.ssh.errors import UNREACHABLE_ADVICE, HostKeyError, NodeConnectError
 
 
 class SshSettings(dg.Config):
@@ -207,6 +207,7 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
             f"fleet file or start ssh-agent and add the key"
         )
     last: Exception | None = None
+    tcp_up = False  # the last attempt got a TCP connection, yet no SSH answer: a frozen sshd
     for attempt in range(s.connect_retries + 1):
         client = paramiko.SSHClient()
         if known_hosts.is_file():
@@ -222,7 +223,9 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
             client.set_missing_host_key_policy(_RefuseUnknownHost(key, known_hosts))
         sock: _WatchedSocket | None = None
         try:
+            tcp_up = False
             sock = _open_socket(t, s.connect_timeout_s)
+            tcp_up = True
             client.connect(
                 t.host,
                 port=t.port,
@@ -273,6 +276,11 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
         transport = client.get_transport()
         assert transport is not None and sock is not None
         return Connection(client, Liveness(key, transport, sock, s.keepalive_s, s.dead_peer_s, log))
+    if tcp_up:
+        raise NodeConnectError(
+            f"node {key}: sshd at {t.host}:{t.port} accepted the connection but did not answer within "
+            f"{s.connect_timeout_s:.0f} s ({s.connect_retries + 1} attempts, last: {last}); {UNREACHABLE_ADVICE}"
+        )
     raise NodeConnectError(
         f"node {key}: cannot reach {t.user}@{t.host}:{t.port} after {s.connect_retries + 1} attempts "
         f"({last}); check that the node is up and sshd listens on port {t.port}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from spark_pipelines.core import remote
+
 # The runbook's rule for a node that stops answering: "Node SSH-unreachable for >10 min | Hard-reset
 # the node, don't wait." Every dead-peer message ends with it.
 UNREACHABLE_ADVICE = "check that the node is up (runbook: SSH-unreachable >10 min -> hard-reset)"
@@ -41,10 +43,12 @@ class RemoteCommandError(RemoteError):
         self.command = command
         self.exit_status = exit_status
         self.tail = tail
-        super().__init__(
-            message
-            or f"node {node}: command exited with status {exit_status}: {command}\n--- last output ---\n{tail}"
-        )
+        if message is None:
+            # 124/137 is what the node-side `timeout` returns: say so, a bare number explains nothing.
+            why = (" (the node-side `timeout` ended it: it ran past its limit; check what it waits on, "
+                   "e.g. dockerd for a docker command)" if exit_status in remote.TIMEOUT_EXIT_CODES else "")
+            message = f"node {node}: command exited with status {exit_status}{why}: {command}\n--- last output ---\n{tail}"
+        super().__init__(message)
 
 
 class RemoteCommandTimeout(RemoteCommandError):
