@@ -213,3 +213,13 @@ def test_the_output_file_is_private_whole_redacted_and_recorded(node_pair, tmp_p
     assert probe.output_path is None  # log=False probes keep no file
     assert records[-2].output == r.output_path and records[-1].output is None
     assert [rec.output for rec in read_command_log(log_path)] == [r.output_path, None]
+
+
+def test_a_quiet_command_on_a_live_node_outlasts_dead_peer_s(node_pair, tmp_path):
+    """The watchdog counts the keepalive ANSWERS: a silent command is not mistaken for a dead peer."""
+    node = node_pair.serve
+    with FleetSession(node_pair.fleet, SshSettings(**FAST, output_dir=str(tmp_path))) as s:
+        conn = s.connection(node)
+        r = s.run(node, ["sh", "-c", "sleep 9; echo awake"], log=False)  # silent for 2x dead_peer_s
+        assert r.ok and r.stdout == "awake\n"
+        assert s.connection(node) is conn and not conn.liveness.dead  # the same connection survived

@@ -200,7 +200,8 @@ def test_dagster_resource_streams_into_the_run_log(sim_fleet, node_pair, tmp_pat
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(
         [probe],
-        resources={"ssh": FleetSSH(fleet_path=str(fleet_path), command_log_path=str(log_path))},
+        resources={"ssh": FleetSSH(fleet_path=str(fleet_path), command_log_path=str(log_path),
+                                   output_dir=str(tmp_path / "out"))},
         instance=instance,
     )
     assert result.success
@@ -211,3 +212,6 @@ def test_dagster_resource_streams_into_the_run_log(sim_fleet, node_pair, tmp_pat
     assert messages.index(f"[{node}] first") < messages.index(f"[{node}] second")
     records = read_command_log(log_path)
     assert [(r.node, r.argv[0], r.exit_status) for r in records] == [(node, "sh", 0)]
+    # The whole output is kept where the resource says, and the command log points to it.
+    assert records[0].output and Path(records[0].output).parent == tmp_path / "out"
+    assert Path(records[0].output).read_text().splitlines()[1:3] == ["first", "second"]

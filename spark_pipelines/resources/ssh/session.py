@@ -42,6 +42,11 @@ GATEWAY_KEY = "gateway"
 # for the channel to close before giving up on it locally.
 LOCAL_GRACE_S = 15
 
+TIMEOUT_ADVICE = (
+    "check what it waits on, on the node (a frozen dockerd for a docker command, a stalled download or "
+    "link); if the step legitimately takes longer, give it a longer limit (core.remote holds the runbook's)"
+)
+
 OnLine = Callable[[str, str], bool | None]  # (stream 'stdout'|'stderr', line) -> True stops the command
 
 
@@ -288,7 +293,7 @@ class FleetSession(NodeFiles):
                         raise RemoteCommandTimeout(
                             key, command, None, out.tail.text(),
                             f"node {key}: no end of command after {limit:.0f}s (+{LOCAL_GRACE_S}s grace); "
-                            f"connection closed: {command}\n--- last output ---\n{out.tail.text()}",
+                            f"connection closed: {command}\n{TIMEOUT_ADVICE}\n--- last output ---\n{out.tail.text()}",
                         )
                 if not stopped:
                     for stream, sp in splitters.items():
@@ -332,8 +337,8 @@ class FleetSession(NodeFiles):
         if exit_status in remote.TIMEOUT_EXIT_CODES:
             raise RemoteCommandTimeout(
                 key, command, exit_status, result.tail,
-                f"node {key}: command killed after its {limit:.0f}s timeout: {command}\n"
-                f"--- last output ---\n{result.tail}",
+                f"node {key}: command killed after its {limit:.0f}s timeout: {command}\n{TIMEOUT_ADVICE}"
+                f"{f' (whole output: {path})' if path else ''}\n--- last output ---\n{result.tail}",
             )
         if sudo and remote.sudo_wants_password(result.stderr):
             program = self._which(node, user_argv[0] if not env else "env")
