@@ -9,6 +9,7 @@ import dagster as dg
 
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
+from spark_pipelines.core import remote
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.docker import NodeDocker
@@ -52,6 +53,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         marker = markers.matches(s, node, "base_image", sig)
         skipped = bool(marker and current and marker.get("image_id") == current)
         edits: list[dockerfile_core.EditRecord] = []
+        build_output: str | None = None
         if not skipped:
             build_dir = layout.build_repo_dir(node)
             recipe = layout.recipe_dir(node)
@@ -70,7 +72,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                     "--vllm-ref", f.pins.vllm_ref, "-j", str(f.pins.build.jobs)]
             if f.pins.build.tf5:
                 argv.insert(argv.index("-j"), "--tf5")
-            s.run(node.name, argv)
+            build_output = s.run(node.name, argv, timeout=remote.IMAGE_BUILD_TIMEOUT_S).output_path
             current = docker.image_id(node.name, base_tag)
             if not current:
                 raise dg.Failure(description=f"{node.name}: build-and-copy.sh finished but {base_tag} does not exist")
@@ -88,6 +90,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                 "torch": version,
                 "vllm_ref": f.pins.vllm_ref,
                 "skipped": skipped,
+                **({"build_output": dg.MetadataValue.path(build_output)} if not skipped and build_output else {}),
                 "dockerfile_edits": dg.MetadataValue.md(
                     "\n".join(f"- {e.edit}: {e.detail}" for e in edits) or "(unchanged image reused)"
                 ),
@@ -132,7 +135,8 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                 raise dg.Failure(description=f"{node.name}: {e}") from None
             s.put_text(node.name, path, edited)
             s.run(node.name, ["env", "-C", recipe, "docker", "build", "--build-arg", f"VLLM_BASE={base_tag}",
-                              "--label", f"{SIGNATURE_LABEL}={sig}", "-t", image, "-f", "docker/Dockerfile.v2", "."])
+                              "--label", f"{SIGNATURE_LABEL}={sig}", "-t", image, "-f", "docker/Dockerfile.v2", "."],
+                  timeout=remote.IMAGE_BUILD_TIMEOUT_S)
         image_id = docker.image_id(node.name, image)
         probe = s.run(node.name, ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", LMHEAD_PY], log=False)
         found = probe.stdout.strip().endswith("FOUND")

@@ -74,7 +74,8 @@ class NodeDocker:
     def image_id(self, node: str, ref: str) -> str | None:
         """The image's id (sha256:...) on node, or None when node does not have it."""
         names.check(names.IMAGE_REF, ref, "image reference")
-        r = self._docker(node, ["image", "inspect", "--format", "{{.Id}}", ref], check=False, log=False)
+        r = self._docker(node, ["image", "inspect", "--format", "{{.Id}}", ref], check=False, log=False,
+                         timeout=remote.PROBE_TIMEOUT_S)
         if self._missing(r):
             return None
         if r.exit_status != 0:
@@ -83,7 +84,8 @@ class NodeDocker:
 
     def image_labels(self, node: str, ref: str) -> dict[str, str]:
         names.check(names.IMAGE_REF, ref, "image reference")
-        r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Labels}}", ref], check=False, log=False)
+        r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Labels}}", ref], check=False, log=False,
+                         timeout=remote.PROBE_TIMEOUT_S)
         if self._missing(r):
             raise DockerError(f"node {node}: image {ref} does not exist there; build or copy it first")
         if r.exit_status != 0:
@@ -106,7 +108,7 @@ class NodeDocker:
 
     def inspect_container(self, node: str, name: str) -> dict[str, Any] | None:
         names.check(names.CONTAINER_NAME, name, "container name")
-        r = self._docker(node, ["container", "inspect", name], check=False, log=False)
+        r = self._docker(node, ["container", "inspect", name], check=False, log=False, timeout=remote.PROBE_TIMEOUT_S)
         if self._missing(r):
             return None
         if r.exit_status != 0:

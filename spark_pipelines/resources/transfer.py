@@ -150,7 +150,8 @@ class NodeStreams:
         dst_abs = s.expand(dst, dst_dir or src_dir).rstrip("/")
         s.run(dst, ["mkdir", "-p", dst_abs], log=False)
         started = time.monotonic()
-        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib), timeout=timeout)
+        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib),
+                  timeout=timeout or remote.COPY_TIMEOUT_S)
         seconds = time.monotonic() - started
         stats = remote.parse_rsync_stats(r.stdout)
         verification = self.verify_tree(src, dst, src_abs, dst_abs) if verify else TreeVerification()
@@ -214,7 +215,7 @@ class NodeStreams:
             self.session.log.info(f"[{dst}] already holds {image} ({src_id[:19]}); not copied")
             return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=True)
         route = self.ensure_peer_access(src, dst)
-        self.session.run(src, remote.image_stream_argv(image, route), timeout=timeout)
+        self.session.run(src, remote.image_stream_argv(image, route), timeout=timeout or remote.IMAGE_COPY_TIMEOUT_S)
         dst_id = self.docker.image_id(dst, image)
         if dst_id != src_id:
             raise TransferError(
