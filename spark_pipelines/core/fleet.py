@@ -454,7 +454,7 @@ class Fleet(Strict):
         builders = [n.name for n in self.nodes if "build" in n.roles]
         if len(builders) != 1:
             raise ValueError(
-                f"exactly one node needs the 'build' role (found {builders or 'none'}): "
+                f"exactly one node needs the 'build' role in its roles (found {builders or 'none'}): "
                 "the checkpoint and images are built once and streamed to the serving nodes"
             )
         for i, node in enumerate(self.nodes):
@@ -610,8 +610,8 @@ def _explain(err: ValidationError, data: Any) -> str:
                 msg += f"; YAML read it as a boolean: {_HINTS[e['type']]}"
             else:
                 msg += f"; {_HINTS[e['type']]}"
-        shown = names.shown(val)
-        value = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(val, (dict, list)) or shown in msg else f" = {shown}"
+        shown = names.shown(val) if not isinstance(val, (dict, list)) else f"(a {'mapping' if isinstance(val, dict) else 'list'})"
+        value = "" if e["type"] in ("missing", "extra_forbidden") or shown in msg else f" = {shown}"
         lines.append(_one_line(f"{loc}{value}: {msg}" if loc else msg))
     more = f" (and {len(lines) - 1} more: fix this one and load again)" if len(lines) > 1 else ""
     return lines[0] + more
