@@ -130,9 +130,9 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         s = ssh.session
         node = s.fleet.build_node
         out = hybrid_checkpoint["path"]
-        # The manifest joins the signature: step 1 rebuilt with other content reruns step 2.
-        sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"],
-                                *([hybrid_checkpoint["manifest"]] if hybrid_checkpoint.get("manifest") else []))
+        # Not the step-1 manifest: a rebuilt step 1 has a new index digest already, and adding it
+        # would rerun step 2 once on every existing build host for nothing.
+        sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"])
         recipe = layout.recipe_dir(node)
         step = checkpoint_step(
             s, node, "mtp_weights", sig, out,

@@ -16,7 +16,7 @@ from spark_pipelines.resources.transfer import write_manifest
 from spark_pipelines.runbook import markers
 
 GIT_TIMEOUT_S = 1800  # a first clone of a large repo over a slow uplink
-VERIFY_TIMEOUT_S = 600  # reading 14 shard headers (and digests) of a ~71 GB checkpoint
+VERIFY_TIMEOUT_S = 600  # reading 14 shard headers of a ~71 GB checkpoint (hashing: transfer.DIGEST_TIMEOUT_S)
 
 
 def verify_on_node(
