@@ -131,7 +131,7 @@ def _delegate(module: str, func: str, argv: list[str]) -> int:
 
 COMMANDS = {
     "plan": cmd_plan,
-    "sim": lambda a: _delegate("spark_sim.fleet", "sim_command", a),
+    "sim": lambda a: _delegate("spark_sim.cli", "sim_command", a),
     "bench": lambda a: _delegate("spark_pipelines.bench_client", "bench_command", a),
     "demo": lambda a: _delegate("spark_pipelines.demo", "demo_command", a),
 }
