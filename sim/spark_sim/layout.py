@@ -18,7 +18,7 @@ DEFAULT_TOKENS_PER_SECOND = float(os.environ.get("SPARK_SIM_TOKENS_PER_SECOND", 
 # The real proxy, installed by scripts/bootstrap.sh (run as root on the gateway, see litellm-proxy).
 LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
 REQUIRED_BINARIES = ("ip", "dockerd", "docker", "/usr/sbin/sshd", "ssh-keygen", "useradd", "userdel", "visudo",
-                     "sudo", "setsid", "fuser", "rsync", "git")
+                     "sudo", "setsid", "setpriv", "fuser", "rsync", "git")
 # The command that installs REQUIRED_BINARIES (and the venv) on a bare Debian machine.
 INSTALL_HINT = "run `scripts/bootstrap.sh base` as root (it apt-get installs the sim's packages)"
 

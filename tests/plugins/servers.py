@@ -28,7 +28,7 @@ from tests.plugins import unavailable
 VLLM_PYTHON = Path(os.environ.get("SPARK_VLLM_VENV", "/opt/spark-pipelines/vllm")) / "bin" / "python"
 LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
 SYSTEM_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
-STANDIN = Path(__file__).resolve().parents[2] / "spark_pipelines" / "sim" / "vllm_standin.py"
+STANDIN = Path(__file__).resolve().parents[2] / "sim" / "spark_sim" / "vllm_standin.py"
 TINY_MODEL_SCRIPT = Path(__file__).with_name("make_tiny_model.py")
 TINY_MODEL_NAME = "tiny"
 # LongCode asks for 2048 tokens; the context must hold it plus the prompt.
