@@ -23,7 +23,8 @@ from spark_sim.layout import SimError
 # Top-level packages (or single modules) the node programs import; the import check below
 # names the missing one if a new dependency appears.
 FIRST_PARTY = ("spark_sim", "spark_pipelines")
-THIRD_PARTY = ("pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection")
+THIRD_PARTY = ("pydantic", "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection",
+               "prometheus_client")  # core.diagnosis parses /metrics with it
 # Of spark_pipelines only the pure layer: the rest (dagster, paramiko) is the product's, not a node's.
 FIRST_PARTY_ONLY = {"spark_pipelines": ("__init__.py", "core")}
 # What the node wrappers run: nvidia-smi, hf, the GPU hook.
