@@ -26,7 +26,7 @@ from pydantic import Field
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.core.remote import TIMEOUT_EXIT_CODES
-from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH
+from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, RemoteError
 from spark_pipelines.runbook.errors import RunbookError
 
 HISTORY_KEEP = 5  # timestamped copies in <config>.history/ besides <config>.previous
@@ -72,6 +72,10 @@ exit 73'''
 
 class GatewayError(RunbookError):
     pass
+
+
+class GatewayUnreachable(GatewayError, RemoteError):
+    """The gateway host did not answer over SSH (callers that catch RemoteError still do)."""
 
 
 class GatewayAuthError(GatewayError):
@@ -130,9 +134,19 @@ class GatewayHost:
 
     # -- reading --
 
+    def _run(self, argv: list[str], what: str, **kw: Any):
+        """One command on the gateway host; an unreachable host or a hung command is one clear
+        GatewayError (a RunbookError the assets turn into a failure)."""
+        try:
+            return self.session.run(GATEWAY_KEY, argv, **kw)
+        except RemoteError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise GatewayUnreachable(f"gateway {self.gw.host}: {what} failed: {first}; check sshd and the "
+                               f"proxy on the gateway host") from None
+
     def read(self) -> Snapshot:
-        r = self.session.run(GATEWAY_KEY, ["sh", "-c", _READ, "gateway-read", self.config_path],
-                             timeout=READ_TIMEOUT_S, log=False)
+        r = self._run(["sh", "-c", _READ, "gateway-read", self.config_path], f"reading {self.config_path}",
+                      timeout=READ_TIMEOUT_S, log=False)
         head, _, text = r.stdout.partition("\n")
         if head.strip() == "absent":
             return Snapshot(None)
@@ -161,8 +175,8 @@ class GatewayHost:
         # The script itself is not worth a log line per run; what it did is.
         self.session.log.info(f"[{GATEWAY_KEY}] change {self.config_path} under {self.config_path}.lock, then "
                               f"{' '.join(self.gw.reload_command)}")
-        r = self.session.run(GATEWAY_KEY, argv, stdin=stdin, timeout=timeout, check=False,
-                             log=lambda line: self.session.log.info(line) if "$ " not in line[:40] else None)
+        r = self._run(argv, f"changing {self.config_path}", stdin=stdin, timeout=timeout, check=False,
+                      log=lambda line: self.session.log.info(line) if "$ " not in line[:40] else None)
         if r.exit_status == 0:
             return
         if r.exit_status == EXIT_CHANGED:
@@ -251,6 +265,9 @@ class GatewayHost:
                 return after, {**snap.drains, node: note}
 
             snap, _, _ = self.change(compute, rollback=True)
+            hopeless = len(self.fleet.serve_nodes) <= self.gw.min_in_rotation  # waiting cannot help
+            if refusal and hopeless:
+                raise gateway_core.RotationRefused(refusal[-1])
             if not refusal:
                 if node in snap.rotation:
                     self.wait_serving(node, present=False)

@@ -223,3 +223,18 @@ def test_concurrent_changes_are_serialized_and_none_is_lost(operator_gateway):
         assert set(snap.drains) == {"nodeA", "nodeB"}  # the later one re-read and kept the earlier's change
         h.change(lambda snap: (snap.config, {}), rollback=True)
         assert h.read().drains == {} and h.serving_nodes() == ["spark1", "spark2"]
+
+
+def test_proxy_killed_during_a_drain_comes_back_with_the_node(operator_gateway, sim_fleet):
+    import signal
+
+    fleet, s, host = operator_gateway
+    with drained(host, "spark2", reason="test bench"):
+        pid = int((sim_fleet.gateway.dir / "litellm.pid").read_text().strip())
+        os.kill(pid, signal.SIGKILL)  # the sim runs the proxy as root; the test is root too
+        deadline = time.monotonic() + 20
+        while host.ready() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not host.ready()
+    assert host.ready() and host.serving_nodes() == ["spark1", "spark2"]
+    assert OPERATOR_MODEL in models(fleet)
