@@ -403,6 +403,10 @@ class Gateway(SshTarget):
     master_key_env: Annotated[str, _shape(names.ENV_NAME, "environment variable name")] = "LITELLM_MASTER_KEY"
     # The node address the gateway uses to reach a node's vLLM; default: the node's SSH host.
     api_host_overrides: dict[str, Host] = {}
+    # A drain (bench, experiment) or gateway step that would leave fewer nodes in the rotation
+    # waits or is refused. 0 lets a bench empty the gateway (a one-node fleet); the gateway
+    # step never writes an empty rotation whatever this says.
+    min_in_rotation: int = Field(default=1, ge=0, le=64, description="nodes that always stay in the gateway's rotation")
 
     @field_validator("pools")
     @classmethod
