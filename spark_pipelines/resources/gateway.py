@@ -244,9 +244,12 @@ class GatewayHost:
         _, config, reloaded = self.change(compute, rollback=True)
         return config, reloaded
 
-    def drain(self, node: str, reason: str = "drained", wait_s: float | None = None) -> list[str]:
+    def drain(self, node: str, reason: str = "drained", wait_s: float | None = None, *,
+              dead: bool = False) -> list[str]:
         """Take one node out of every pool, once the rotation can spare it: waits up to `wait_s`
         (default rotation_wait_s) for other nodes to come back, then refuses naming who is out.
+        `dead=True` (the node does not serve) skips the floor: a dead backend is no backend, and
+        waiting would only keep clients routed to it.
         Confirmed: returns once the reloaded proxy no longer lists the node. Returns the rotation before."""
         deadline = time.monotonic() + (self.rotation_wait_s if wait_s is None else wait_s)
         note = f"{reason} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
@@ -257,8 +260,8 @@ class GatewayHost:
                 if snap.config is None or node not in snap.rotation:
                     return None
                 after = gateway_core.drain(snap.config, node)
-                why = gateway_core.rotation_refusal(self.fleet, snap.rotation, gateway_core.nodes_in_rotation(after),
-                                                    snap.drains)
+                why = None if dead else gateway_core.rotation_refusal(
+                    self.fleet, snap.rotation, gateway_core.nodes_in_rotation(after), snap.drains)
                 if why:
                     refusal.append(why)
                     return None
