@@ -9,6 +9,7 @@ import dagster as dg
 
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
+from spark_pipelines.core.artifacts import BuiltImage
 from spark_pipelines.core import remote
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.core.fleet import Fleet
@@ -83,7 +84,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         if ok and not skipped:
             markers.write(s, node, "base_image", sig, image_id=current)
         yield dg.Output(
-            {"node": node.name, "tag": base_tag, "image_id": current, "torch": version},
+            BuiltImage(node=node.name, ref=base_tag, image_id=current, torch=version),
             data_version=dg.DataVersion(current),
             metadata={
                 "image_id": current,
@@ -115,13 +116,13 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec("int8_lm_head_present", asset="serving_image", blocking=True)],
         description="Step 4: the serving image (recipe's Dockerfile.v2 + the starlette/fastapi pin).",
     )
-    def serving_image(context: dg.AssetExecutionContext, ssh: FleetSSH, base_image: dict):
+    def serving_image(context: dg.AssetExecutionContext, ssh: FleetSSH, base_image: BuiltImage):
         s = ssh.session
         f = s.fleet
         node = f.build_node
         docker = NodeDocker(s)
         image = f.launch.image
-        sig = markers.signature(cv["serving_image"], base_image["image_id"])
+        sig = markers.signature(cv["serving_image"], base_image.image_id)
         labels = docker.image_labels(node.name, image) if docker.image_id(node.name, image) else {}
         skipped = labels.get(SIGNATURE_LABEL) == sig
         if not skipped:
@@ -141,9 +142,9 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         probe = s.run(node.name, ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", LMHEAD_PY], log=False)
         found = probe.stdout.strip().endswith("FOUND")
         yield dg.Output(
-            {"node": node.name, "image": image, "image_id": image_id},
+            BuiltImage(node=node.name, ref=image, image_id=image_id),
             data_version=dg.DataVersion(image_id),
-            metadata={"image_id": image_id, "base_image_id": base_image["image_id"], "skipped": skipped},
+            metadata={"image_id": image_id, "base_image_id": base_image.image_id, "skipped": skipped},
         )
         yield dg.AssetCheckResult(
             check_name="int8_lm_head_present",

@@ -12,6 +12,7 @@ import dagster as dg
 
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import layout
+from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
 from spark_pipelines.core import remote
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
@@ -48,7 +49,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         code_version=cv["base_model"],
         description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision.",
     )
-    def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[dict]:
+    def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[ModelSnapshot]:
         s = ssh.session
         node = s.fleet.build_node
         pin = s.fleet.pins.base_model
@@ -71,7 +72,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                 )
             markers.write(s, node, "base_model", sig, revision=sha)
         return dg.Output(
-            {"node": node.name, "path": dest, "repo": pin.repo, "revision": sha},
+            ModelSnapshot(node=node.name, path=dest, repo=pin.repo, revision=sha),
             data_version=dg.DataVersion(sha),
             metadata={"revision": sha, "skipped": skipped, **report_metadata(report)},
         )
@@ -83,13 +84,13 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec("checkpoint_consistent", asset="hybrid_checkpoint", blocking=True)],
         description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), verified from headers.",
     )
-    def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: dict):
+    def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot):
         s = ssh.session
         f = s.fleet
         node = f.build_node
         recipe = layout.recipe_dir(node)
         out = layout.hybrid_dir(f, node)
-        sig = markers.signature(cv["hybrid_checkpoint"], base_model["revision"])
+        sig = markers.signature(cv["hybrid_checkpoint"], base_model.revision)
 
         def build() -> None:
             checkout(s, node, f.pins.recipe_repo, recipe)
@@ -98,7 +99,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             s.run(node.name, ["find", out, "-maxdepth", "1", "-name", "model-*-of-*.safetensors", "-delete"], check=False)
             s.run(
                 node.name,
-                ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base_model["path"],
+                ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base_model.path,
                  "--fp8-repo", f.pins.fp8_model.repo, "--output", out, "--force"],
                 secret_env=hub.secret_env() or None, timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S,
             )
@@ -108,7 +109,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False), build)
         report = step.report
         yield dg.Output(
-            {"node": node.name, "path": out, "index": step.index, "manifest": step.manifest},
+            Checkpoint(node=node.name, path=out, index=step.index, manifest=step.manifest),
             data_version=dg.DataVersion(step.data_version),
             metadata={"skipped": step.skipped, "manifest": step.manifest[:16], **report_metadata(report)},
         )
@@ -127,24 +128,25 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec("mtp_keys_mapped", asset="mtp_weights", blocking=True)],
         description="Step 2: MTP head weights added to the hybrid checkpoint (for MTP-2 speculative decoding).",
     )
-    def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: dict, hybrid_checkpoint: dict):
+    def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: ModelSnapshot,
+                    hybrid_checkpoint: Checkpoint):
         s = ssh.session
         node = s.fleet.build_node
-        out = hybrid_checkpoint["path"]
+        out = hybrid_checkpoint.path
         # Not the step-1 manifest: a rebuilt step 1 has a new index digest already, and adding it
         # would rerun step 2 once on every existing build host for nothing.
-        sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"])
+        sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint.index, base_model.revision)
         recipe = layout.recipe_dir(node)
         step = checkpoint_step(
             s, node, "mtp_weights", sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
-            lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"],
+            lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model.path,
                                       "--target", out], timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S),
             owns_manifest=True,  # step 2 writes the directory last: the manifest on disk is its own
         )
         report = step.report
         yield dg.Output(
-            {"node": node.name, "path": out, "index": step.index, "manifest": step.manifest},
+            Checkpoint(node=node.name, path=out, index=step.index, manifest=step.manifest),
             data_version=dg.DataVersion(step.data_version),
             metadata={"skipped": step.skipped, "manifest": step.manifest[:16], **report_metadata(report)},
         )

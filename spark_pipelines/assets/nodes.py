@@ -11,6 +11,7 @@ import dagster as dg
 
 from spark_pipelines.assets import fail
 from spark_pipelines.core import layout
+from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import launch_spec
@@ -43,15 +44,16 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec("same_image_as_build_host", asset="node_artifacts", blocking=True)],
         description="Checkpoint and serving image on the node, streamed node-to-node from the build host.",
     )
-    def node_artifacts(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: dict, serving_image: dict):
+    def node_artifacts(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
+                       serving_image: BuiltImage):
         s = ssh.session
         f = s.fleet
         node = f.node(context.partition_key)
         build = f.build_node
-        src_dir = mtp_weights["path"]
+        src_dir = mtp_weights.path
         dst_dir = layout.hybrid_dir(f, node)
-        image = serving_image["image"]
-        manifest = mtp_weights.get("manifest")  # absent in outputs from before the content manifest
+        image = serving_image.ref
+        manifest = mtp_weights.manifest
         meta: dict[str, Any] = {}
         if node.name == build.name:
             report = verify_on_node(s, node, dst_dir, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
@@ -60,7 +62,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             meta["copied"] = False
         else:
             streams = NodeStreams(s)
-            sig = markers.signature(cv["node_artifacts"], mtp_weights["index"], manifest)
+            sig = markers.signature(cv["node_artifacts"], mtp_weights.index, manifest)
             # The skip re-hashes the node's copy (content, not just sizes): a shard rewritten in place
             # with the same size is found and re-sent by copy_tree.
             if (markers.matches(s, node, "node_artifacts", sig)
@@ -74,11 +76,11 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             img = streams.copy_image(build.name, node.name, image)
             meta.update(image_copied=not img.skipped, image_copy_seconds=img.seconds)
         node_image = NodeDocker(s).image_id(node.name, image)
-        same = node_image == serving_image["image_id"]
+        same = node_image == serving_image.image_id
         yield dg.Output(
-            {"node": node.name, "path": dst_dir, "image": image, "image_id": node_image, "index": mtp_weights["index"],
-             "manifest": manifest},
-            data_version=dg.DataVersion(f"{mtp_weights['index']}-{(manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"),
+            NodeArtifacts(node=node.name, path=dst_dir, image=image, image_id=node_image, index=mtp_weights.index,
+                          manifest=manifest),
+            data_version=dg.DataVersion(f"{mtp_weights.index}-{(manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"),
             metadata={"image_id": node_image or "missing", **meta},
         )
         yield dg.AssetCheckResult(
@@ -86,7 +88,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             passed=same,
             severity=dg.AssetCheckSeverity.ERROR,
             description=("image id identical to the build host's" if same else
-                         f"{node.name} holds {node_image} but the build host built {serving_image['image_id']}; "
+                         f"{node.name} holds {node_image} but the build host built {serving_image.image_id}; "
                          "rerun node_artifacts for this node"),
         )
 
@@ -99,7 +101,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec("serving", asset="node_deployment", blocking=True)],
         description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure.",
     )
-    def node_deployment(context: dg.AssetExecutionContext, ssh: FleetSSH, node_artifacts: dict):
+    def node_deployment(context: dg.AssetExecutionContext, ssh: FleetSSH, node_artifacts: NodeArtifacts):
         s = ssh.session
         f = s.fleet
         node = f.node(context.partition_key)
@@ -112,8 +114,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
                     "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
 
-        recorded = node_artifacts["image_id"]
-        sig = markers.signature(cv["node_deployment"], spec.fingerprint, recorded, node_artifacts["index"])
+        recorded = node_artifacts.image_id
+        sig = markers.signature(cv["node_deployment"], spec.fingerprint, recorded, node_artifacts.index)
         current = docker.inspect_container(node.name, spec.container_name)
         marker = markers.matches(s, node, DEPLOY_MARKER, sig)
         # The skip needs the running container to BE what the marker says: its id, the image
@@ -121,7 +123,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         if (marker and current and marker.get("container_id") == current.get("Id")
                 and serving_mismatch(node.name, current, recorded, spec.fingerprint) is None and healthy(f, node)):
             yield dg.Output(
-                {"node": node.name, "container_id": current["Id"], "fingerprint": spec.fingerprint},
+                Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
                 data_version=dg.DataVersion(sig),
                 metadata={"skipped": True, **marker.get("metadata", {}), **_where(f, node, current)},
             )
@@ -135,7 +137,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                    f"{(recorded or 'none')[7:19]} (a rollback put the previous image back); rerun node_artifacts "
                    f"for {node.name} to copy the image again, then node_deployment deploys it")
             yield dg.Output(
-                {"node": node.name, "container_id": (current or {}).get("Id"), "fingerprint": spec.fingerprint},
+                Deployment(node=node.name, container_id=(current or {}).get("Id"), fingerprint=spec.fingerprint),
                 data_version=dg.DataVersion(f"mismatch-{tagged[7:19]}"),
                 metadata={"skipped": False, "deployed": False, **_where(f, node, current)},
             )
@@ -153,7 +155,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         if mismatch is None:
             markers.write(s, node, DEPLOY_MARKER, sig, container_id=done.container_id, metadata=meta)
         yield dg.Output(
-            {"node": node.name, "container_id": done.container_id, "fingerprint": spec.fingerprint},
+            Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
             data_version=dg.DataVersion(sig if mismatch is None else f"mismatch-{sig}"),
             metadata={
                 "skipped": False,
