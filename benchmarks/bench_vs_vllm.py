@@ -29,19 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.plugins.servers import (  # noqa: E402 - the same launchers the tests use
+from spark_sim.servers import (  # the same launchers the tests use
     MANDATORY_ENV,
-    TINY_MAX_MODEL_LEN,
     TINY_MODEL_NAME,
-    TINY_MODEL_SCRIPT,
     VLLM_PYTHON,
     StandinFactory,
-    free_port,
-    start_server,
     loopback_env,
+    make_tiny_model,
+    start_real_vllm,
 )
 
 OUR_PYTHON = sys.executable
@@ -108,7 +103,6 @@ def compare_clients(args: argparse.Namespace, work: Path, base: str, model: str,
                     tokenizer: Path, label: str) -> dict[str, object]:
     """Alternate ours / theirs on the same server and load; medians and a verdict."""
     ours_env = loopback_env()
-    ours_env["PYTHONPATH"] = str(ROOT)
     theirs_env = loopback_env()
     rows: dict[str, list[dict[str, float]]] = {"ours": [], "theirs": []}
     slug = "".join(ch if ch.isalnum() else "-" for ch in label)
@@ -168,26 +162,17 @@ def compare_clients(args: argparse.Namespace, work: Path, base: str, model: str,
 
 def make_tiny(work: Path) -> Path:
     model_dir = work / "tiny"
-    if not model_dir.exists():
-        subprocess.run([str(VLLM_PYTHON), str(TINY_MODEL_SCRIPT), str(model_dir)], check=True)
-    return model_dir
+    return model_dir if model_dir.exists() else make_tiny_model(model_dir)
 
 
 def real_vllm_comparison(args: argparse.Namespace, work: Path) -> dict[str, object]:
     model_dir = make_tiny(work)
-    port = free_port()
-    env = loopback_env()
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    base = f"http://127.0.0.1:{port}"
-    print(f"starting vLLM (CPU) on {base} ...", flush=True)
-    served = start_server(
-        pinned([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                "--served-model-name", TINY_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-                "--load-format", "dummy", "--max-model-len", str(TINY_MAX_MODEL_LEN)], SERVER_CORES),
-        env=env, log_path=work / "vllm.log", ready_url=base + "/health", base_url=base,
-        model=TINY_MODEL_NAME, timeout=400)
+    print("starting vLLM (CPU) ...", flush=True)
+    served = start_real_vllm(model_dir, work / "vllm.log", timeout=400,
+                             wrap=lambda argv: pinned(argv, SERVER_CORES))
+    print(f"vLLM (CPU) answers on {served.base_url}", flush=True)
     try:
-        return compare_clients(args, work, base, TINY_MODEL_NAME, model_dir, "real vLLM")
+        return compare_clients(args, work, served.base_url, TINY_MODEL_NAME, model_dir, "real vLLM")
     finally:
         served.stop()
 

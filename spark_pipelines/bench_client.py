@@ -316,6 +316,7 @@ async def run_bench_async(
     loaded_requests: int | None = None,
     require_isolation: bool = True,
     timeout_s: float = 600.0,
+    reference_mean_tok_s: float = core.REFERENCE_MEAN_TOK_S,
 ) -> core.BenchReport:
     """Run a suite; see `run_bench`."""
     plan = core.plan_suite(
@@ -391,6 +392,7 @@ async def run_bench_async(
         counters=counters,
         isolation=isolation,
         started_at=started_at,
+        reference_mean_tok_s=reference_mean_tok_s,
     )
 
 
@@ -411,7 +413,7 @@ def run_bench(
     /metrics must show no running or waiting request (else `core.BenchRefused`). Keyword options:
     metrics_url (vLLM's /metrics when base_url is a gateway), stream (False = the recipe's
     non-streaming POSTs), ignore_eos, loaded_max_tokens, loaded_requests, require_isolation,
-    timeout_s. Raises BenchError when the server is unreachable or every request fails.
+    timeout_s, reference_mean_tok_s (what the report compares the recipe mean with). Raises BenchError when the server is unreachable or every request fails.
     """
     return asyncio.run(
         run_bench_async(base_url, model, suite, concurrency, repeats, api_key, **options)  # type: ignore[arg-type]
@@ -447,13 +449,7 @@ def _check_url(url: str, what: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class _ArgParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage and exit 2 itself
-        raise core.BenchRefused(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _ArgParser(prog="spark-pipelines bench", description="Run the runbook's bench suite.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (vLLM or LiteLLM)")
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--suite", choices=core.SUITES, default="recipe")
@@ -463,13 +459,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--metrics-url", help="vLLM /metrics when --base-url is a gateway")
     p.add_argument("--no-stream", action="store_true", help="the recipe's non-streaming requests")
-    return p
 
 
 def bench_command(argv: Sequence[str]) -> int:
     """`spark-pipelines bench ...`: 0 on a finished run, 2 with one message on bad input or I/O."""
+    from spark_pipelines.cli import main
+
+    return main(["bench", *argv])
+
+
+def bench_run(args: argparse.Namespace) -> int:
+    """The bench of parsed arguments (spark_pipelines.cli parses them)."""
     try:
-        args = _parser().parse_args(list(argv))
         api_key = None
         if args.api_key_env:
             if args.api_key_env not in os.environ:

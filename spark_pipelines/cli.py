@@ -4,6 +4,7 @@ plan   what a deploy would do, touching nothing
 sim    the simulated GB10 fleet (up | down | status | set)
 bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
+doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
 
 Bad input exits with status 2 and one clear message on stderr, never a traceback.
 """
@@ -14,9 +15,10 @@ import argparse
 import json
 import shlex
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
 from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
@@ -28,8 +30,11 @@ class UsageError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage + exit 2; keep one clear line
+class Parser(argparse.ArgumentParser):
+    """The parser of every subcommand (subparsers inherit the class): argparse would print its usage
+    and exit 2 itself; this keeps bad input to one clear line."""
+
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
 
 
@@ -55,15 +60,7 @@ def node_plan(fleet: Fleet, name: str) -> dict[str, Any]:
             "advice": gate.advice,
             "note": "expected clean-boot figures; the deploy measures free memory in a fresh container "
             "(nvidia-smi reports no memory on GB10)",
-            "steps": [
-                "GPU state not wedged (nvidia-smi)",
-                "only nvidia-persistenced holds /dev/nvidia* (fuser)",
-                "earlyoom absent",
-                "exporters stopped (nvidia_gpu_exporter, node_exporter)",
-                "page cache flushed (sync; echo 3 > /proc/sys/vm/drop_caches)",
-                "disk space in $HOME",
-                "free CUDA memory >= GMU x total",
-            ],
+            "steps": [what for _, what in preflight.CHECKS],
         },
         "env": spec.env,
         "mounts": [f"{h}:{c}" for h, c in spec.mounts],
@@ -111,12 +108,13 @@ def render_plan_text(plan: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def cmd_plan(argv: list[str]) -> int:
-    ap = _Parser(prog="spark-pipelines plan", description="render what a deploy would do, touching nothing")
+def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fleet", default=DEFAULT_FLEET)
     ap.add_argument("--node")
     ap.add_argument("--format", choices=["text", "json"], default="text")
-    args = ap.parse_args(argv)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
     fleet = load_fleet(args.fleet)
     plan = build_plan(fleet, args.node)
     print(json.dumps(plan, indent=2) if args.format == "json" else render_plan_text(plan))
@@ -129,12 +127,34 @@ def _delegate(module: str, func: str, argv: list[str]) -> int:
     return int(getattr(importlib.import_module(module), func)(argv))
 
 
-COMMANDS = {
-    "plan": cmd_plan,
+# Commands that parse their own arguments (the simulator is a harness beside the product).
+DELEGATED = {
     "sim": lambda a: _delegate("spark_sim.fleet", "sim_command", a),
-    "bench": lambda a: _delegate("spark_pipelines.bench_client", "bench_command", a),
-    "demo": lambda a: _delegate("spark_pipelines.demo", "demo_command", a),
 }
+
+
+def parser() -> Parser:
+    """The one argument parser: a subparser per command, each module adding its own arguments."""
+    from spark_pipelines import bench_client, demo, doctor
+
+    ap = Parser(prog="spark-pipelines", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
+    plan = sub.add_parser("plan", help="what a deploy would do", description="render what a deploy would do, touching nothing")
+    add_plan_arguments(plan)
+    plan.set_defaults(run=cmd_plan)
+    bench = sub.add_parser("bench", help="the bench harness", description="Run the runbook's bench suite.")
+    bench_client.add_arguments(bench)
+    bench.set_defaults(run=bench_client.bench_run)
+    dem = sub.add_parser("demo", help="sim up + the whole chain", description=demo.__doc__)
+    demo.add_arguments(dem)
+    dem.set_defaults(run=demo.demo_command)
+    doc = sub.add_parser("doctor", help="the health sweep: one verdict per node, read-only",
+                         description=doctor.__doc__)
+    doctor.add_arguments(doc)
+    doc.set_defaults(run=doctor.doctor_run)
+    for name in DELEGATED:
+        sub.add_parser(name, help="see `spark-pipelines sim --help`", add_help=False)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,12 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd not in COMMANDS:
-        print(f"spark-pipelines: unknown command {cmd!r}; use one of {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
     try:
-        return COMMANDS[cmd](rest)
+        if argv[0] in DELEGATED:
+            return DELEGATED[argv[0]](argv[1:])
+        args = parser().parse_args(argv)
+        return int(args.run(args))
     except (UsageError, FleetError) as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from spark_pipelines.assets.model import model_definitions
 from spark_pipelines.assets.nodes import node_definitions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
-from spark_pipelines.resources.hub import ModelHub
+from spark_pipelines.resources.hub import model_hub
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.schedules import schedule_definitions
 from spark_pipelines.sensors.health import health_sensors
@@ -46,11 +46,11 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         gateway_definitions(fleet),
         bench_definitions(fleet),
         experiment_definitions(),
-        pins_sensors(fleet_path),
+        pins_sensors(fleet, fleet_path),
         health_sensors(fleet_path),
-        wedge_sensors(fleet_path),
+        wedge_sensors(fleet),
         schedule_definitions(fleet),
-        dg.Definitions(resources={"ssh": ssh, "hub": ModelHub(), "litellm": LiteLLMGateway(ssh=ssh)}),
+        dg.Definitions(resources={"ssh": ssh, "hub": model_hub(), "litellm": LiteLLMGateway(ssh=ssh)}),
     )
 
 

@@ -16,16 +16,6 @@ from typing import Any
 
 from spark_pipelines.core.fleet import load_fleet
 
-STEPS = ("build_job", "deploy_node_job", "gateway_job", "bench_job")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        from spark_pipelines.cli import UsageError
-
-        raise UsageError(f"{self.prog}: {message}")
-
-
 def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[str, Any]:
     import dagster as dg
 
@@ -39,7 +29,7 @@ def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[st
 
 
 def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> str:
-    rows = [("node", "deploy", "KV tokens", "startup s", "mean tok/s", "vs 51.6", "loaded tok/s", "GPU under load", "gateway")]
+    rows = [("node", "deploy", "KV tokens", "startup s", "mean tok/s", "vs reference", "loaded tok/s", "GPU under load", "gateway")]
     for n in nodes:
         dep = latest_metadata(instance, "node_deployment", n)
         b = latest_metadata(instance, "bench_results", n)
@@ -112,21 +102,36 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
 
 
 def prepare_instance_home() -> Path:
-    """DAGSTER_HOME (default ./.dagster-home) with a dagster.yaml that turns telemetry off: this
-    tool talks only to the fleet. An operator's own dagster.yaml is left as it is."""
+    """DAGSTER_HOME (default ./.dagster-home) with a dagster.yaml that turns telemetry off (this
+    tool talks only to the fleet) and runs one run per node at a time: every per-node run carries
+    `dagster/partition` (its node), every bench run `spark/bench` (the gateway loses one node at
+    a time, never two). An operator's own dagster.yaml is left as it is."""
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster-home").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+        config.write_text(
+            "telemetry:\n"
+            "  enabled: false\n"
+            "run_queue:\n"
+            "  tag_concurrency_limits:\n"
+            "    - key: dagster/partition\n"
+            "      value:\n"
+            "        applyLimitPerUniqueValue: true\n"
+            "      limit: 1\n"
+            "    - key: spark/bench\n"
+            "      limit: 1\n"
+        )
     return home
 
 
-def demo_command(argv: list[str]) -> int:
-    ap = _Parser(prog="spark-pipelines demo", description=__doc__)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--fleet-out", default="sim-fleet.yaml")
-    args = ap.parse_args(argv)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """`spark-pipelines demo` (arguments parsed by spark_pipelines.cli)."""
     if os.geteuid() != 0:
         print("spark-pipelines demo: the simulated fleet needs root (network namespaces, users, dockerd)", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ runs when the gateway is quietest and drains one node at a time.
 
 import dagster as dg
 
+from spark_pipelines.assets.bench import BENCH_TAG
 from spark_pipelines.core.fleet import Fleet
 
 
@@ -26,6 +27,7 @@ def schedule_definitions(fleet: Fleet) -> dg.Definitions:
     def nightly_bench(context: dg.ScheduleEvaluationContext):
         stamp = context.scheduled_execution_time.strftime("%Y%m%d")
         for node in nodes:
-            yield dg.RunRequest(run_key=f"bench-{node}-{stamp}", partition_key=node)
+            # The run queue's limit on BENCH_TAG (1) is what makes it one node at a time.
+            yield dg.RunRequest(run_key=f"bench-{node}-{stamp}", partition_key=node, tags={BENCH_TAG: "nightly"})
 
     return dg.Definitions(schedules=[weekly_rebuild, nightly_bench])

@@ -15,12 +15,17 @@ from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.bench import GpuSampler, wait_idle
 from spark_pipelines.runbook.engine import api_root
 from spark_pipelines.runbook.errors import RunbookError
 from spark_pipelines.runbook.rotation import BENCH_GATE, drained
+
+
+# Every bench run carries this tag; the instance's run queue runs one at a time (demo.prepare_instance_home).
+BENCH_TAG = "spark/bench"
 
 
 def history_points(context: dg.AssetExecutionContext, node: str) -> list[tuple[float, float]]:
@@ -56,11 +61,12 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         floor = f.bench_floor(node)
         gw = litellm.host()
         try:
-            with drained(gw, node.name) as drain:
+            with node_lease(s, node.name, "bench", run_id=context.run.run_id), drained(gw, node.name) as drain:
                 waited = wait_idle(f, node)
                 with GpuSampler(s, node) as sampler:
                     report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
-                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats)
+                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
+                                       reference_mean_tok_s=f.bench.reference_tok_s)
                 mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
                 loaded = next((p.aggregate_tok_s.median for p in report.phases
                                if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
@@ -104,7 +110,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
             metadata={"mean_tok_s": float(mean or 0.0), "floor_tok_s": floor, "gpu_under_load": gpu_verdict.state},
         )
 
-    bench_job = dg.define_asset_job("bench_job", selection=dg.AssetSelection.groups("bench"),
+    bench_job = dg.define_asset_job("bench_job", selection=dg.AssetSelection.groups("bench"), tags={BENCH_TAG: "bench"},
                                     description="Isolated bench of one node (a partition): drained from the gateway, "
                                                 "zero requests in flight, recipe suite + loaded phase, then restored.")
     return dg.Definitions(assets=[bench_results], jobs=[bench_job])

@@ -18,6 +18,7 @@ from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.fleet import Fleet, FleetError, parse_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.bench import wait_idle
 from spark_pipelines.runbook.deploy import deploy
@@ -90,19 +91,19 @@ def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSS
         raise dg.Failure(description="the two variants need different names")
     reports: dict[str, bench_core.BenchReport] = {}
     try:
-        with drained(litellm.host(), node.name):
+        with node_lease(s, node.name, "experiment", run_id=context.run.run_id), drained(litellm.host(), node.name):
             try:
                 for name, vf in variants.items():
                     vnode = vf.node(node.name)
                     context.log.info(f"variant {name}: deploying")
-                    deploy(s, vnode, launch_spec(vf, vnode), context.log)
+                    deploy(s, vnode, launch_spec(vf, vnode), context.log, run_id=context.run.run_id)
                     wait_idle(vf, vnode)
                     reports[name] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
                                               suite=config.suite, concurrency=fleet.bench.loaded_concurrency,
                                               repeats=config.repeats + 1)
             finally:
                 context.log.info(f"restoring the production launch on {node.name}")
-                deploy(s, node, launch_spec(fleet, node), context.log)
+                deploy(s, node, launch_spec(fleet, node), context.log, run_id=context.run.run_id)
     except RunbookError as e:
         fail(e)
     (na, ra), (nb, rb) = reports.items()

@@ -9,6 +9,7 @@ import dagster as dg
 
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
+from spark_pipelines.core import remote
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.docker import NodeDocker
@@ -28,8 +29,7 @@ LMHEAD_PY = (
 
 
 def _torch_pins(fleet: Fleet) -> dockerfile_core.TorchPins:
-    t = fleet.pins.torch
-    return dockerfile_core.TorchPins(torch=t.torch, torchvision=t.torchvision, torchaudio=t.torchaudio, index_url=t.index_url)
+    return dockerfile_core.TorchPins.of(fleet.pins.torch)
 
 
 def image_definitions(fleet: Fleet) -> dg.Definitions:
@@ -53,6 +53,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         marker = markers.matches(s, node, "base_image", sig)
         skipped = bool(marker and current and marker.get("image_id") == current)
         edits: list[dockerfile_core.EditRecord] = []
+        build_output: str | None = None
         if not skipped:
             build_dir = layout.build_repo_dir(node)
             recipe = layout.recipe_dir(node)
@@ -71,7 +72,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                     "--vllm-ref", f.pins.vllm_ref, "-j", str(f.pins.build.jobs)]
             if f.pins.build.tf5:
                 argv.insert(argv.index("-j"), "--tf5")
-            s.run(node.name, argv)
+            build_output = s.run(node.name, argv, timeout=remote.IMAGE_BUILD_TIMEOUT_S).output_path
             current = docker.image_id(node.name, base_tag)
             if not current:
                 raise dg.Failure(description=f"{node.name}: build-and-copy.sh finished but {base_tag} does not exist")
@@ -89,6 +90,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                 "torch": version,
                 "vllm_ref": f.pins.vllm_ref,
                 "skipped": skipped,
+                **({"build_output": dg.MetadataValue.path(build_output)} if not skipped and build_output else {}),
                 "dockerfile_edits": dg.MetadataValue.md(
                     "\n".join(f"- {e.edit}: {e.detail}" for e in edits) or "(unchanged image reused)"
                 ),
@@ -126,16 +128,15 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
             recipe = layout.recipe_dir(node)
             checkout(s, node, f.pins.recipe_repo, recipe)
             path = f"{recipe}/docker/Dockerfile.v2"
-            pins = dockerfile_core.ServingPins(
-                starlette=f"starlette{f.pins.serving.starlette}", fastapi=f"fastapi{f.pins.serving.fastapi}"
-            )
+            pins = dockerfile_core.ServingPins.of(f.pins.serving)
             try:
                 edited = dockerfile_core.pin_serving_deps(s.read_text(node.name, path), pins)
             except dockerfile_core.DockerfileEditError as e:
                 raise dg.Failure(description=f"{node.name}: {e}") from None
             s.put_text(node.name, path, edited)
             s.run(node.name, ["env", "-C", recipe, "docker", "build", "--build-arg", f"VLLM_BASE={base_tag}",
-                              "--label", f"{SIGNATURE_LABEL}={sig}", "-t", image, "-f", "docker/Dockerfile.v2", "."])
+                              "--label", f"{SIGNATURE_LABEL}={sig}", "-t", image, "-f", "docker/Dockerfile.v2", "."],
+                  timeout=remote.IMAGE_BUILD_TIMEOUT_S)
         image_id = docker.image_id(node.name, image)
         probe = s.run(node.name, ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", LMHEAD_PY], log=False)
         found = probe.stdout.strip().endswith("FOUND")

@@ -11,6 +11,7 @@ import dagster as dg
 
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import layout
+from spark_pipelines.core import remote
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.hub import ModelHub
@@ -18,8 +19,7 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.build_steps import checkout, checkpoint_step, verify_on_node
 
-# "Tensors replaced (BF16->FP8): 144": the shared-expert dense layers, 48 layers x gate/up/down.
-EXPECTED_FP8_SCALES = 144
+EXPECTED_FP8_SCALES = checkpoint_core.EXPECTED_FP8_SCALES
 
 HYBRID_BUILDER = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py"
 MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"
@@ -60,7 +60,8 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             skipped = report.ok
         if not skipped:
             context.log.info(f"downloading {pin.repo}@{sha} to {node.name}:{dest} (resumable: hf skips complete files)")
-            s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None)
+            s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None,
+                  timeout=remote.DOWNLOAD_TIMEOUT_S)
             report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
             if not report.ok:
                 raise dg.Failure(
@@ -98,7 +99,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                 node.name,
                 ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base_model["path"],
                  "--fp8-repo", f.pins.fp8_model.repo, "--output", out, "--force"],
-                secret_env=hub.secret_env() or None,
+                secret_env=hub.secret_env() or None, timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S,
             )
 
         report, digest, skipped = checkpoint_step(
@@ -134,7 +135,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             s, node, "mtp_weights", sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
             lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"],
-                                      "--target", out]),
+                                      "--target", out], timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S),
         )
         yield dg.Output(
             {"node": node.name, "path": out, "index": digest},

@@ -11,7 +11,8 @@ import dagster as dg
 
 from spark_pipelines.assets import fail
 from spark_pipelines.core import layout
-from spark_pipelines.core.fleet import Fleet
+from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
+from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker
@@ -19,8 +20,8 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.build_steps import verify_on_node
-from spark_pipelines.runbook.deploy import deploy, diagnosis_md
-from spark_pipelines.runbook.engine import healthy
+from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy, diagnosis_md, serving_mismatch
+from spark_pipelines.runbook.engine import api_root, healthy
 from spark_pipelines.runbook.errors import RunbookError
 
 
@@ -52,7 +53,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         image = serving_image["image"]
         meta: dict[str, Any] = {}
         if node.name == build.name:
-            report = verify_on_node(s, node, dst_dir, expected_scales=144, require_mtp=True)
+            report = verify_on_node(s, node, dst_dir, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
             if not report.ok:
                 raise dg.Failure(description=f"{node.name}: checkpoint does not verify: {report.problems[0]}")
             meta["copied"] = False
@@ -99,40 +100,69 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         node = f.node(context.partition_key)
         docker = NodeDocker(s)
         spec = launch_spec(f, node)
-        sig = markers.signature(cv["node_deployment"], spec.fingerprint, node_artifacts["image_id"], node_artifacts["index"])
+
+        def _where(fleet: Fleet, node: Node, container: dict | None) -> dict[str, Any]:
+            """What runs: image id, container id, endpoint."""
+            c = container or {}
+            return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
+                    "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
+
+        recorded = node_artifacts["image_id"]
+        sig = markers.signature(cv["node_deployment"], spec.fingerprint, recorded, node_artifacts["index"])
         current = docker.inspect_container(node.name, spec.container_name)
-        marker = markers.matches(s, node, "node_deployment", sig)
-        if (marker and current and current.get("State", {}).get("Running")
-                and marker.get("container_id") == current.get("Id") and healthy(f, node)):
+        marker = markers.matches(s, node, DEPLOY_MARKER, sig)
+        # The skip needs the running container to BE what the marker says: its id, the image
+        # node_artifacts recorded and the launch-spec label (a rollback can put an older image back).
+        if (marker and current and marker.get("container_id") == current.get("Id")
+                and serving_mismatch(node.name, current, recorded, spec.fingerprint) is None and healthy(f, node)):
             yield dg.Output(
                 {"node": node.name, "container_id": current["Id"], "fingerprint": spec.fingerprint},
                 data_version=dg.DataVersion(sig),
-                metadata={"skipped": True, "container_id": current["Id"][:12], **marker.get("metadata", {})},
+                metadata={"skipped": True, **marker.get("metadata", {}), **_where(f, node, current)},
             )
             yield dg.AssetCheckResult(check_name="serving", passed=True, description="already serving this launch spec")
             return
 
+        tagged = docker.image_id(node.name, spec.image)
+        if tagged is not None and tagged != recorded:
+            # Launching the tag would start another image than node_artifacts verified; say so.
+            why = (f"{node.name}: {spec.image} there is image {tagged[7:19]} but node_artifacts recorded "
+                   f"{(recorded or 'none')[7:19]} (a rollback put the previous image back); rerun node_artifacts "
+                   f"for {node.name} to copy the image again, then node_deployment deploys it")
+            yield dg.Output(
+                {"node": node.name, "container_id": (current or {}).get("Id"), "fingerprint": spec.fingerprint},
+                data_version=dg.DataVersion(f"mismatch-{tagged[7:19]}"),
+                metadata={"skipped": False, "deployed": False, **_where(f, node, current)},
+            )
+            yield dg.AssetCheckResult(check_name="serving", passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                                      description=why)
+            return
+
         try:
-            done = deploy(s, node, spec, context.log)
+            done = deploy(s, node, spec, context.log, run_id=context.run.run_id)
         except RunbookError as e:
             fail(e)
         meta = done.metadata
-        container = {"Id": done.container_id}
-        markers.write(s, node, "node_deployment", sig, container_id=container.get("Id"), metadata=meta)
+        running = docker.inspect_container(node.name, spec.container_name)
+        mismatch = serving_mismatch(node.name, running, recorded, spec.fingerprint)
+        if mismatch is None:
+            markers.write(s, node, DEPLOY_MARKER, sig, container_id=done.container_id, metadata=meta)
         yield dg.Output(
-            {"node": node.name, "container_id": container.get("Id"), "fingerprint": spec.fingerprint},
-            data_version=dg.DataVersion(sig),
+            {"node": node.name, "container_id": done.container_id, "fingerprint": spec.fingerprint},
+            data_version=dg.DataVersion(sig if mismatch is None else f"mismatch-{sig}"),
             metadata={
                 "skipped": False,
                 **meta,
-                "docker_run": dg.MetadataValue.text(shlex.join(spec.docker_run_argv())),
+                **_where(f, node, running),
+                "docker_run": dg.MetadataValue.text(shlex.join((done.spec or spec).docker_run_argv())),
                 "preflight": dg.MetadataValue.md(done.preflight),
                 "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
                 "smoke_completion_tokens": done.smoke_tokens,
             },
         )
-        yield dg.AssetCheckResult(check_name="serving", passed=True,
-                                  description=f"healthy; smoke test answered {done.smoke_tokens} tokens")
+        yield dg.AssetCheckResult(check_name="serving", passed=mismatch is None,
+                                  severity=dg.AssetCheckSeverity.ERROR,
+                                  description=mismatch or f"healthy; smoke test answered {done.smoke_tokens} tokens")
 
     deploy_node_job = dg.define_asset_job(
         "deploy_node_job", selection=dg.AssetSelection.groups("nodes"),

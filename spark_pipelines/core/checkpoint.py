@@ -19,6 +19,8 @@ INDEX_NAME = "model.safetensors.index.json"
 MTP_FILE = "model_extra_tensors.safetensors"
 FP8_DTYPE = "F8_E4M3"
 SCALE_SUFFIX = ".weight_scale_inv"
+# "Tensors replaced (BF16->FP8): 144": the shared-expert dense layers, 48 layers x gate/up/down.
+EXPECTED_FP8_SCALES = 144
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own header limit
 DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
@@ -123,7 +125,7 @@ def _check_shard(path: Path, report: CheckpointReport) -> dict[str, TensorEntry]
 
 
 def verify_checkpoint(
-    directory: str | Path, expected_scales: int = 144, require_mtp: bool = True
+    directory: str | Path, expected_scales: int = EXPECTED_FP8_SCALES, require_mtp: bool = True
 ) -> CheckpointReport:
     """Check a checkpoint directory: index <-> shard headers, sizes, FP8 scales and MTP keys."""
     root = Path(directory)
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="verify-checkpoint")
     ap.add_argument("directory")
-    ap.add_argument("--expected-scales", type=int, default=144)
+    ap.add_argument("--expected-scales", type=int, default=EXPECTED_FP8_SCALES)
     ap.add_argument("--no-mtp", action="store_true")
     args = ap.parse_args(argv)
     report = verify_checkpoint(args.directory, args.expected_scales, require_mtp=not args.no_mtp)

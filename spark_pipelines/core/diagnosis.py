@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from prometheus_client.parser import text_fd_to_metric_families
 
 # The 2026-06-18 mandatory env vars, in the runbook's order.
 MANDATORY_ENV_VARS: tuple[tuple[str, str], ...] = (
@@ -204,8 +207,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="torch-cpu-wheel",
         pattern=_re(r"libtorch_cuda\.so"),
         cause="uv replaced torch with a +cpu wheel during the image build",
-        fix="pin torch==2.12.0+cu130 torchvision==0.27.0+cu130 torchaudio==2.11.0+cu130 from "
-        "the cu130 index with an override so uv cannot swap it; check torch.__version__ has +cu",
+        fix="pin the torch triple of the fleet file's pins.torch (exact +cu130 builds) from the cu130 "
+        "index with an override so uv cannot swap it; check torch.__version__ has +cu",
         runbook_ref="Upstream failure signatures: 'ImportError: libtorch_cuda.so'; torch triple",
         severity=Severity.ERROR,
     ),
@@ -230,7 +233,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="starlette-router",
         pattern=_re(r"_IncludedRouter"),
         cause="--tf5 pulled Starlette 1.x, which removed _IncludedRouter.path used by vLLM 0.19",
-        fix='pin starlette>=0.40.0,<1.0 and fastapi>=0.115.0,<0.116.0 in docker/Dockerfile.v2',
+        fix="pin starlette below 1.0 and fastapi to match, as the fleet file's pins.serving does, "
+        "in docker/Dockerfile.v2 (the serving_image step does it)",
         runbook_ref="Key fix: Starlette 1.x breaks vLLM 0.19 router; Phase 3 serving image",
         severity=Severity.ERROR,
     ),
@@ -258,8 +262,7 @@ SIGNATURES: tuple[Signature, ...] = (
             r"requirement).*torch==2\.12\.0\.dev"
         ),
         cause="the pinned torch nightly rolled off the index (issue #15)",
-        fix="use the stable cu130 triple torch==2.12.0+cu130 / torchvision==0.27.0+cu130 / "
-        "torchaudio==2.11.0+cu130",
+        fix="use the stable cu130 triple (the fleet file's pins.torch), not a nightly",
         runbook_ref="Intro: resolves issue #15; torch triple",
         severity=Severity.ERROR,
     ),
@@ -472,6 +475,20 @@ def milestones(log_text: str) -> Readiness:
 
 # ------------------------------------------------------------------ /metrics parsing
 
+# vLLM's Prometheus names (from a real 0.32.0 /metrics and vLLM's spec-decode metrics); every
+# reader of /metrics (bench, preflight, wedge_watch) takes them from here. Counters carry _total.
+METRIC_RUNNING = "vllm:num_requests_running"
+METRIC_WAITING = "vllm:num_requests_waiting"
+METRIC_PROMPT = "vllm:prompt_tokens_total"
+METRIC_GENERATION = "vllm:generation_tokens_total"
+METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+METRIC_DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# The figures the pipeline acts on.
+METRICS_OF_INTEREST: tuple[str, ...] = (
+    METRIC_RUNNING, METRIC_WAITING, METRIC_PROMPT, METRIC_GENERATION, METRIC_DRAFTS, METRIC_DRAFTED, METRIC_ACCEPTED,
+)
+
 
 class MetricsFormatError(ValueError):
     """A /metrics line that is not Prometheus text exposition format."""
@@ -484,58 +501,27 @@ class Sample:
     value: float
 
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{.*\})?\s+(?P<rest>\S.*)$")
-_LABEL = re.compile(r'\s*(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
-
-
-def _labels(text: str, number: int) -> dict[str, str]:
-    inner = text[1:-1]
-    labels: dict[str, str] = {}
-    position = 0
-    while position < len(inner):
-        match = _LABEL.match(inner, position)
-        if match is None:
-            raise MetricsFormatError(f"/metrics line {number}: bad label set {text[:80]!r}")
-        raw = match.group("value")
-        labels[match.group("key")] = (
-            raw.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
-        )
-        position = match.end()
-    return labels
-
-
 def parse_exposition(text: str) -> list[Sample]:
-    """Prometheus text exposition format -> samples (comments and blanks skipped)."""
-    samples: list[Sample] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        match = _SAMPLE.match(stripped)
-        if match is None:
-            raise MetricsFormatError(f"/metrics line {number}: not a sample: {stripped[:80]!r}")
-        labels = _labels(match.group("labels"), number) if match.group("labels") else {}
-        raw_value = match.group("rest").split()[0]  # an optional timestamp may follow
-        try:
-            value = float(raw_value)  # float() accepts NaN, +Inf, -Inf
-        except ValueError:
-            raise MetricsFormatError(
-                f"/metrics line {number}: value {raw_value!r} of {match.group('name')} is not a number"
-            ) from None
-        samples.append(Sample(match.group("name"), labels, value))
-    return samples
+    """Prometheus text exposition format -> samples, by prometheus_client's own parser.
 
+    A bad line raises MetricsFormatError naming its line number: the parser reads lines lazily,
+    so the line being read when it fails is the bad one.
+    """
+    lines = text.splitlines()
+    read = 0
 
-# The figures the pipeline acts on, as vLLM names them. Counters carry _total.
-METRICS_OF_INTEREST: tuple[str, ...] = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:spec_decode_num_drafts_total",
-    "vllm:spec_decode_num_draft_tokens_total",
-    "vllm:spec_decode_num_accepted_tokens_total",
-)
+    def numbered() -> Iterator[str]:
+        nonlocal read
+        for read, line in enumerate(lines, start=1):  # noqa: B007 (read is the failing line's number)
+            yield line
+
+    try:
+        return [Sample(s.name, dict(s.labels), float(s.value))
+                for family in text_fd_to_metric_families(numbered()) for s in family.samples]
+    except ValueError as e:
+        bad = lines[read - 1].strip() if 0 < read <= len(lines) else ""
+        why = "value is not a number" if "could not convert" in str(e) else str(e)
+        raise MetricsFormatError(f"/metrics line {read}: {why}: {bad[:80]!r}") from None
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 NIGHTLY_CU130_INDEX = "https://download.pytorch.org/whl/nightly/cu130"
 STABLE_CU130_INDEX = "https://download.pytorch.org/whl/cu130"
@@ -23,8 +24,6 @@ TEMPORARY_PATCH_BLOCKS: tuple[tuple[str, str, str], ...] = (
 )
 UNPINNED_TORCH_INSTALL = "uv pip install torch torchvision torchaudio triton --index-url "
 VLLM_PRS_BLOCK_START = re.compile(r'^RUN if \[ -n "\$VLLM_PRS" \]; then')
-STARLETTE_PIN = "starlette>=0.40.0,<1.0"
-FASTAPI_PIN = "fastapi>=0.115.0,<0.116.0"
 
 _PIN_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 _PATCH_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -43,13 +42,18 @@ class DockerfileEditError(ValueError):
 
 @dataclass(frozen=True)
 class TorchPins:
-    """The torch triple both build stages must install (runbook: the stable cu130 triple)."""
+    """The torch triple both build stages must install (the values: the fleet file's pins.torch)."""
 
-    torch: str = "2.12.0+cu130"
-    torchvision: str = "0.27.0+cu130"
-    torchaudio: str = "2.11.0+cu130"
-    index_url: str = STABLE_CU130_INDEX
+    torch: str
+    torchvision: str
+    torchaudio: str
+    index_url: str
     source_index_url: str = NIGHTLY_CU130_INDEX
+
+    @classmethod
+    def of(cls, pins: Any) -> TorchPins:
+        """From the fleet's pins.torch (core.fleet.TorchPins)."""
+        return cls(torch=pins.torch, torchvision=pins.torchvision, torchaudio=pins.torchaudio, index_url=pins.index_url)
 
     def __post_init__(self) -> None:
         for name in ("torch", "torchvision", "torchaudio"):
@@ -94,10 +98,15 @@ class LocalPatch:
 
 @dataclass(frozen=True)
 class ServingPins:
-    """Runbook fix: Starlette 1.x breaks the vLLM 0.19 router."""
+    """Runbook fix: Starlette 1.x breaks the vLLM 0.19 router (the values: the fleet's pins.serving)."""
 
-    starlette: str = STARLETTE_PIN
-    fastapi: str = FASTAPI_PIN
+    starlette: str
+    fastapi: str
+
+    @classmethod
+    def of(cls, pins: Any) -> ServingPins:
+        """From the fleet's pins.serving (core.fleet.ServingPins): version specifiers -> requirements."""
+        return cls(starlette=f"starlette{pins.starlette}", fastapi=f"fastapi{pins.fastapi}")
 
     def __post_init__(self) -> None:
         for name in ("starlette", "fastapi"):

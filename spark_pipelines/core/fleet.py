@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from spark_pipelines.core import names
+from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
 
 # -- shapes ------------------------------------------------------------------------------------
 
@@ -178,8 +179,8 @@ class PatchPin(Strict):
 
 
 class ServingPins(Strict):
-    starlette: str = ">=0.40.0,<1.0"
-    fastapi: str = ">=0.115.0,<0.116.0"
+    starlette: str
+    fastapi: str
 
     @field_validator("starlette", "fastapi")
     @classmethod
@@ -202,7 +203,7 @@ class Pins(Strict):
     base_model: ModelPin
     fp8_model: ModelPin
     torch: TorchPins
-    serving: ServingPins = ServingPins()
+    serving: ServingPins
     patches: tuple[PatchPin, ...] = ()
     build: BuildSettings = BuildSettings()
 
@@ -386,7 +387,7 @@ class PreflightSettings(Strict):
 
 class BenchSettings(Strict):
     suite: Literal["recipe", "loaded", "all"] = "all"
-    reference_tok_s: float = Field(default=51.6, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
+    reference_tok_s: float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
     loaded_concurrency: int = Field(default=8, ge=1, le=512)
     repeats: int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
     floor_tok_s: float = Field(default=40.0, ge=0, description="below this a node is not promoted to the gateway")

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spark_pipelines.core.fleet import Fleet, LaunchProfile, Node
 
 MODELS_MOUNT = "/models"
+# Labels a deploy puts on its container: which launch spec and image it runs, so the kept
+# (rollback) deployment is found by what it is, not by its name alone.
+DEPLOY_LABEL = "org.spark-pipelines.deploy"
+IMAGE_LABEL = "org.spark-pipelines.image"
 
 
 def expand_home(path: str, home: str) -> str:
@@ -39,6 +43,7 @@ class LaunchSpec:
     served_model_name: str
     gpu_memory_utilization: float
     host_dirs: list[str]  # directories that must exist on the node before launch
+    labels: dict[str, str] = field(default_factory=dict)  # container labels; not part of the fingerprint
 
     def docker_run_argv(self, *, name: str | None = None) -> list[str]:
         argv = ["docker", "run", "-d", "--name", name or self.container_name, "--gpus", "all", "--net=host", "--ipc=host"]
@@ -46,6 +51,8 @@ class LaunchSpec:
             argv += ["-e", f"{k}={v}"]
         for host, container in self.mounts:
             argv += ["-v", f"{host}:{container}"]
+        for k, v in self.labels.items():
+            argv += ["--label", f"{k}={v}"]
         argv.append(self.image)
         argv += self.serve_args
         return argv

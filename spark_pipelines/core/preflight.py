@@ -70,6 +70,18 @@ class PreflightReport:
         return "\n".join(lines)
 
 
+# What each check of `evaluate` verifies, in its order (`spark-pipelines plan` lists these).
+CHECKS: tuple[tuple[str, str], ...] = (
+    ("gpu", "GPU state not wedged (nvidia-smi)"),
+    ("gpu-holders", "only nvidia-persistenced holds /dev/nvidia* (fuser)"),
+    ("earlyoom", "earlyoom absent"),
+    ("exporters", f"exporters stopped ({', '.join(EXPORTER_CONTAINERS)})"),
+    ("disk", "disk space in $HOME"),
+    ("page-cache", "page cache flushed (sync; echo 3 > /proc/sys/vm/drop_caches)"),
+    ("memory", "free CUDA memory >= GMU x total"),
+)
+
+
 def evaluate(
     node: str,
     obs: Observations,

@@ -69,6 +69,29 @@ def with_timeout(argv: Sequence[str], seconds: float, kill_after_s: int = 10) ->
 # `timeout` exits with 124 when the deadline passed (137 if it had to SIGKILL after -k).
 TIMEOUT_EXIT_CODES = frozenset({124, 137})
 
+# -- how long a remote command may take ------------------------------------------------------------
+# Every command runs under `with_timeout`: a command without its own limit gets the default. The long
+# steps take the runbook's durations, each with margin, because killing a healthy 90-minute build at
+# minute 89 costs more than waiting a little longer for a hung one. (Boot waits are not commands:
+# the fleet file's `health_timeout_s` bounds the cold start, the deploy's rollback the warm one.)
+
+# Anything not listed below: `docker image inspect`, mkdir, git checkout... answer in seconds; a few
+# minutes is generous and still ends a frozen dockerd's hang before an operator would.
+DEFAULT_COMMAND_TIMEOUT_S = 180.0
+# A probe that should answer in seconds (inspect, stat): a frozen dockerd shows up fast.
+PROBE_TIMEOUT_S = 30.0
+# Runbook step 3: "./build-and-copy.sh ... ~15 min on Founders (fast NVMe), ~90 min on GX10". The
+# serving image (step 4, a layer on top) gets the same limit.
+IMAGE_BUILD_TIMEOUT_S = 150 * 60.0
+# Runbook step 1: "Build hybrid checkpoint (~20 min, ~71 GB output)"; step 2 (MTP weights) is smaller.
+CHECKPOINT_BUILD_TIMEOUT_S = 60 * 60.0
+# Not in the runbook: ~70 GB from the Hub at ~50 Mbit/s is ~3 h; hf download resumes on a rerun.
+DOWNLOAD_TIMEOUT_S = 4 * 60 * 60.0
+# ~71 GB checkpoint node to node at 1 Gbit/s is ~10 min (the nodes' link is faster); rsync resumes.
+COPY_TIMEOUT_S = 60 * 60.0
+# docker save | docker load of the ~20 GB serving image between nodes.
+IMAGE_COPY_TIMEOUT_S = 45 * 60.0
+
 
 def secret_env_file(secrets: Mapping[str, str]) -> str:
     """Contents of the 0600 file that carries secret env values to a node (`set -a; . FILE`)."""
@@ -182,6 +205,68 @@ class LineSplitter:
     def flush(self) -> list[str]:
         rest, self._buf = self._buf, b""
         return [rest.decode("utf-8", "replace")] if rest else []
+
+
+class LogBatcher:
+    """A command's output lines -> a bounded number of log events.
+
+    A 90-minute build prints ~100k lines; one Dagster event per line grows the event log without
+    bound. The first line after a quiet spell goes out at once (sparse output stays live); lines
+    that follow within `max_seconds` are joined into one event, flushed at `max_lines` lines or
+    after `max_seconds`. After `max_events` events the rest is only counted, and `finish` ends with
+    one event naming how many lines went to the output file, with the last few of them.
+    Pure: the caller passes the clock, so the policy is testable without sleeping."""
+
+    def __init__(self, max_lines: int = 500, max_seconds: float = 2.0, max_events: int = 100,
+                 closing_lines: int = 20) -> None:
+        if max_lines < 1 or max_events < 1 or max_seconds < 0:
+            raise ValueError("max_lines and max_events must be at least 1, max_seconds not negative")
+        self.max_lines, self.max_seconds, self.max_events = max_lines, max_seconds, max_events
+        self.events = 0  # events handed out so far
+        self.suppressed = 0  # lines past the event budget
+        self._pending: list[str] = []
+        self._pending_since = 0.0
+        self._last_flush: float | None = None
+        self._closing: deque[str] = deque(maxlen=closing_lines)
+
+    def _flush(self, now: float) -> list[str]:
+        if not self._pending:
+            return []
+        text, self._pending = "\n".join(self._pending), []
+        self.events += 1
+        self._last_flush = now
+        return [text]
+
+    def add(self, line: str, now: float) -> list[str]:
+        """Events ready to be logged after this line (usually none)."""
+        if self.events >= self.max_events:
+            self.suppressed += 1
+            self._closing.append(line)
+            return []
+        if not self._pending:
+            self._pending_since = now
+            self._pending.append(line)
+            if self._last_flush is None or now - self._last_flush >= self.max_seconds:
+                return self._flush(now)
+            return []
+        self._pending.append(line)
+        if len(self._pending) >= self.max_lines or now - self._pending_since >= self.max_seconds:
+            return self._flush(now)
+        return []
+
+    def tick(self, now: float) -> list[str]:
+        """Called while the command is quiet: a batch does not wait for the next line."""
+        if self._pending and now - self._pending_since >= self.max_seconds:
+            return self._flush(now)
+        return []
+
+    def finish(self, now: float, where: str) -> list[str]:
+        """The last batch, and the one closing event if lines were held back."""
+        out = self._flush(now)
+        if self.suppressed:
+            last = "\n".join(self._closing)
+            out.append(f"... {self.suppressed} more lines in {where}; the last {len(self._closing)}:\n{last}")
+        return out
 
 
 # -- ssh and rsync between nodes ------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 One code path for real and simulated nodes: whatever `docker` on the node talks to (its DOCKER_HOST
 or the default socket) is what we drive. Rollback keeps the replaced container, stopped, as
-`<name>-previous` and its image as `<repo>:previous` until the new one is healthy.
+`<name>-previous` and its image as `<repo>:previous` until the new one is healthy; the kept one is
+known by its container id, image id and launch-spec label (`core.launch.DEPLOY_LABEL`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import dagster as dg
-
 from spark_pipelines.core import names, remote
-from spark_pipelines.resources.ssh import CommandResult, FleetSession, FleetSSH, RemoteCommandError, RemoteError
+from spark_pipelines.core.launch import DEPLOY_LABEL
+from spark_pipelines.resources.ssh import CommandResult, FleetSession, RemoteCommandError, RemoteError
 
 _NO_SUCH = ("No such image", "No such object", "No such container", "no such image", "no such container")
 
@@ -39,9 +39,23 @@ class LogWatch:
 
 @dataclass(frozen=True)
 class PreviousDeploy:
+    """The kept (rollback) deployment, named by what it is: container id and image id, plus the
+    launch-spec fingerprint its label carries. Every rollback step acts on these ids, never on
+    `<name>-previous` alone, so a leftover container under that name cannot take its place."""
+
     container: str  # `<name>-previous`, stopped
     image_id: str
     image_tag: str  # `<repo>:previous`
+    container_id: str = ""
+    fingerprint: str = ""  # its DEPLOY_LABEL ("" for a container deployed before the labels)
+
+
+def _running(c: dict[str, Any]) -> bool:
+    return bool(c.get("State", {}).get("Running"))
+
+
+def container_labels(c: dict[str, Any] | None) -> dict[str, str]:
+    return dict(((c or {}).get("Config") or {}).get("Labels") or {})
 
 
 class NodeDocker:
@@ -60,7 +74,8 @@ class NodeDocker:
     def image_id(self, node: str, ref: str) -> str | None:
         """The image's id (sha256:...) on node, or None when node does not have it."""
         names.check(names.IMAGE_REF, ref, "image reference")
-        r = self._docker(node, ["image", "inspect", "--format", "{{.Id}}", ref], check=False, log=False)
+        r = self._docker(node, ["image", "inspect", "--format", "{{.Id}}", ref], check=False, log=False,
+                         timeout=remote.PROBE_TIMEOUT_S)
         if self._missing(r):
             return None
         if r.exit_status != 0:
@@ -69,7 +84,8 @@ class NodeDocker:
 
     def image_labels(self, node: str, ref: str) -> dict[str, str]:
         names.check(names.IMAGE_REF, ref, "image reference")
-        r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Labels}}", ref], check=False, log=False)
+        r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Labels}}", ref], check=False, log=False,
+                         timeout=remote.PROBE_TIMEOUT_S)
         if self._missing(r):
             raise DockerError(f"node {node}: image {ref} does not exist there; build or copy it first")
         if r.exit_status != 0:
@@ -92,7 +108,7 @@ class NodeDocker:
 
     def inspect_container(self, node: str, name: str) -> dict[str, Any] | None:
         names.check(names.CONTAINER_NAME, name, "container name")
-        r = self._docker(node, ["container", "inspect", name], check=False, log=False)
+        r = self._docker(node, ["container", "inspect", name], check=False, log=False, timeout=remote.PROBE_TIMEOUT_S)
         if self._missing(r):
             return None
         if r.exit_status != 0:
@@ -174,53 +190,79 @@ class NodeDocker:
 
     # -- rollback --
 
-    def keep_previous(self, node: str, name: str, image: str, *, stop_timeout_s: int = 30) -> PreviousDeploy | None:
-        """Before a new launch: stop the running `name`, rename it `<name>-previous`, and tag its
-        image `<repo>:previous`. Returns None when there was nothing to keep."""
-        current = self.inspect_container(node, name)
-        if current is None:
-            return None
-        prev_name = remote.previous_container_name(name)
-        prev_tag = remote.previous_image_tag(image)
-        if self.inspect_container(node, prev_name) is not None:
-            self.remove(node, prev_name, force=True)  # an older rollback point, superseded
-        if current.get("State", {}).get("Running"):
-            self.stop(node, name, timeout_s=stop_timeout_s)
-        self.rename(node, name, prev_name)
-        image_id = str(current["Image"])
-        self.tag(node, image_id, prev_tag)
-        return PreviousDeploy(prev_name, image_id, prev_tag)
+    def keep_previous(
+        self, node: str, name: str, image: str, *, serving: bool | None = None, stop_timeout_s: int = 30
+    ) -> PreviousDeploy | None:
+        """Before a new launch: set the last good deployment aside, stopped, as `<name>-previous`
+        with its image tagged `<repo>:previous`. Returns None when there is nothing to keep.
 
-    def restore_previous(self, node: str, name: str, image: str) -> str:
-        """Roll back: drop the new container, put `<name>-previous` back under `name` with its image
-        re-tagged as `image`, and start it. Returns the restored container's id."""
+        `serving` is the caller's /health verdict on the live container (None: trust Running).
+        When both names exist, the live one is kept only if it runs and serves; otherwise it is
+        the debris of a failed deploy (a `Created` container of a `docker run` that exited 125,
+        say) and goes, while `<name>-previous` stays the rollback point."""
+        current = self.inspect_container(node, name)
+        prev_name = remote.previous_container_name(name)
+        prev = self.inspect_container(node, prev_name)
+        if current is not None and prev is not None and current.get("Id") != prev.get("Id"):
+            if _running(current) and serving is not False:
+                self.remove(node, str(prev["Id"]), force=True)  # an older rollback point, superseded
+                prev = None
+            else:
+                self.session.log.warning(
+                    f"[{node}] {name} ({str(current.get('Id'))[:12]}, "
+                    f"{current.get('State', {}).get('Status', '?')}) is left over from a failed deploy; "
+                    f"removing it and keeping {prev_name} ({str(prev.get('Id'))[:12]}) as the rollback point")
+                self.remove(node, str(current["Id"]), force=True)
+                current = None
+        kept = current if current is not None else prev
+        if kept is None:
+            return None
+        kept_id = str(kept["Id"])
+        if _running(kept):
+            self.stop(node, kept_id, timeout_s=stop_timeout_s)
+        if kept is current:
+            self.rename(node, kept_id, prev_name)
+        image_id = str(kept["Image"])
+        prev_tag = remote.previous_image_tag(image)
+        self.tag(node, image_id, prev_tag)
+        return PreviousDeploy(prev_name, image_id, prev_tag, kept_id,
+                              container_labels(kept).get(DEPLOY_LABEL, ""))
+
+    def find_previous(self, node: str, name: str, image: str) -> PreviousDeploy | None:
+        """The rollback point a crashed run left under `<name>-previous`, if any."""
         prev_name = remote.previous_container_name(name)
         prev = self.inspect_container(node, prev_name)
         if prev is None:
+            return None
+        return PreviousDeploy(prev_name, str(prev["Image"]), remote.previous_image_tag(image), str(prev["Id"]),
+                              container_labels(prev).get(DEPLOY_LABEL, ""))
+
+    def restore_previous(self, node: str, name: str, image: str, kept: PreviousDeploy | None = None) -> str:
+        """Roll back: drop whatever runs under `name`, put the kept container back under `name`
+        with its image re-tagged as `image` (by image id: right even if `<repo>:previous` is
+        gone), and start it. Returns the restored container's id."""
+        prev_name = remote.previous_container_name(name)
+        kept = kept or self.find_previous(node, name, image)
+        info = self.inspect_container(node, kept.container_id or kept.container) if kept else None
+        if kept is None or info is None:
             raise DockerError(
                 f"node {node}: no {prev_name} container to roll back to (it was dropped after a healthy "
                 f"deploy, or never made); redeploy a known-good image instead"
             )
-        self.remove(node, name, force=True)
-        self.rename(node, prev_name, name)
-        prev_tag = remote.previous_image_tag(image)
-        if self.image_id(node, prev_tag) is not None:
-            self.tag(node, prev_tag, image)
-            self.untag(node, prev_tag)
-        self.start(node, name)
-        return str(prev["Id"])
+        kept_id = str(info["Id"])
+        live = self.inspect_container(node, name)
+        if live is not None and live.get("Id") != kept_id:
+            self.remove(node, str(live["Id"]), force=True)
+        if str(info.get("Name", "")).lstrip("/") != name:
+            self.rename(node, kept_id, name)
+        self.tag(node, kept.image_id, image)
+        self.untag(node, kept.image_tag)
+        self.start(node, kept_id)
+        return kept_id
 
-    def drop_previous(self, node: str, name: str, image: str) -> bool:
-        """After the new container is healthy: remove the rollback container and tag."""
-        removed = self.remove(node, remote.previous_container_name(name), force=True)
+    def drop_previous(self, node: str, name: str, image: str, kept: PreviousDeploy | None = None) -> bool:
+        """After the new container is healthy (the commit): remove the rollback container and tag."""
+        target = (kept.container_id or kept.container) if kept else remote.previous_container_name(name)
+        removed = self.remove(node, target, force=True)
         untagged = self.untag(node, remote.previous_image_tag(image))
         return removed or untagged
-
-
-class FleetDocker(dg.ConfigurableResource):
-    """Dagster face of NodeDocker, over the fleet's SSH resource."""
-
-    ssh: FleetSSH
-
-    def on(self) -> NodeDocker:
-        return NodeDocker(self.ssh.session)

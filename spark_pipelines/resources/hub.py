@@ -2,8 +2,9 @@
 
 The orchestrator only resolves a revision to its commit sha (the base model's data version); the
 ~75 GB download itself runs on the build host with the `hf` CLI, as the recipe's install.sh does,
-so weights never pass through the orchestrator. The token comes from the environment and travels
-to the node as a secret env value (never on a command line, never logged).
+so weights never pass through the orchestrator. The token is a `dg.EnvVar` field (Dagster reads
+HF_TOKEN when a run starts; the UI shows the variable's name, never its value) and travels to the
+node as a secret env value (never on a command line, never logged).
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ class HubError(Exception):
     pass
 
 
+TOKEN_ENV = "HF_TOKEN"
+
+
 class ModelHub(dg.ConfigurableResource):
-    token_env: str = Field(default="HF_TOKEN", description="environment variable holding the HF token (optional)")
+    hf_token: str | None = Field(default=None, description=f"the HF token, as dg.EnvVar({TOKEN_ENV!r}); optional")
     endpoint: str | None = Field(default=None, description="HF_ENDPOINT override (a mirror); None = huggingface.co")
 
     def token(self) -> str | None:
-        return os.environ.get(self.token_env) or None
+        return self.hf_token or None
 
     def secret_env(self) -> dict[str, str]:
         tok = self.token()
-        return {"HF_TOKEN": tok} if tok else {}
+        return {TOKEN_ENV: tok} if tok else {}
 
     def resolve(self, repo: str, revision: str) -> str:
         """Revision -> full commit sha. A pinned full sha is its own answer (no network needed)."""
@@ -51,3 +55,9 @@ class ModelHub(dg.ConfigurableResource):
     def download_argv(self, repo: str, sha: str, dest: str) -> list[str]:
         names.check(names.HF_REPO, repo, "Hugging Face repo id")
         return ["hf", "download", repo, "--revision", sha, "--local-dir", dest]
+
+
+def model_hub() -> ModelHub:
+    """The hub resource of the definitions. The token is declared only when HF_TOKEN is set: the
+    pinned repos are public, and an EnvVar whose variable is unset fails every run that uses it."""
+    return ModelHub(hf_token=dg.EnvVar(TOKEN_ENV) if os.environ.get(TOKEN_ENV) else None)

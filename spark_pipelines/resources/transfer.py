@@ -13,15 +13,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import dagster as dg
 import paramiko
 
 from spark_pipelines.core import remote
 from spark_pipelines.core.checkpoint import INDEX_NAME, MAX_HEADER_BYTES
 from spark_pipelines.resources.docker import NodeDocker
-from spark_pipelines.resources.ssh import FleetSession, FleetSSH, HostKeyError, RemoteError
+from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteError
 
 
 class TransferError(RemoteError):
@@ -152,7 +150,8 @@ class NodeStreams:
         dst_abs = s.expand(dst, dst_dir or src_dir).rstrip("/")
         s.run(dst, ["mkdir", "-p", dst_abs], log=False)
         started = time.monotonic()
-        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib), timeout=timeout)
+        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib),
+                  timeout=timeout or remote.COPY_TIMEOUT_S)
         seconds = time.monotonic() - started
         stats = remote.parse_rsync_stats(r.stdout)
         verification = self.verify_tree(src, dst, src_abs, dst_abs) if verify else TreeVerification()
@@ -216,7 +215,7 @@ class NodeStreams:
             self.session.log.info(f"[{dst}] already holds {image} ({src_id[:19]}); not copied")
             return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=True)
         route = self.ensure_peer_access(src, dst)
-        self.session.run(src, remote.image_stream_argv(image, route), timeout=timeout)
+        self.session.run(src, remote.image_stream_argv(image, route), timeout=timeout or remote.IMAGE_COPY_TIMEOUT_S)
         dst_id = self.docker.image_id(dst, image)
         if dst_id != src_id:
             raise TransferError(
@@ -224,17 +223,3 @@ class NodeStreams:
             )
         return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=False)
 
-
-class FleetTransfer(dg.ConfigurableResource):
-    """Dagster face of NodeStreams, over the fleet's SSH resource."""
-
-    ssh: FleetSSH
-
-    def streams(self) -> NodeStreams:
-        return NodeStreams(self.ssh.session)
-
-    def copy_tree(self, src: str, dst: str, src_dir: str, dst_dir: str | None = None, **kw: Any) -> TreeCopyReport:
-        return self.streams().copy_tree(src, dst, src_dir, dst_dir, **kw)
-
-    def copy_image(self, src: str, dst: str, image: str, **kw: Any) -> ImageCopyReport:
-        return self.streams().copy_image(src, dst, image, **kw)

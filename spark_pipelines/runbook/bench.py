@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from spark_pipelines.core import gpu
+from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import engine
 from spark_pipelines.runbook.errors import RunbookError
@@ -53,15 +54,14 @@ class GpuSampler:
 
 def wait_idle(fleet: Fleet, node: Node, timeout_s: float = DRAIN_TIMEOUT_S) -> float:
     """Wait until vLLM reports no running or waiting request; returns the seconds waited."""
-    started = time.monotonic()
-    while True:
+    def in_flight() -> float:
         m = engine.engine_metrics(fleet, node)
         if m is None:
             raise RunbookError(f"{node.name}: vLLM /metrics does not answer; is the deployment up?")
-        busy = m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
-        if busy == 0:
-            return round(time.monotonic() - started, 1)
-        if time.monotonic() - started > timeout_s:
-            raise RunbookError(f"{node.name} still has {busy:g} requests in flight {timeout_s:.0f} s after "
-                               "leaving the gateway; something else talks to it directly")
-        time.sleep(1)
+        return m.get(METRIC_RUNNING, 0) + m.get(METRIC_WAITING, 0)
+
+    polled = poll_until(in_flight, lambda busy: busy == 0, timeout_s=timeout_s)
+    if not polled.done:
+        raise RunbookError(f"{node.name} still has {polled.value:g} requests in flight {timeout_s:.0f} s after "
+                           "leaving the gateway; something else talks to it directly")
+    return round(polled.waited_s, 1)

@@ -1,25 +1,45 @@
-"""Phase 4 on one node: preflight, launch, readiness (vLLM milestones + log diagnosis), smoke test.
+"""Phase 4 on one node, as a transaction: set aside -> launch -> verify -> commit, or roll back.
 
-The previous container is kept (stopped) until the new one is healthy and put back if it is not.
+- set aside: the last good deployment is stopped and kept as `<name>-previous` (by container id,
+  image id and launch-spec label, `resources.docker.PreviousDeploy`); the step marker is read.
+- launch: preflight (exporters stopped, page cache flushed, memory gate), `docker run`, readiness
+  (vLLM milestones + log diagnosis).
+- verify: /health, the smoke test, the container runs the image we meant.
+- commit: the kept deployment is dropped.
+
+Every other way out, a blocked preflight, an unhealthy launch, a `docker run` that exits 125, an
+SSH drop, a dockerd error, a timeout, and a BaseException such as KeyboardInterrupt or a Dagster
+run termination, ends in the rollback: container, image tag and step marker put back together.
+If the previous deployment does not answer /health after it, the node is taken out of the gateway
+and the reason recorded (the bench-gate marker the gateway's promotion reads), and DeployFailed
+says so. The exporters preflight stopped are started again on every path. The whole transaction
+holds the node's run lease (`resources.lease`): one run per node at a time.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
 from spark_pipelines.core import diagnosis
+from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import LaunchSpec
-from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.core.launch import DEPLOY_LABEL, IMAGE_LABEL, LaunchSpec
+from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, preflight
-from spark_pipelines.runbook.errors import DeployFailed
+from spark_pipelines.runbook import engine, markers, preflight
+from spark_pipelines.runbook.errors import DeployFailed, RunbookError
+from spark_pipelines.runbook.rotation import BENCH_GATE
 
 READY_LINE = "Application startup complete"
+DEPLOY_MARKER = "node_deployment"  # the step marker node_deployment skips on
+# The previous deployment restarts warm (kernels cached): the runbook's warm boot is 7-10 min.
+ROLLBACK_HEALTH_S = 600
 
 
 def diagnosis_md(findings: list[diagnosis.Finding]) -> str:
@@ -30,6 +50,23 @@ def diagnosis_md(findings: list[diagnosis.Finding]) -> str:
         f"\n  - cause: {f.signature.cause}\n  - fix: {f.signature.fix}"
         for f in findings
     )
+
+
+def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str | None, fingerprint: str) -> str | None:
+    """Why the running container is not the deployment node_artifacts and the fleet file ask for
+    (None when it is): the image id and the launch-spec label must both match."""
+    if container is None or not container.get("State", {}).get("Running"):
+        return f"{node}: the serving container is not running; rerun node_deployment for {node}"
+    running = str(container.get("Image", ""))
+    if image_id and running != image_id:
+        return (f"{node} runs image {running[7:19]} but node_artifacts recorded {image_id[7:19]} (a rollback "
+                f"put the previous image back); rerun node_artifacts for {node} to copy the image again, "
+                f"then node_deployment deploys it")
+    label = container_labels(container).get(DEPLOY_LABEL)
+    if label != fingerprint:
+        return (f"{node} runs launch spec {label or '(unlabelled, deployed by an older version)'} but the fleet "
+                f"file gives {fingerprint}; rerun node_deployment for {node}")
+    return None
 
 
 def launch_and_wait(s: FleetSession, node: Node, spec: LaunchSpec, timeout_s: float) -> tuple[bool, str, diagnosis.Readiness]:
@@ -50,55 +87,203 @@ class Deployed:
     preflight: str
     findings: list[diagnosis.Finding]
     smoke_tokens: int
+    image_id: str = ""
+    spec: LaunchSpec | None = None  # as launched, labels included
 
 
-def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed:
-    """Replace whatever runs on the node by `spec`, keeping the previous deployment until the new
-    one is healthy and putting it back otherwise (raises DeployFailed with the diagnosis)."""
+class _NotServing(RunbookError):
+    """The launch ran but did not serve (blocked preflight, unhealthy, no smoke tokens)."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
+class _Transaction:
+    """The state one deploy keeps for its rollback."""
+
+    def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> None:
+        self.s, self.node, self.spec, self.log = s, node, spec, log
+        self.docker = NodeDocker(s)
+        self.before: dict[str, Any] | None = None  # the live container before anything changed
+        self.kept: PreviousDeploy | None = None
+        self.marker: dict[str, Any] | None = None
+        self.prepared: preflight.Prepared | None = None
+        self.committed = False
+
+    def set_aside(self) -> None:
+        n, name = self.node.name, self.spec.container_name
+        self.marker = markers.read(self.s, self.node, DEPLOY_MARKER)
+        self.before = self.docker.inspect_container(n, name)
+        serving = engine.healthy(self.s.fleet, self.node) if self.before else None
+        self.kept = self.docker.keep_previous(n, name, self.spec.image, serving=serving)
+
+    def prepare(self) -> None:
+        n = self.node.name
+        running = self.s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
+        try:
+            self.prepared = preflight.prepare(self.s, self.node)
+        except BaseException:
+            # Half-way: start again whatever exporter ran before (starting a running one is a no-op).
+            self.prepared = preflight.Prepared([c for c in preflight_core.EXPORTER_CONTAINERS if c in running])
+            raise
+
+    def restore_exporters(self) -> None:
+        if not self.prepared or not self.prepared.stopped_exporters:
+            return
+        try:
+            preflight.restore_exporters(self.s, self.node, self.prepared)
+        except Exception as e:  # monitoring, not serving: say so, do not mask the deploy's outcome
+            self.s.log.warning(f"[{self.node.name}] could not start the GPU exporters again "
+                               f"({', '.join(self.prepared.stopped_exporters)}): {_first_line(e)}; "
+                               f"start them by hand with `docker start`")
+
+    def commit(self) -> None:
+        self.committed = True
+        try:
+            self.docker.drop_previous(self.node.name, self.spec.container_name, self.spec.image, self.kept)
+        except Exception as e:  # the new deployment serves; a stale rollback point is superseded next time
+            self.s.log.warning(f"[{self.node.name}] healthy, but the rollback point was not removed: {_first_line(e)}")
+        self._clear_deploy_gate()
+
+    def roll_back(self) -> tuple[bool, str]:
+        """Put the previous deployment back; (healthy again, what happened). Never raises an
+        Exception: each failure is part of the answer (a BaseException still propagates)."""
+        n, name, f = self.node.name, self.spec.container_name, self.s.fleet
+        restored: str | None = None
+        try:
+            kept = self.kept or self.docker.find_previous(n, name, self.spec.image)
+            if kept is not None:
+                restored = self.docker.restore_previous(n, name, self.spec.image, kept)
+                self._restore_marker(restored)
+            else:
+                live = self.docker.inspect_container(n, name)
+                if live is not None and self.before is not None and live.get("Id") == self.before.get("Id"):
+                    # The set-aside failed before the rename: the old container is still the live one.
+                    if not live.get("State", {}).get("Running"):
+                        self.docker.start(n, str(live["Id"]))
+                    restored = str(live["Id"])
+                elif live is not None:
+                    self.docker.remove(n, str(live["Id"]), force=True)  # ours, and nothing to put back
+        except Exception as e:
+            return False, f"the rollback on {n} failed ({_first_line(e)})"
+        if restored is None:
+            return False, f"no previous deployment on {n} to put back"
+        if engine.wait_healthy(f, self.node, min(ROLLBACK_HEALTH_S, f.launch_for(self.node).health_timeout_s)):
+            return True, f"previous deployment put back on {n} (healthy)"
+        return False, f"previous deployment put back on {n} but NOT healthy after {ROLLBACK_HEALTH_S} s"
+
+    def _restore_marker(self, restored_id: str) -> None:
+        """The step marker must describe what runs after the rollback, or nothing."""
+        m = self.marker
+        if m is not None and m.get("container_id") == restored_id:
+            markers.write(self.s, self.node, DEPLOY_MARKER, str(m.get("signature", "-")),
+                          **{k: v for k, v in m.items() if k != "signature"})
+        elif m is not None:
+            markers.write(self.s, self.node, DEPLOY_MARKER, "rolled-back", container_id=restored_id)
+
+    def take_out_of_gateway(self, why: str) -> str:
+        """The node does not serve: out of every pool, and the reason where promotion reads it."""
+        n = self.node.name
+        said = []
+        try:
+            gate = markers.read(self.s, self.node, BENCH_GATE)
+            if gate and gate.get("by") == "deploy":
+                gate = gate.get("before")
+            markers.write(self.s, self.node, BENCH_GATE, "-", promoted=False, by="deploy", before=gate,
+                          reason=f"held out by a failed deploy: {why}")
+        except Exception as e:
+            said.append(f"the hold-out reason could not be recorded on {n} ({_first_line(e)})")
+        try:
+            gw = GatewayHost(self.s)
+            if n in gw.rotation():
+                gw.drain(n)
+                said.insert(0, f"{n} taken out of the gateway")
+            else:
+                said.insert(0, f"{n} is not in the gateway")
+        except Exception as e:
+            said.insert(0, f"{n} could NOT be taken out of the gateway ({_first_line(e)}); drain it by hand")
+        return "; ".join(said)
+
+    def _clear_deploy_gate(self) -> None:
+        """A hold-out a failed deploy recorded ends with a healthy deploy (a bench's stays)."""
+        try:
+            gate = markers.read(self.s, self.node, BENCH_GATE)
+            if gate and gate.get("by") == "deploy":
+                before = gate.get("before") or {"promoted": True, "reason": "healthy deploy"}
+                markers.write(self.s, self.node, BENCH_GATE, "-", **{k: v for k, v in before.items() if k != "signature"})
+        except Exception as e:
+            self.s.log.warning(f"[{self.node.name}] the failed deploy's hold-out marker was not cleared: "
+                               f"{_first_line(e)}; the gateway keeps the node out until its next bench")
+
+
+def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "") -> Deployed:
+    """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
+    DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
+    the node, and re-raises a BaseException after the rollback."""
+    with node_lease(s, node.name, "deploy", run_id=run_id):
+        return _deploy(s, node, spec, log)
+
+
+def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
-    previous = docker.keep_previous(node.name, spec.container_name, spec.image)
-    prepared = preflight.prepare(s, node)
-    report = preflight.evaluate(s, node, preflight.observe(s, node, spec.image, prepared), spec.gpu_memory_utilization)
-    log.info(report.explain())
+    image_id = docker.image_id(node.name, spec.image)
+    if image_id is None:
+        raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
+    spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id})
+    txn = _Transaction(s, node, spec, log)
+    try:
+        txn.set_aside()
+        txn.prepare()
+        assert txn.prepared is not None
+        report = preflight.evaluate(s, node, preflight.observe(s, node, spec.image, txn.prepared),
+                                    spec.gpu_memory_utilization)
+        log.info(report.explain())
+        if not report.passed:
+            raise _NotServing(f"preflight blocked {node.name}: " + "; ".join(
+                f"{c.name}: {c.detail} -> {c.fix}" for c in report.failures()), {"preflight": report.explain()})
 
-    def roll_back(why: str) -> str:
-        if previous is None:
-            return f"{why}; no previous deployment on {node.name} to put back"
-        docker.restore_previous(node.name, spec.container_name, spec.image)
-        back = engine.wait_healthy(f, node, min(600, f.launch_for(node).health_timeout_s))
-        return f"{why}; previous deployment put back on {node.name} ({'healthy' if back else 'NOT healthy yet'})"
+        ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
+        findings = diagnosis.diagnose(log_text)
+        smoke: dict[str, Any] = {}
+        if ok:
+            try:
+                smoke = engine.smoke_test(f, node)
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                ok, smoke = False, {"error": f"{type(e).__name__}: {e}"}
+        container = docker.inspect_container(node.name, spec.container_name) or {}
+        if ok and container.get("Image") != image_id:
+            ok = False  # something else was launched than what we labelled
+        if not ok:
+            first = findings[0] if findings else None
+            why = f"launch on {node.name} did not become healthy"
+            if first:
+                why += (f". Diagnosis: {first.signature.cause} -> {first.signature.fix} "
+                        f"(runbook: {first.signature.runbook_ref})")
+            raise _NotServing(why, {
+                "diagnosis": diagnosis_md(findings),
+                "log_tail": "```\n" + "\n".join(log_text.splitlines()[-40:]) + "\n```",
+            })
+        txn.commit()
+    except BaseException as e:
+        if txn.committed:
+            raise
+        why = e.description if isinstance(e, _NotServing) else f"deploy on {node.name} failed: {_first_line(e)}"
+        log.warning(f"[{node.name}] {why}; rolling back")
+        back, outcome = txn.roll_back()
+        if not back:
+            outcome += "; " + txn.take_out_of_gateway(f"{why}; {outcome}")
+        details = e.details if isinstance(e, _NotServing) else {"error": "```\n" + str(e)[-3000:] + "\n```"}
+        if not isinstance(e, Exception):
+            log.warning(f"[{node.name}] interrupted ({type(e).__name__}); {outcome}")
+            raise  # run termination / KeyboardInterrupt: rolled back, now let it end the run
+        raise DeployFailed(_headline(why, outcome), details) from (None if isinstance(e, _NotServing) else e)
+    finally:
+        txn.restore_exporters()  # after the commit or the rollback: the serving vLLM claims its memory first
 
-    if not report.passed:
-        preflight.restore_exporters(s, node, prepared)
-        msg = roll_back(f"preflight blocked {node.name}: " + "; ".join(
-            f"{c.name}: {c.detail} -> {c.fix}" for c in report.failures()))
-        raise DeployFailed(msg, {"preflight": report.explain()})
-
-    ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
-    findings = diagnosis.diagnose(log_text)
-    smoke: dict[str, Any] = {}
-    if ok:
-        try:
-            smoke = engine.smoke_test(f, node)
-        except (httpx.HTTPError, ValueError, KeyError) as e:
-            ok, smoke = False, {"error": f"{type(e).__name__}: {e}"}
-    if not ok:
-        docker.remove(node.name, spec.container_name, force=True)
-        msg = roll_back(f"launch on {node.name} did not become healthy")
-        preflight.restore_exporters(s, node, prepared)
-        first = findings[0] if findings else None
-        headline = (f"{msg}. Diagnosis: {first.signature.cause} -> {first.signature.fix} "
-                    f"(runbook: {first.signature.runbook_ref})" if first else msg)
-        raise DeployFailed(headline, {
-            "diagnosis": diagnosis_md(findings),
-            "log_tail": "```\n" + "\n".join(log_text.splitlines()[-40:]) + "\n```",
-        })
-
-    docker.drop_previous(node.name, spec.container_name, spec.image)
-    preflight.restore_exporters(s, node, prepared)  # back on now that the node is healthy
-    container = docker.inspect_container(node.name, spec.container_name) or {}
     meta = {
         "kv_cache_tokens": ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
@@ -106,4 +291,11 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed:
         "free_gib_at_preflight": report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }
-    return Deployed(container.get("Id", ""), meta, report.explain(), findings, int(smoke.get("completion_tokens", 0)))
+    return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,
+                    int(smoke.get("completion_tokens", 0)), image_id, spec)
+
+
+def _headline(why: str, outcome: str) -> str:
+    # The e2e and operators read "<what failed>; <what the rollback left>. Diagnosis: ..."
+    head, sep, diag = why.partition(". Diagnosis: ")
+    return f"{head}; {outcome}" + (f". Diagnosis: {diag}" if sep else "")

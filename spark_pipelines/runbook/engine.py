@@ -6,13 +6,13 @@ timeout: a probe is seconds, the smoke test up to two minutes (first tokens afte
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 
 from spark_pipelines.core import diagnosis
 from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.polling import poll_until
 
 SMOKE_PROMPT = "What is 2+2? Be concise."
 PROBE_TIMEOUT_S = 5.0
@@ -41,12 +41,7 @@ def healthy(fleet: Fleet, node: Node, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 
 def wait_healthy(fleet: Fleet, node: Node, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if healthy(fleet, node):
-            return True
-        time.sleep(1)
-    return False
+    return poll_until(lambda: healthy(fleet, node), bool, timeout_s=seconds).done
 
 
 def smoke_test(fleet: Fleet, node: Node) -> dict[str, Any]:

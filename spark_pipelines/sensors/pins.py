@@ -1,50 +1,85 @@
 """Rerun exactly what a pin change makes stale.
 
-Every tick reads the fleet file, derives each step's code version (core/pins.py) and compares it
-with the cursor. The earliest changed steps are requested; declarative automation on the node
-steps carries the change downstream (artifacts -> deployment -> gateway) once they complete.
+The code versions are those of the fleet loaded with the code location (core/pins.py), the same
+ones the UI shows. Each tick compares them with the code version Dagster RECORDED for each step's
+latest materialization (per node for the node steps) and requests the steps that differ, so the
+sensor and the UI's "code version changed" staleness always agree. The earliest changed steps are
+requested; declarative automation on the node steps carries the change downstream (artifacts ->
+deployment -> gateway) once they complete.
+
+An edited fleet file takes effect on a code-location reload (UI "Reload", or restarting `make ui`).
+Until then the sensor keeps to the loaded fleet and says in its skip reason that the file changed.
 """
 
-
-import json
-
+from __future__ import annotations
 
 import dagster as dg
 
-from spark_pipelines.core.pins import changed_steps, code_versions
-from spark_pipelines.core.fleet import FleetError, load_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
+from spark_pipelines.core.pins import code_versions
 
 UNPARTITIONED = ("base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image")
 PER_NODE = ("node_artifacts", "node_deployment")
+# The tag Dagster writes on every materialization of an asset that declares a code version.
+CODE_VERSION_TAG = "dagster/code_version"
 
 
-def pins_sensors(fleet_path: str) -> dg.Definitions:
+def recorded_code_version(instance: dg.DagsterInstance, step: str, partition: str | None = None) -> str | None:
+    """The code version of the latest materialization of `step` (of one node), None if never built."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(step), asset_partitions=[partition] if partition else None),
+        limit=1,
+    ).records
+    if not records or records[0].asset_materialization is None:
+        return None
+    return records[0].asset_materialization.tags.get(CODE_VERSION_TAG)
+
+
+def stale_steps(instance: dg.DagsterInstance, loaded: dict[str, str],
+                fleet: Fleet) -> tuple[list[str], dict[str, list[str]]]:
+    """(unpartitioned steps, node -> node steps) whose recorded code version differs from the
+    loaded one. A step never materialized is not stale: the first build is the operator's."""
+    def stale(step: str, partition: str | None = None) -> bool:
+        return recorded_code_version(instance, step, partition) not in (None, loaded[step])
+
+    build = [s for s in UNPARTITIONED if stale(s)]
+    nodes = {n.name: [s for s in PER_NODE if stale(s, n.name)] for n in fleet.serve_nodes}
+    return build, {name: steps for name, steps in nodes.items() if steps}
+
+
+RELOAD_NOTE = "the fleet file changed since the code location loaded: reload it (UI Reload) to apply the edit"
+
+
+def pins_sensors(fleet: Fleet, fleet_path: str) -> dg.Definitions:
+    loaded = code_versions(fleet)
+
     @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
-               description="Requests the steps whose pins changed in the fleet file.")
+               description="Requests the steps whose recorded code version differs from the loaded fleet's pins.")
     def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        # The file is read only to tell the operator; what is requested follows the loaded fleet.
         try:
-            fleet = load_fleet(fleet_path)
+            note = None if code_versions(load_fleet(fleet_path)) == loaded else RELOAD_NOTE
         except FleetError as e:
-            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}", cursor=context.cursor)
-        now = code_versions(fleet)
-        if context.cursor is None:
-            return dg.SensorResult(cursor=json.dumps(now), skip_reason="first tick: pins recorded")
-        changed = changed_steps(json.loads(context.cursor), now)
-        if not changed:
-            return dg.SensorResult(cursor=json.dumps(now), skip_reason="no pin changed")
-        key = "-".join(f"{s}:{now[s]}" for s in changed)
+            # Mid-edit: nothing runs until the file is whole again (and the location reloaded).
+            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}")
+        build, nodes = stale_steps(context.instance, loaded, fleet)
         requests: list[dg.RunRequest] = []
-        build = [s for s in UNPARTITIONED if s in changed]
         if build:
             # The changed steps and everything unpartitioned after them; nodes follow by automation.
-            first = UNPARTITIONED.index(build[0])
-            selection = [dg.AssetKey(s) for s in UNPARTITIONED[first:] if s in changed or UNPARTITIONED.index(s) > first]
-            requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=selection, tags={"pins": ",".join(changed)}))
-        elif any(s in changed for s in PER_NODE):
-            for node in fleet.serve_nodes:
-                requests.append(dg.RunRequest(run_key=f"{node.name}-{key}", job_name="deploy_node_job",
-                                              partition_key=node.name, tags={"pins": ",".join(changed)}))
-        return dg.SensorResult(run_requests=requests, cursor=json.dumps(now))
+            after = UNPARTITIONED[UNPARTITIONED.index(build[0]):]
+            key = "-".join(f"{s}:{loaded[s]}" for s in after)
+            # The run key holds the code versions: a request is made once per pin change, not per tick.
+            requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=[dg.AssetKey(s) for s in after],
+                                          tags={"pins": ",".join(build)}))
+        else:
+            # A node step is requested only once the build is current: it consumes the build's output.
+            key = "-".join(f"{s}:{loaded[s]}" for s in PER_NODE)
+            for name, steps in nodes.items():
+                requests.append(dg.RunRequest(run_key=f"{name}-{key}", job_name="deploy_node_job",
+                                              partition_key=name, tags={"pins": ",".join(steps)}))
+        if requests:
+            return dg.SensorResult(run_requests=requests)
+        return dg.SensorResult(skip_reason=note or "every step is at the loaded code versions")
 
     # Carries a rebuilt checkpoint or image to every node (eager conditions on the node steps).
     rollout = dg.AutomationConditionSensorDefinition(

@@ -13,7 +13,8 @@ import json
 import dagster as dg
 
 from spark_pipelines.core import gpu
-from spark_pipelines.core.fleet import FleetError, load_fleet
+from spark_pipelines.core.diagnosis import METRIC_RUNNING
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH, RemoteError
 from spark_pipelines.runbook.engine import engine_metrics
@@ -30,22 +31,20 @@ def judge(s: FleetSession, node: str) -> gpu.GpuVerdict:
         return gpu.GpuVerdict(state="unknown", reasons=[f"nvidia-smi not read ({e})"])
 
 
-def wedge_sensors(fleet_path: str) -> dg.Definitions:
+def wedge_sensors(fleet: Fleet) -> dg.Definitions:
+    """`fleet` is the one loaded with the code location: an edit applies on reload (see pins.py)."""
+
     @dg.sensor(name="wedge_watch", job_name="bench_job", minimum_interval_seconds=120,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description="Benches a gateway node whose GPU shows the PD-firmware wedge under live traffic.")
     def wedge_watch(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
-        try:
-            fleet = load_fleet(fleet_path)
-        except FleetError as e:
-            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}", cursor=context.cursor)
         counts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
         requests, seen = [], []
         # HTTP first: SSH is opened only on ticks where some node has live traffic to judge under.
         busy: dict[str, float] = {}
         for node in fleet.serve_nodes:
             metrics = engine_metrics(fleet, node, timeout=5)
-            running = None if metrics is None else metrics.get("vllm:num_requests_running", 0.0)
+            running = None if metrics is None else metrics.get(METRIC_RUNNING, 0.0)
             if running is None:
                 seen.append(f"{node.name}: /metrics unreachable (node_health handles a dead engine)")
             elif not running:

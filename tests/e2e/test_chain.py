@@ -14,6 +14,7 @@ import yaml
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
+from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
 from spark_pipelines.demo import run_chain
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.core.fleet import load_fleet
@@ -97,7 +98,7 @@ def test_materialize_all(chain):
         bench = latest(inst, "bench_results", node)
         assert bench["mean_tok_s"] >= fleet.bench_floor(fleet.node(node))
         assert "| Q&A" in bench["table"] or "Q&A" in bench["table"]
-    assert latest(inst, "mtp_weights")["fp8_scales"] == 144
+    assert latest(inst, "mtp_weights")["fp8_scales"] == EXPECTED_FP8_SCALES
     # The build host was already built by the previous test: every step reused its verified output.
     assert all(latest(inst, a)["skipped"] is True for a in ("base_model", "hybrid_checkpoint", "mtp_weights",
                                                              "base_image", "serving_image"))

@@ -57,8 +57,10 @@ def test_output_streams_line_by_line_while_the_command_runs(node_pair, fleet_ses
     seen: list[tuple[float, str]] = []
     script = "for i in 1 2 3; do echo out-$i; echo err-$i >&2; sleep 0.6; done"
     started = time.monotonic()
-    r = fleet_session.run(node_pair.serve, ["sh", "-c", script], log=lambda line: seen.append((time.monotonic(), line)))
+    r = fleet_session.run(node_pair.serve, ["sh", "-c", script], log=lambda event: seen.append((time.monotonic(), event)))
     ended = time.monotonic()
+    # A log event is a batch of lines (the first after a quiet spell goes out alone, at once).
+    seen = [(t, line) for t, event in seen for line in event.split("\n")]
     lines = [line for _, line in seen]
     node = node_pair.serve
     for i in (1, 2, 3):
@@ -198,14 +200,18 @@ def test_dagster_resource_streams_into_the_run_log(sim_fleet, node_pair, tmp_pat
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(
         [probe],
-        resources={"ssh": FleetSSH(fleet_path=str(fleet_path), command_log_path=str(log_path))},
+        resources={"ssh": FleetSSH(fleet_path=str(fleet_path), command_log_path=str(log_path),
+                                   output_dir=str(tmp_path / "out"))},
         instance=instance,
     )
     assert result.success
     assert result.output_for_node("probe") == "first\nsecond\n"
-    messages = [e.user_message for e in instance.all_logs(result.run_id)]
+    messages = [line for e in instance.all_logs(result.run_id) for line in e.user_message.split("\n")]
     node = node_pair.build
     assert f"[{node}] first" in messages and f"[{node}] second" in messages
     assert messages.index(f"[{node}] first") < messages.index(f"[{node}] second")
     records = read_command_log(log_path)
     assert [(r.node, r.argv[0], r.exit_status) for r in records] == [(node, "sh", 0)]
+    # The whole output is kept where the resource says, and the command log points to it.
+    assert records[0].output and Path(records[0].output).parent == tmp_path / "out"
+    assert Path(records[0].output).read_text().splitlines()[1:3] == ["first", "second"]

@@ -1,163 +1,47 @@
 """Fixtures that start real servers once per session: vLLM (CPU), LiteLLM proxy, vLLM stand-in.
 
-Every server binds 127.0.0.1 on a free port, logs to a file under the session's tmp dir, and is
-stopped (its own process group, by pid) when the session ends. A missing venv skips the tests
-that need it, naming the venv.
+The launchers live in spark_sim.servers (benchmarks/ uses the same ones); here they become
+session fixtures, logging under the session's tmp dir and stopped when the session ends. A
+missing venv skips the tests that need it, naming the venv.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import signal
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.plugins import unavailable
-
-# The Makefile's bootstrap exports where it put the venvs; the shared machines have them here.
-VLLM_PYTHON = Path(os.environ.get("SPARK_VLLM_VENV", "/opt/spark-pipelines/vllm")) / "bin" / "python"
-LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
-SYSTEM_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
-STANDIN = Path(__file__).resolve().parents[2] / "sim" / "spark_sim" / "vllm_standin.py"
-TINY_MODEL_SCRIPT = Path(__file__).with_name("make_tiny_model.py")
-TINY_MODEL_NAME = "tiny"
-# LongCode asks for 2048 tokens; the context must hold it plus the prompt.
-TINY_MAX_MODEL_LEN = 2304
-# The recipe's launch profile (runbook Phase 4), as the stand-in receives it.
-RECIPE_FLAGS = (
-    "--max-model-len", "262144",
-    "--gpu-memory-utilization", "0.85",
-    "--reasoning-parser", "qwen3",
-    "--attention-backend", "FLASHINFER",
-    "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}',
+from spark_sim.servers import (
+    HEALTHY_GPU,
+    LITELLM_BIN,
+    MANDATORY_ENV,
+    RECIPE_FLAGS,
+    STANDIN,
+    VLLM_PYTHON,
+    Served,
+    StandinFactory,
+    free_port,
+    make_tiny_model,
+    start_real_litellm,
+    start_real_vllm,
+    start_server,
 )
-HEALTHY_GPU = {"state": "healthy", "profile": "founders", "free_gib": 107.82, "total_gib": 121.69}
-MANDATORY_ENV = {"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1", "MAX_JOBS": "2",
-                 "FLASHINFER_NVCC_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Served:
-    """A running server: where it answers, its log, and how to stop it."""
-
-    base_url: str
-    model: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    extra: dict[str, str] = field(default_factory=dict)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
-
-
-def _get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 2.0) -> int:
-    req = urllib.request.Request(url, headers=dict(headers or {}))
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
-def start_server(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str],
-    log_path: Path,
-    ready_url: str,
-    base_url: str,
-    model: str,
-    timeout: float,
-    ready_headers: Mapping[str, str] | None = None,
-) -> Served:
-    """Start argv in its own process group and wait until ready_url answers 200."""
-    log = open(log_path, "wb")  # noqa: SIM115 - the child owns it for its lifetime
-    proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=dict(env),
-                            start_new_session=True)
-    log.close()
-    served = Served(base_url, model, proc, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{argv[0]} exited {proc.returncode} before ready; log "
-                               f"{log_path}:\n{served.log()[-3000:]}")
-        if _get(ready_url, ready_headers) == 200:
-            return served
-        time.sleep(0.5)
-    served.stop()
-    raise RuntimeError(f"{argv[0]} not ready after {timeout:.0f} s; log {log_path}:\n"
-                       f"{served.log()[-3000:]}")
-
-
-def loopback_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SIM_", "VLLM_"))}
-    # Loopback only, never through a proxy.
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
-        env.pop(k, None)
-    return env
-
-
-# ---------------------------------------------------------------------------------------------
-# Real vLLM (CPU) serving a tiny random-weight Llama
-# ---------------------------------------------------------------------------------------------
+from tests.plugins import unavailable
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not VLLM_PYTHON.exists():
         unavailable(f"real vLLM venv missing: {VLLM_PYTHON}")
-    out = tmp_path_factory.mktemp("tiny-llama")
-    subprocess.run([str(VLLM_PYTHON), str(TINY_MODEL_SCRIPT), str(out)], check=True,
-                   capture_output=True, timeout=120)
-    return out
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
 def real_vllm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A real vLLM 0.32 CPU server, started once (~60 s) and stopped at session end."""
-    port = free_port()
-    env = loopback_env()
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(tiny_model_dir), "--served-model-name", TINY_MODEL_NAME,
-            "--host", "127.0.0.1", "--port", str(port), "--load-format", "dummy",
-            "--max-model-len", str(TINY_MAX_MODEL_LEN)]
-    base = f"http://127.0.0.1:{port}"
-    served = start_server(argv, env=env, log_path=log_path, ready_url=base + "/health",
-                          base_url=base, model=TINY_MODEL_NAME, timeout=300)
+    served = start_real_vllm(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "vllm.log")
     yield served
     served.stop()
 
@@ -167,101 +51,12 @@ def real_litellm(real_vllm: Served, tmp_path_factory: pytest.TempPathFactory) ->
     """A real LiteLLM proxy in front of `real_vllm`; its master key is in extra['key_env']."""
     if not LITELLM_BIN.exists():
         unavailable(f"real LiteLLM venv missing: {LITELLM_BIN}")
-    port = free_port()
-    key = "sk-" + secrets.token_hex(16)
-    key_env = "SPARK_TEST_LITELLM_KEY"
-    d = tmp_path_factory.mktemp("litellm")
-    config = {
-        "model_list": [{
-            "model_name": TINY_MODEL_NAME,
-            "litellm_params": {"model": f"openai/{TINY_MODEL_NAME}",
-                               "api_base": real_vllm.base_url + "/v1", "api_key": "none"},
-        }],
-        "general_settings": {"master_key": f"os.environ/{key_env}"},
-    }
-    (d / "config.yaml").write_text(json.dumps(config))  # JSON is valid YAML
-    env = loopback_env()
-    env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", key_env: key})
-    base = f"http://127.0.0.1:{port}"
-    served = start_server(
-        [str(LITELLM_BIN), "--config", str(d / "config.yaml"), "--host", "127.0.0.1",
-         "--port", str(port)],
-        env=env, log_path=d / "litellm.log", ready_url=base + "/health/readiness",
-        base_url=base, model=TINY_MODEL_NAME, timeout=120,
-    )
-    served.extra["key_env"] = key_env
-    os.environ[key_env] = key  # the bench CLI reads it via --api-key-env; never printed
+    served = start_real_litellm(real_vllm, tmp_path_factory.mktemp("litellm"))
+    key_env = served.extra["key_env"]
+    os.environ[key_env] = served.extra.pop("key")  # the bench CLI reads it via --api-key-env; never printed
     yield served
     os.environ.pop(key_env, None)
     served.stop()
-
-
-# ---------------------------------------------------------------------------------------------
-# The vLLM stand-in (system python3, stdlib only)
-# ---------------------------------------------------------------------------------------------
-
-
-def standin_argv(port: int, flags: Sequence[str] = RECIPE_FLAGS, model: str = "qwen35-hybrid-v2"
-                 ) -> list[str]:
-    return [SYSTEM_PYTHON, str(STANDIN), "serve", "/models/qwen35-122b-hybrid-int4fp8",
-            "--served-model-name", model, "--host", "127.0.0.1", "--port", str(port), *flags]
-
-
-def standin_env(gpu_file: Path, gpu: Mapping[str, object], extra: Mapping[str, str]) -> dict[str, str]:
-    gpu_file.write_text(json.dumps(gpu))
-    env = loopback_env()
-    env.update({"SIM_GPU_STATE_FILE": str(gpu_file), "SIM_STARTUP_SECONDS": "0.4"})
-    env.update(extra)
-    return env
-
-
-class StandinFactory:
-    """Starts stand-ins with a given GPU state, env and flags; stops them all at teardown."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.started: list[Served] = []
-
-    def __call__(
-        self,
-        *,
-        gpu: Mapping[str, object] = HEALTHY_GPU,
-        env: Mapping[str, str] = MANDATORY_ENV,
-        flags: Sequence[str] = RECIPE_FLAGS,
-        model: str = "qwen35-hybrid-v2",
-        timeout: float = 30.0,
-    ) -> Served:
-        port = free_port()
-        d = self.root / f"standin-{port}"
-        d.mkdir()
-        base = f"http://127.0.0.1:{port}"
-        served = start_server(standin_argv(port, flags, model),
-                              env=standin_env(d / "gpu.json", gpu, env), log_path=d / "vllm.log",
-                              ready_url=base + "/health", base_url=base, model=model,
-                              timeout=timeout)
-        served.extra["gpu_file"] = str(d / "gpu.json")
-        self.started.append(served)
-        return served
-
-    def run_to_exit(
-        self,
-        *,
-        gpu: Mapping[str, object] = HEALTHY_GPU,
-        env: Mapping[str, str] = MANDATORY_ENV,
-        flags: Sequence[str] = RECIPE_FLAGS,
-        timeout: float = 30.0,
-    ) -> tuple[int, str]:
-        """Launch a stand-in expected to die during startup: (exit code, its log)."""
-        port = free_port()
-        d = self.root / f"standin-fail-{port}"
-        d.mkdir()
-        proc = subprocess.run(standin_argv(port, flags), env=standin_env(d / "gpu.json", gpu, env),
-                              capture_output=True, timeout=timeout)
-        return proc.returncode, (proc.stdout + proc.stderr).decode(errors="replace")
-
-    def stop_all(self) -> None:
-        for served in self.started:
-            served.stop()
 
 
 @pytest.fixture(scope="session")
@@ -279,6 +74,6 @@ def healthy_standin(vllm_standin: StandinFactory) -> Served:
 
 
 __all__ = [
-    "HEALTHY_GPU", "MANDATORY_ENV", "RECIPE_FLAGS", "Served", "StandinFactory", "free_port",
+    "HEALTHY_GPU", "MANDATORY_ENV", "RECIPE_FLAGS", "STANDIN", "Served", "StandinFactory", "free_port",
     "start_server",
 ]

@@ -173,6 +173,11 @@ def test_build_report_excludes_warmup_and_renders_table():
     data = report.to_dict()
     assert data["reference_mean_tok_s"] == 51.6
     assert data["prompts"][4]["prompt"] == "LongCode"
+    assert "| **Mean** | | | | **52.0 (50.0-54.0)** | 51.6 | 101% |" in table
+    # A fleet's own reference (bench.reference_tok_s) is what both the table and the data compare with.
+    own = core.build_report(samples, plan, base_url="http://127.0.0.1:8000", model="qwen", suite="recipe",
+                            concurrency=1, reference_mean_tok_s=40.0)
+    assert "| 40 | 130% |" in core.render_markdown(own) and own.to_dict()["reference_mean_tok_s"] == 40.0
 
 
 def test_loaded_phase_aggregate_is_tokens_over_span():

@@ -1,4 +1,7 @@
-"""The demo's Dagster instance home: telemetry off by default, an operator's own config kept."""
+"""The demo's Dagster instance home: telemetry off and one run per node by default, an operator's
+own config kept."""
+
+import dagster as dg
 
 from spark_pipelines.demo import prepare_instance_home
 
@@ -7,7 +10,39 @@ def test_instance_home_turns_telemetry_off_but_keeps_an_existing_config(tmp_path
     home = tmp_path / "home"
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     assert prepare_instance_home() == home
-    assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+    assert (home / "dagster.yaml").read_text().startswith("telemetry:\n  enabled: false\n")
     (home / "dagster.yaml").write_text("run_retries:\n  enabled: true\n")
     prepare_instance_home()
     assert (home / "dagster.yaml").read_text() == "run_retries:\n  enabled: true\n"
+
+
+def test_instance_runs_one_run_per_node_and_one_bench_at_a_time(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    prepare_instance_home()
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits
+        assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+        assert {"key": "spark/bench", "limit": 1} in limits
+        assert instance.telemetry_enabled is False
+    finally:
+        instance.dispose()
+
+
+def test_bench_runs_carry_the_bench_tag(seed_data, tmp_path):
+    import yaml
+
+    from spark_pipelines.assets.bench import BENCH_TAG
+    from spark_pipelines.definitions import build_definitions
+
+    p = tmp_path / "fleet.yaml"
+    p.write_text(yaml.safe_dump(seed_data, sort_keys=False))
+    defs = build_definitions(str(p))
+    assert defs.resolve_job_def("bench_job").tags.get(BENCH_TAG)
+    sched = defs.get_repository_def().get_schedule_def("nightly_bench")
+    ctx = dg.build_schedule_context(scheduled_execution_time=__import__("datetime").datetime(2026, 12, 3, 4, 30),
+                                    repository_def=defs.get_repository_def())
+    reqs = list(sched.evaluate_tick(ctx).run_requests)
+    assert reqs and all(r.tags.get(BENCH_TAG) for r in reqs)
+    assert len({r.partition_key for r in reqs}) == len(reqs)

@@ -7,6 +7,10 @@ from spark_pipelines.core.dockerfile import (
     find_vllm_prs_block, guard_torch_override, inject_local_patch, pin_serving_deps, pin_torch,
     strip_temporary_patches,
 )
+from spark_pipelines.core.fleet import load_fleet
+
+# The pins come from the fleet file, their one home.
+SEED_PINS = load_fleet("fleets/seed.yaml").pins
 
 NIGHTLY = "uv pip install torch torchvision torchaudio triton --index-url https://download.pytorch.org/whl/nightly/cu130"
 UPSTREAM = f"""\
@@ -47,7 +51,7 @@ RUN if [ "$PRE_TRANSFORMERS" = "1" ]; then \\
     fi
 RUN uv pip install ray[default] fastsafetensors
 """
-PINS = TorchPins()
+PINS = TorchPins.of(SEED_PINS.torch)
 
 
 def test_strip_removes_both_blocks_and_is_idempotent():
@@ -127,17 +131,18 @@ def test_apply_build_edits_records_each_edit():
 
 def test_serving_pins_before_entrypoint_once():
     v2 = 'ARG VLLM_BASE=vllm-sm121:latest\nFROM ${VLLM_BASE}\nENTRYPOINT ["vllm"]\nCMD ["serve"]\n'
-    out = pin_serving_deps(v2, ServingPins())
+    out = pin_serving_deps(v2, ServingPins.of(SEED_PINS.serving))
     lines = out.splitlines()
     run = 'RUN pip install --no-deps "starlette>=0.40.0,<1.0" "fastapi>=0.115.0,<0.116.0"'
     assert lines.index(run) == lines.index('ENTRYPOINT ["vllm"]') - 1
-    assert pin_serving_deps(out, ServingPins()) == out
+    assert pin_serving_deps(out, ServingPins.of(SEED_PINS.serving)) == out
     with pytest.raises(DockerfileEditError, match="ENTRYPOINT"):
-        pin_serving_deps("FROM x\n", ServingPins())
+        pin_serving_deps("FROM x\n", ServingPins.of(SEED_PINS.serving))
 
 
 def test_bad_params_are_refused_with_field_name():
     with pytest.raises(ValueError, match="TorchPins.torch"):
-        TorchPins(torch="2.12 ; rm -rf /")
+        TorchPins(torch="2.12 ; rm -rf /", torchvision="0.27.0+cu130", torchaudio="2.11.0+cu130",
+                  index_url="https://download.pytorch.org/whl/cu130")
     with pytest.raises(ValueError, match="LocalPatch.name"):
         LocalPatch("../evil")

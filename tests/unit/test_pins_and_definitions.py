@@ -56,3 +56,26 @@ def test_dagster_definitions_validate(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "All code locations passed validation" in p.stderr + p.stdout
+
+
+def test_hf_token_is_an_envvar_read_when_a_run_starts(monkeypatch):
+    import dagster as dg
+
+    from spark_pipelines.definitions import build_definitions
+    from spark_pipelines.resources.hub import ModelHub, model_hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    defs = build_definitions("fleets/seed.yaml")  # loads without a token: the pinned repos are public
+    assert defs.resources["hub"].hf_token is None
+
+    @dg.asset
+    def uses_hub(hub: ModelHub) -> dict:
+        return hub.secret_env()
+
+    assert dg.materialize([uses_hub], resources={"hub": model_hub()}).output_for_node("uses_hub") == {}
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    hub = model_hub()
+    # The definitions hold the variable's name, not the secret; Dagster resolves it per run.
+    assert isinstance(hub.hf_token, dg.EnvVar) and "hf_secret_value" not in repr(hub.hf_token)
+    res = dg.materialize([uses_hub], resources={"hub": hub})
+    assert res.output_for_node("uses_hub") == {"HF_TOKEN": "hf_secret_value"}

@@ -180,3 +180,77 @@ def test_rollback_names():
     assert remote.previous_image_tag("vllm-qwen35-v2") == "vllm-qwen35-v2:previous"
     assert remote.previous_image_tag("vllm-qwen35-v2:abc123") == "vllm-qwen35-v2:previous"
     assert remote.previous_image_tag("team/vllm:v2") == "team/vllm:previous"
+
+
+# -- log batching -----------------------------------------------------------------------------------
+
+
+def _feed(b: remote.LogBatcher, lines: list[str], start: float = 0.0, step: float = 0.0) -> list[str]:
+    events: list[str] = []
+    for i, line in enumerate(lines):
+        events += b.add(line, start + i * step)
+    return events
+
+
+def test_log_batcher_sends_a_lone_line_at_once_and_joins_a_burst():
+    b = remote.LogBatcher(max_lines=5, max_seconds=2.0, max_events=10)
+    assert b.add("first", 0.0) == ["first"]  # nothing pending, nothing sent lately: live
+    assert b.add("a", 0.1) == [] and b.add("b", 0.2) == [] and b.add("c", 0.3) == []
+    assert b.tick(1.0) == []  # the batch is 0.9 s old
+    assert b.tick(2.2) == ["a\nb\nc"]  # 2.1 s old: out, without waiting for another line
+    assert b.add("d", 2.3) == []  # sent 0.1 s ago: batched again
+    assert b.finish(3.0, "out.log") == ["d"]
+    assert b.events == 3 and b.suppressed == 0
+
+
+def test_log_batcher_flushes_at_max_lines():
+    b = remote.LogBatcher(max_lines=3, max_seconds=60.0, max_events=10)
+    events = _feed(b, [f"l{i}" for i in range(7)], step=0.01)
+    assert events == ["l0", "l1\nl2\nl3", "l4\nl5\nl6"]
+    assert b.finish(1.0, "x") == []
+
+
+def test_log_batcher_after_quiet_spell_sends_the_next_line_at_once():
+    b = remote.LogBatcher(max_lines=100, max_seconds=1.0, max_events=10)
+    assert b.add("one", 0.0) == ["one"]
+    assert b.add("two", 5.0) == ["two"]  # quiet for 5 s: no reason to hold it back
+    assert b.add("three", 5.1) == []
+    assert b.tick(6.2) == ["three"]
+
+
+def test_log_batcher_bounds_the_events_and_names_the_file():
+    b = remote.LogBatcher(max_lines=10, max_seconds=60.0, max_events=5, closing_lines=3)
+    lines = [f"line-{i}" for i in range(40_000)]
+    events = _feed(b, lines, step=0.0001) + b.finish(10.0, "/tmp/out.log")
+    assert len(events) == 6  # five batches and the closing event
+    shown = [x for e in events[:-1] for x in e.split("\n")]
+    assert shown == lines[: len(shown)]
+    held = 40_000 - len(shown)
+    assert events[-1].startswith(f"... {held} more lines in /tmp/out.log")
+    assert events[-1].endswith("line-39997\nline-39998\nline-39999")
+
+
+def test_log_batcher_is_linear_in_the_lines():
+    import time as _time
+
+    b = remote.LogBatcher()
+    t0 = _time.perf_counter()
+    for i in range(200_000):
+        b.add("x" * 80, i * 1e-5)
+    b.finish(10.0, "f")
+    assert _time.perf_counter() - t0 < 5  # ~0.2 s; a quadratic policy takes minutes
+
+
+def test_log_batcher_refuses_nonsense_limits():
+    with pytest.raises(ValueError):
+        remote.LogBatcher(max_lines=0)
+    with pytest.raises(ValueError):
+        remote.LogBatcher(max_events=0)
+
+
+def test_every_runbook_limit_is_positive_and_long_steps_outlast_the_default():
+    d = remote.DEFAULT_COMMAND_TIMEOUT_S
+    assert 0 < remote.PROBE_TIMEOUT_S < d
+    assert remote.IMAGE_BUILD_TIMEOUT_S >= 90 * 60  # runbook: ~90 min on GX10
+    assert remote.CHECKPOINT_BUILD_TIMEOUT_S >= 20 * 60  # runbook: ~20 min
+    assert min(remote.DOWNLOAD_TIMEOUT_S, remote.COPY_TIMEOUT_S, remote.IMAGE_COPY_TIMEOUT_S) > d

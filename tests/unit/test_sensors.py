@@ -1,5 +1,6 @@
-"""Sensors: the pins sensor requests exactly the changed steps; the health sensor redeploys a node
-only after consecutive failed probes (probed over real HTTP on loopback)."""
+"""Sensors: the pins sensor requests exactly the steps whose code version, as the instance recorded
+it, differs from the loaded fleet's; the health sensor redeploys a node only after consecutive
+failed probes (probed over real HTTP on loopback)."""
 
 import http.server
 import json
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from spark_pipelines.definitions import build_definitions
-from spark_pipelines.sensors.health import FAILURES_BEFORE_REDEPLOY
+from spark_pipelines.sensors.health import FAILURES_BEFORE_REDEPLOY, ContainerState, health_sensors
 
 
 def write(tmp_path, data, name="fleet.yaml"):
@@ -23,45 +24,96 @@ def sensor(defs, name):
     return defs.get_repository_def().get_sensor_def(name)
 
 
-def test_pins_sensor_records_then_requests_changed_steps(tmp_path, seed_data):
+def record(instance, defs, steps, partitions=(None,)):
+    """Materialize stand-ins of `steps` carrying the code versions `defs` declares, so the INSTANCE
+    records them the way a real run does (Dagster writes each materialization's code version)."""
+    graph = defs.get_repository_def().asset_graph
+    assets = []
+    for step in steps:
+        node = graph.get(dg.AssetKey(step))
+
+        @dg.asset(name=step, code_version=node.code_version, partitions_def=node.partitions_def)
+        def stand_in() -> None:
+            return None
+
+        assets.append(stand_in)
+    for p in partitions:
+        assert dg.materialize(assets, instance=instance, partition_key=p).success
+
+
+UNPARTITIONED = ["base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image"]
+PER_NODE = ["node_artifacts", "node_deployment"]
+
+
+def built(instance, defs):
+    record(instance, defs, UNPARTITIONED)
+    record(instance, defs, PER_NODE, partitions=("spark1", "spark2"))
+
+
+def tick(defs, instance):
+    return sensor(defs, "pins_changed")(dg.build_sensor_context(instance=instance, definitions=defs))
+
+
+def test_pins_sensor_requests_nothing_before_the_first_build_or_when_current(tmp_path, seed_data):
+    defs = build_definitions(write(tmp_path, seed_data))
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance)
+        assert not first.run_requests  # never built: the first build is the operator's
+        built(instance, defs)
+        same = tick(defs, instance)
+        assert not same.run_requests and "loaded code versions" in str(same.skip_reason)
+
+
+def test_pins_sensor_requests_exactly_the_stale_steps_after_a_reload(tmp_path, seed_data):
     path = write(tmp_path, seed_data)
-    defs = build_definitions(path)
-    s = sensor(defs, "pins_changed")
-    first = s(dg.build_sensor_context(cursor=None, definitions=defs))
-    assert not first.run_requests and first.cursor
-    same = s(dg.build_sensor_context(cursor=first.cursor, definitions=defs))
-    assert not same.run_requests
-    seed_data["pins"]["vllm_ref"] = "0123456789"
-    write(tmp_path, seed_data)
-    changed = s(dg.build_sensor_context(cursor=first.cursor, definitions=defs))
-    assert len(changed.run_requests) == 1
-    keys = {k.to_user_string() for k in changed.run_requests[0].asset_selection}
-    assert keys == {"base_image", "serving_image"}
-    assert json.loads(changed.cursor) != json.loads(first.cursor)
+    loaded = build_definitions(path)
+    with dg.instance_for_test() as instance:
+        built(instance, loaded)
+        seed_data["pins"]["vllm_ref"] = "0123456789"
+        write(tmp_path, seed_data)
+        # Not reloaded yet: the sensor keeps to the loaded code versions, as the UI does, and says why.
+        before = tick(loaded, instance)
+        assert not before.run_requests and "reload" in str(before.skip_reason)
+        reloaded = build_definitions(path)
+        res = tick(reloaded, instance)
+        assert len(res.run_requests) == 1
+        keys = {k.to_user_string() for k in res.run_requests[0].asset_selection}
+        assert keys == {"base_image", "serving_image"}
+        assert res.run_requests[0].tags["pins"] == "base_image"
+        # The same request (same run key) on the next tick: Dagster launches it once.
+        assert tick(reloaded, instance).run_requests[0].run_key == res.run_requests[0].run_key
+        # Once the instance records the new code versions, nothing is stale any more.
+        record(instance, reloaded, ["base_image", "serving_image"])
+        assert not tick(reloaded, instance).run_requests
 
 
 def test_pins_sensor_launch_change_requests_each_node(tmp_path, seed_data):
     path = write(tmp_path, seed_data)
-    defs = build_definitions(path)
-    s = sensor(defs, "pins_changed")
-    cursor = s(dg.build_sensor_context(cursor=None, definitions=defs)).cursor
-    seed_data["launch"]["max_model_len"] = 131072
-    write(tmp_path, seed_data)
-    res = s(dg.build_sensor_context(cursor=cursor, definitions=defs))
-    assert sorted(r.partition_key for r in res.run_requests) == ["spark1", "spark2"]
-    assert all(r.job_name == "deploy_node_job" for r in res.run_requests)
+    with dg.instance_for_test() as instance:
+        built(instance, build_definitions(path))
+        seed_data["launch"]["max_model_len"] = 131072
+        write(tmp_path, seed_data)
+        reloaded = build_definitions(path)
+        res = tick(reloaded, instance)
+        assert sorted(r.partition_key for r in res.run_requests) == ["spark1", "spark2"]
+        assert all(r.job_name == "deploy_node_job" and r.tags["pins"] == "node_deployment" for r in res.run_requests)
+        # A node already deployed at the new launch profile is not requested again.
+        record(instance, reloaded, ["node_deployment"], partitions=("spark1",))
+        assert [r.partition_key for r in tick(reloaded, instance).run_requests] == ["spark2"]
 
 
 def test_pins_sensor_skips_a_broken_fleet_file(tmp_path, seed_data):
     path = write(tmp_path, seed_data)
     defs = build_definitions(path)
-    s = sensor(defs, "pins_changed")
-    cursor = s(dg.build_sensor_context(cursor=None, definitions=defs)).cursor
-    seed_data["launch"]["gpu_memory_utilization"] = 0.5
-    write(tmp_path, seed_data)
-    res = s(dg.build_sensor_context(cursor=cursor, definitions=defs))
-    assert not res.run_requests and res.cursor == cursor
-    assert "fleet file unusable" in str(res.skip_reason) and "gpu_memory_utilization" in str(res.skip_reason)
+    with dg.instance_for_test() as instance:
+        built(instance, defs)
+        seed_data["pins"]["vllm_ref"] = "0123456789"
+        built(instance, build_definitions(write(tmp_path, seed_data)))  # the instance now differs from `defs`
+        seed_data["launch"]["gpu_memory_utilization"] = 0.5
+        write(tmp_path, seed_data)
+        res = tick(defs, instance)
+        assert not res.run_requests
+        assert "fleet file unusable" in str(res.skip_reason) and "gpu_memory_utilization" in str(res.skip_reason)
 
 
 @pytest.fixture()
@@ -88,20 +140,21 @@ def test_health_sensor_redeploys_after_consecutive_failures(tmp_path, seed_data,
     for n in seed_data["nodes"]:
         n["host"] = "127.0.0.1"
     seed_data["launch"]["port"] = port
-    defs = build_definitions(write(tmp_path, seed_data))
-    s = sensor(defs, "node_health")
+    # The container is gone (not starting): the redeploy is due at the Nth failed probe.
+    defs = health_sensors(write(tmp_path, seed_data), container_state=lambda f, n: ContainerState(False))
+    s = next(iter(defs.sensors))
     cursor = None
-    res = s(dg.build_sensor_context(cursor=cursor, definitions=defs))
+    res = s(dg.build_sensor_context(cursor=cursor))
     assert not res.run_requests
     state["up"] = False
     requested = []
     for _ in range(FAILURES_BEFORE_REDEPLOY + 1):
-        res = s(dg.build_sensor_context(cursor=res.cursor, definitions=defs))
+        res = s(dg.build_sensor_context(cursor=res.cursor))
         requested.append(sorted(r.partition_key for r in res.run_requests))
     # Nothing until the Nth failure, then exactly one request per node, then no storm.
     assert requested[: FAILURES_BEFORE_REDEPLOY - 1] == [[]] * (FAILURES_BEFORE_REDEPLOY - 1)
     assert requested[FAILURES_BEFORE_REDEPLOY - 1] == ["spark1", "spark2"]
     assert requested[FAILURES_BEFORE_REDEPLOY] == []
     state["up"] = True
-    res = s(dg.build_sensor_context(cursor=res.cursor, definitions=defs))
-    assert json.loads(res.cursor) == {"spark1": 0, "spark2": 0}
+    res = s(dg.build_sensor_context(cursor=res.cursor))
+    assert json.loads(res.cursor) == {"spark1": {"failures": 0}, "spark2": {"failures": 0}}

@@ -42,9 +42,9 @@ def test_status_without_a_fleet_says_so(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_bad_slot_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("SPARK_SIM_SLOT", "12")
+    monkeypatch.setenv("SPARK_SIM_SLOT", "40")
     assert sim_command(["status"]) == 1
-    assert "SPARK_SIM_SLOT=12" in capsys.readouterr().err
+    assert "SPARK_SIM_SLOT=40" in capsys.readouterr().err
 
 
 def _bundle(tmp_path: Path, env: list[str]) -> Path:

@@ -5,6 +5,10 @@ import subprocess
 
 from spark_pipelines.core.dockerfile import LocalPatch, ServingPins, TorchPins, apply_build_edits, pin_serving_deps
 from spark_sim import upstream
+from spark_pipelines.core.fleet import load_fleet
+
+# The pins come from the fleet file, their one home.
+SEED_PINS = load_fleet("fleets/seed.yaml").pins
 
 
 def test_repos_are_reproducible(tmp_path):
@@ -16,7 +20,7 @@ def test_build_dockerfile_takes_the_real_edits(tmp_path):
     upstream.make_build_repo(tmp_path / "b")
     text = (tmp_path / "b" / "Dockerfile").read_text()
     assert "ARG SIM_BASE_IMAGE=sim-python-base:latest" in text and "# syntax=" not in text
-    edited, records = apply_build_edits(text, TorchPins(), [LocalPatch("pr38325")])
+    edited, records = apply_build_edits(text, TorchPins.of(SEED_PINS.torch), [LocalPatch("pr38325")])
     assert all(r.changed for r in records)
     assert "torch==2.12.0+cu130" in edited and "nightly" not in edited
 
@@ -36,7 +40,7 @@ def test_dockerfile_v2_takes_the_starlette_pin(tmp_path):
     upstream.make_recipe_repo(tmp_path / "r")
     v2 = (tmp_path / "r" / "docker" / "Dockerfile.v2").read_text()
     assert "ARG VLLM_BASE=" in v2 and upstream.LMHEAD_MARKER in v2
-    assert "starlette" in pin_serving_deps(v2, ServingPins())
+    assert "starlette" in pin_serving_deps(v2, ServingPins.of(SEED_PINS.serving))
 
 
 def test_build_and_copy_rejects_bad_flags(tmp_path):

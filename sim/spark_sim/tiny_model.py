@@ -1,7 +1,7 @@
 """Write a tiny random-weight Llama checkpoint directory that real vLLM (CPU) can serve.
 
 Run with the vLLM venv's interpreter (it needs `tokenizers`):
-    $SPARK_VLLM_VENV/bin/python tests/plugins/make_tiny_model.py OUT_DIR
+    $SPARK_VLLM_VENV/bin/python sim/spark_sim/tiny_model.py OUT_DIR
 Weights are not written: vLLM serves it with `--load-format dummy`. No hub access is needed.
 """
 
@@ -97,5 +97,5 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: make_tiny_model.py OUT_DIR")
+        raise SystemExit("usage: tiny_model.py OUT_DIR")
     main(Path(sys.argv[1]))

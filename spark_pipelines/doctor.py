@@ -1,0 +1,142 @@
+"""`spark-pipelines doctor`: the health sweep for a person at a terminal. Reads, never changes.
+
+One line per node: verdict, the evidence that decided it, the runbook's advice. `--format json`
+prints {"nodes": {NAME: {"verdict", "evidence", "advice"}}}. The node's bench history (for
+`regressed`) comes from the Dagster instance in DAGSTER_HOME when one is set. Exit status 0 when every node is
+healthy or starting, 1 when some node needs action, 2 for bad input (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from spark_pipelines.core import health
+from spark_pipelines.core.fleet import Fleet, FleetError, Node, load_fleet
+from spark_pipelines.runbook import sweep
+
+DEFAULT_FLEET = "fleets/seed.yaml"
+PROG = "spark-pipelines doctor"
+
+
+class DoctorUsageError(Exception):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The doctor's arguments, on its subparser of `spark_pipelines.cli`'s one parser."""
+    p.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET), help="fleet file")
+    p.add_argument("--node", help="probe only this node")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def _targets(fleet: Fleet, only: str | None) -> list[Node]:
+    if only is None:
+        return fleet.serve_nodes
+    node = fleet.node(only)  # FleetError names the known nodes
+    if "serve" not in node.roles:
+        raise DoctorUsageError(f"{PROG}: node {only!r} has no 'serve' role, so nothing serves there to probe; "
+                               f"serve nodes: {', '.join(n.name for n in fleet.serve_nodes)}")
+    return [node]
+
+
+def _check_credentials(nodes: list[Node]) -> None:
+    """A missing key or known_hosts file is the operator's input, not a node being down."""
+    for n in nodes:
+        if n.key_path is not None and not Path(os.path.expanduser(n.key_path)).is_file():
+            raise DoctorUsageError(f"{PROG}: node {n.name}: key_path {n.key_path} does not exist; fix key_path in "
+                                   "the fleet file (or set it to null to use ssh-agent)")
+        if not Path(os.path.expanduser(n.known_hosts)).is_file():
+            raise DoctorUsageError(f"{PROG}: node {n.name}: known_hosts {n.known_hosts} does not exist; add the "
+                                   "node's verified host key there (ssh-keyscan -p PORT HOST >> FILE)")
+
+
+def render_text(verdicts: dict[str, health.NodeVerdict]) -> str:
+    width = max((len(n) for n in verdicts), default=0)
+    lines = []
+    for name, v in verdicts.items():
+        evidence = "; ".join(v.evidence) or "no evidence"
+        lines.append(f"{name:<{width}}  {v.verdict:<11}  {evidence}  -> {v.advice}")
+    return "\n".join(lines)
+
+
+def render_json(verdicts: dict[str, health.NodeVerdict]) -> str:
+    return json.dumps({"nodes": {name: v.to_dict() for name, v in verdicts.items()}}, indent=2)
+
+
+BENCH_HISTORY_LIMIT = 20
+
+
+def bench_histories(names: list[str], instance: Any = None) -> dict[str, health.BenchHistory]:
+    """The nodes' last benches from the Dagster instance (DAGSTER_HOME), oldest first; {} when
+    there is no instance to read: a missing history only means `regressed` cannot be judged."""
+    import dagster as dg  # only here: the rest of the doctor runs without Dagster
+
+    if instance is None:
+        if not os.environ.get("DAGSTER_HOME"):
+            return {}
+        try:
+            instance = dg.DagsterInstance.get()
+        except Exception:  # an unusable DAGSTER_HOME must not stop the sweep
+            return {}
+    out: dict[str, health.BenchHistory] = {}
+    for name in names:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[name]),
+            limit=BENCH_HISTORY_LIMIT).records
+        tok_s: list[float] = []
+        acceptance: list[float] = []
+        latest_gpu = None
+        for rec in reversed(records):  # newest first from the instance
+            meta = rec.asset_materialization.metadata if rec.asset_materialization else {}
+            mean = meta.get("mean_tok_s")
+            if mean is None or not float(mean.value):
+                continue  # a bench that measured nothing is not a point of the history
+            tok_s.append(float(mean.value))
+            rate = meta.get("spec_acceptance_rate")
+            if rate is not None:
+                acceptance.append(float(rate.value))
+            state = meta.get("gpu_under_load")
+            latest_gpu = None if state is None else str(state.value)
+        if tok_s:
+            out[name] = health.BenchHistory(tuple(tok_s), tuple(acceptance) if len(acceptance) == len(tok_s)
+                                            else (), latest_gpu)
+    return out
+
+
+def run(fleet: Fleet, only: str | None = None, instance: Any = None) -> dict[str, health.NodeVerdict]:
+    targets = _targets(fleet, only)
+    _check_credentials(targets)
+    history = bench_histories([n.name for n in targets], instance)
+    quiet = logging.getLogger("spark_pipelines.doctor")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    with sweep.open_session(fleet, logger=quiet) as s:
+        reports = sweep.sweep(s, targets, bench=history)
+    return {name: r.verdict for name, r in reports.items()}
+
+
+def doctor_run(args: argparse.Namespace) -> int:
+    """The doctor on parsed arguments (spark_pipelines.cli parses them)."""
+    # paramiko reports every failed connect on stderr; the verdict already says it.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    try:
+        fleet = load_fleet(args.fleet)
+        verdicts = run(fleet, args.node)
+    except (DoctorUsageError, FleetError) as e:
+        print("; ".join(line.strip() for line in str(e).splitlines() if line.strip()), file=sys.stderr)
+        return 2
+    print(render_json(verdicts) if args.format == "json" else render_text(verdicts))
+    return health.summary_exit_status(verdicts)
+
+
+def doctor_command(argv: list[str]) -> int:
+    """`spark-pipelines doctor ARGS` (the entry point tests call)."""
+    from spark_pipelines.cli import main
+
+    return main(["doctor", *argv])

@@ -1,0 +1,354 @@
+"""The deploy as a transaction, on the simulated fleet (real sshd + dockerd, vLLM stand-in, LiteLLM).
+
+spark1 is built and deployed once (through Dagster) and put in the gateway; each test then breaks
+a deploy of it in one way and asserts the transaction's promise: the previous deployment serves
+again (same container, image tag back, step marker consistent) and the gateway still routes to
+it, or the node is out of the gateway with the reason recorded. Order matters inside this module:
+one fleet, one instance, one history.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import dagster as dg
+import httpx
+import pytest
+import yaml
+
+from spark_pipelines.core import remote
+from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
+from spark_pipelines.definitions import build_definitions
+from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.lease import NodeBusy, node_lease
+from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, SshSettings
+from spark_pipelines.runbook import markers
+from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy
+from spark_pipelines.runbook.rotation import BENCH_GATE
+
+pytestmark = pytest.mark.slow
+
+NODE = "spark1"
+EXPORTER = "node_exporter"
+LOG = logging.getLogger("test.deploy")
+
+
+@pytest.fixture(scope="module")
+def env(sim_fleet, tmp_path_factory):
+    root = tmp_path_factory.mktemp("txn")
+    (root / "dagster").mkdir()
+    instance = dg.DagsterInstance.local_temp(str(root / "dagster"))
+    fleet_path = str(sim_fleet.fleet_file)
+    defs = build_definitions(fleet_path)
+    for job, part in (("build_job", None), ("deploy_node_job", NODE), ("gateway_job", None)):
+        res = defs.resolve_job_def(job).execute_in_process(instance=instance, partition_key=part, raise_on_error=False)
+        assert res.success, f"{job} failed while setting up the module"
+    try:
+        yield {"instance": instance, "fleet_path": fleet_path, "root": root, "fleet": load_fleet(fleet_path)}
+    finally:
+        instance.dispose()
+
+
+@pytest.fixture()
+def s(env):
+    with FleetSession(env["fleet"], SshSettings(connect_retries=1)) as session:
+        yield session
+
+
+def variant(env, name, change) -> str:
+    data = yaml.safe_load(open(env["fleet_path"]))
+    change(data)
+    path = env["root"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def snapshot(s: FleetSession) -> dict:
+    """What the transaction promises to keep: container, image tag, marker, gateway, health."""
+    f = s.fleet
+    node = f.node(NODE)
+    spec = launch_spec(f, node)
+    d = NodeDocker(s)
+    live = d.inspect_container(NODE, spec.container_name) or {}
+    return {
+        "id": live.get("Id"),
+        "running": bool(live.get("State", {}).get("Running")),
+        "image": live.get("Image"),
+        "tag": d.image_id(NODE, spec.image),
+        "previous": d.inspect_container(NODE, remote.previous_container_name(spec.container_name)),
+        "previous_tag": d.image_id(NODE, remote.previous_image_tag(spec.image)),
+        "marker": markers.read(s, node, DEPLOY_MARKER),
+        "in_gateway": NODE in GatewayHost(s).rotation(),
+        "healthy": httpx.get(f"http://{node.host}:{f.launch_for(node).port}/health", timeout=5).status_code == 200,
+    }
+
+
+def assert_previous_serves(before: dict, after: dict) -> None:
+    assert after["id"] == before["id"] and after["running"]
+    assert after["tag"] == before["tag"] == after["image"]
+    assert after["previous"] is None and after["previous_tag"] is None
+    assert after["marker"] == before["marker"] and after["marker"]["container_id"] == after["id"]
+    assert after["in_gateway"] and after["healthy"]
+
+
+def failure_of(res) -> str:
+    return " ".join(e.step_failure_data.user_failure_data.description for e in res.all_events
+                    if e.is_step_failure and e.step_failure_data.user_failure_data)
+
+
+def bad_mount(d):
+    # A cache mount onto a file of the image: validation accepts it, `docker run` exits 125.
+    d["launch"]["cache_mounts"].append({"host": "~/.cache/spark-test-bad-mount", "container": "/etc/os-release"})
+
+
+def test_deploy_labels_the_container(env, s):
+    node = s.fleet.node(NODE)
+    live = NodeDocker(s).inspect_container(NODE, launch_spec(s.fleet, node).container_name)
+    labels = live["Config"]["Labels"]
+    assert labels[DEPLOY_LABEL] == launch_spec(s.fleet, node).fingerprint
+    assert labels["org.spark-pipelines.image"] == live["Image"]
+
+
+def test_docker_run_exit_125_rolls_back(env, s):
+    before = snapshot(s)
+    assert before["healthy"] and before["in_gateway"]
+    path = variant(env, "badmount", bad_mount)
+    res = build_definitions(path).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key=NODE, raise_on_error=False)
+    assert not res.success
+    why = failure_of(res)
+    assert "status 125" in why and f"previous deployment put back on {NODE} (healthy)" in why
+    assert_previous_serves(before, snapshot(s))
+    # The failed launch's container is gone, not parked as a rollback point.
+    names = s.run(NODE, ["docker", "ps", "-a", "--format", "{{.Names}}"], log=False).stdout.split()
+    assert names.count(launch_spec(s.fleet, s.fleet.node(NODE)).container_name) == 1
+
+
+def test_rerun_after_a_crashed_deploy_keeps_the_previous(env, s):
+    """A run that died between `docker run` (exit 125: a `Created` container) and its rollback
+    leaves the good container as `-previous`; a rerun must not delete it."""
+    before = snapshot(s)
+    node = s.fleet.node(NODE)
+    spec = launch_spec(s.fleet, node)
+    d = NodeDocker(s)
+    prev_name = remote.previous_container_name(spec.container_name)
+    d.stop(NODE, spec.container_name, timeout_s=10)
+    d.rename(NODE, spec.container_name, prev_name)
+    s.run(NODE, ["docker", "create", "--name", spec.container_name, spec.image, "true"], log=False)
+    path = variant(env, "badmount2", bad_mount)
+    res = build_definitions(path).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key=NODE, raise_on_error=False)
+    assert not res.success and "put back on spark1 (healthy)" in failure_of(res)
+    assert_previous_serves(before, snapshot(s))
+
+
+def test_interrupted_deploy_rolls_back_and_reraises(env, s):
+    """A KeyboardInterrupt (what a Dagster run termination looks like in the step) after the
+    set-aside and the preflight: rolled back, exporters started again, then re-raised."""
+    before = snapshot(s)
+    node = s.fleet.node(NODE)
+    # An exporter that preflight stops (it holds a CUDA context on a real node) and must restart.
+    s.run(NODE, ["docker", "run", "-d", "--name", EXPORTER, "--entrypoint", "sleep",
+                 launch_spec(s.fleet, node).image, "3600"], log=False)
+
+    class Interrupting:
+        def info(self, msg):
+            raise KeyboardInterrupt  # the first line deploy logs: the preflight report, after the set-aside
+
+        warning = staticmethod(LOG.warning)
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            deploy(s, node, launch_spec(s.fleet, node), Interrupting())
+        assert_previous_serves(before, snapshot(s))
+        running = s.run(NODE, ["docker", "ps", "--format", "{{.Names}}"], log=False).stdout.split()
+        assert EXPORTER in running
+    finally:
+        s.run(NODE, ["docker", "rm", "-f", EXPORTER], check=False, log=False)
+
+
+def test_two_deploys_of_one_node_at_once(env):
+    fleet = env["fleet"]
+    node = fleet.node(NODE)
+    start = threading.Barrier(2)
+    outcome: dict[int, object] = {}
+    sessions = [FleetSession(fleet, SshSettings(connect_retries=1)) for _ in range(2)]
+
+    def one(i):
+        start.wait()
+        try:
+            outcome[i] = deploy(sessions[i], node, launch_spec(fleet, node), LOG, run_id=f"thread-{i}")
+        except Exception as e:  # noqa: BLE001 - the assertion below says which
+            outcome[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        busy = [o for o in outcome.values() if isinstance(o, NodeBusy)]
+        done = [o for o in outcome.values() if not isinstance(o, Exception)]
+        assert len(busy) == 1 and len(done) == 1, outcome
+        assert f"node {NODE} is busy" in str(busy[0]) and "deploy (run thread-" in str(busy[0])
+        runs = [c for sess in sessions for c in sess.commands if list(c.argv[:3]) == ["docker", "run", "-d"]]
+        assert len(runs) == 1
+    finally:
+        for sess in sessions:
+            sess.close()
+    # The deploy outside Dagster left a new container: a Dagster run records it (and deploys again,
+    # since the step marker names the old container).
+    res = build_definitions(env["fleet_path"]).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key=NODE, raise_on_error=False)
+    assert res.success
+
+
+HOLDER = """
+import sys, time
+from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.resources.ssh import FleetSession
+with FleetSession(load_fleet(sys.argv[1])) as s, node_lease(s, sys.argv[2], "bench", run_id="doomed"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("target", [NODE, GATEWAY_KEY])
+def test_lease_of_a_killed_run_is_free_again_within_seconds(env, s, target):
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, env["fleet_path"], target], stdout=subprocess.PIPE, text=True,
+                         cwd=os.getcwd())
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(NodeBusy, match=rf"busy: bench \(run doomed, pid {p.pid} on .*since .*UTC\)"):
+            with node_lease(s, target, "deploy"):
+                pass
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        killed = time.monotonic()
+        while True:
+            try:
+                with node_lease(s, target, "deploy") as lease:
+                    assert not lease.lost
+                break
+            except NodeBusy:
+                assert time.monotonic() - killed < 10, "the lease of a killed run was still held after 10 s"
+                time.sleep(0.5)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    # Re-entrant in one session and thread; released at the end of the block.
+    with node_lease(s, target, "experiment") as outer, node_lease(s, target, "deploy") as inner:
+        assert inner is outer
+    with node_lease(s, target, "deploy"):
+        pass
+
+
+def test_serving_check_fails_when_a_rollback_left_the_old_image(env, s):
+    """node_artifacts recorded a new image, the node runs the old one (a rollback moved the tag
+    back): the serving check fails naming the node and the fix, nothing is launched, and once the
+    new image is there the next deploy does not skip."""
+    fleet = env["fleet"]
+    node = fleet.node(NODE)
+    spec = launch_spec(fleet, node)
+    d = NodeDocker(s)
+    before = snapshot(s)
+    old_image = before["image"]
+    s.run(NODE, ["docker", "commit", "--change", "LABEL org.spark-pipelines.test-new=1", before["id"],
+                 "spark-test-new:1"], log=False)
+    new_image = d.image_id(NODE, "spark-test-new:1")
+    assert new_image != old_image
+    defs = build_definitions(env["fleet_path"])
+    deployment = defs.get_assets_def("node_deployment")
+    art = env["instance"].fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("node_artifacts"), asset_partitions=[NODE]), limit=1).records
+    assert art
+
+    def materialize(recorded):
+        @dg.asset(name="node_artifacts", partitions_def=deployment.partitions_def)
+        def recorded_artifacts():
+            return {"node": NODE, "path": "-", "image": spec.image, "image_id": recorded, "index": "-"}
+
+        res = dg.materialize([recorded_artifacts, deployment], partition_key=NODE, instance=env["instance"],
+                             resources={"ssh": FleetSSH(fleet_path=env["fleet_path"])}, raise_on_error=False)
+        check = next(e for e in res.get_asset_check_evaluations() if e.check_name == "serving")
+        assert res.success == check.passed  # the check is blocking
+        meta = next(m.materialization.metadata for m in res.get_asset_materialization_events()
+                    if m.materialization.asset_key == dg.AssetKey("node_deployment"))
+        return check, meta
+
+    try:
+        check, meta = materialize(new_image)
+        assert not check.passed
+        assert check.description.startswith(f"{NODE}: ") and "rerun node_artifacts for spark1" in check.description
+        after = snapshot(s)
+        assert after["id"] == before["id"] and after["image"] == old_image and after["marker"] == before["marker"]
+        assert meta["image_id"].value == old_image and meta["endpoint"].value.endswith(":8000")
+
+        # node_artifacts copies the new image again: the next deploy launches it, no skip.
+        d.tag(NODE, new_image, spec.image)
+        check, meta = materialize(new_image)
+        assert check.passed and meta["skipped"].value is False
+        now = snapshot(s)
+        assert now["image"] == new_image and now["id"] != before["id"] and now["healthy"]
+        assert meta["container_id"].value == now["id"][:12]
+    finally:
+        d.tag(NODE, old_image, spec.image)
+        check, _ = materialize(old_image)
+        d.untag(NODE, "spark-test-new:1")  # its container went with the commit above
+        assert check.passed and snapshot(s)["image"] == old_image
+
+
+def test_rollback_that_cannot_serve_drains_the_node_with_the_reason(env, s, sim_gpu):
+    """Preflight blocks (GPU memory taken) and the restored previous deployment cannot start
+    either: the node leaves the gateway, the reason is recorded where promotion reads it."""
+    path = variant(env, "short-health", lambda d: d["launch"].__setitem__("health_timeout_s", 15))
+    sim_gpu(NODE, "low-memory")
+    res = build_definitions(path).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key=NODE, raise_on_error=False)
+    assert not res.success
+    why = failure_of(res)
+    assert "preflight blocked spark1" in why and "NOT healthy" in why and "spark1 taken out of the gateway" in why
+    assert NODE not in GatewayHost(s).rotation()
+    gate = markers.read(s, s.fleet.node(NODE), BENCH_GATE)
+    assert gate["promoted"] is False and gate["by"] == "deploy" and "NOT healthy" in gate["reason"]
+    from spark_pipelines.runbook.rotation import promotion
+
+    rotation, out = promotion(s)
+    assert NODE not in rotation
+    # Memory back: a healthy deploy ends the hold-out, and the gateway takes the node again.
+    sim_gpu(NODE, "healthy")
+    defs = build_definitions(env["fleet_path"])
+    for job, part in (("deploy_node_job", NODE), ("gateway_job", None)):
+        assert defs.resolve_job_def(job).execute_in_process(instance=env["instance"], partition_key=part,
+                                                            raise_on_error=False).success
+    assert markers.read(s, s.fleet.node(NODE), BENCH_GATE).get("promoted", True) is True
+    assert NODE in GatewayHost(s).rotation()
+
+
+def test_deploy_of_a_node_held_by_another_run_is_one_clear_line(env, s):
+    node = s.fleet.node(NODE)
+    with node_lease(s, NODE, "bench", run_id="other-run"), FleetSession(s.fleet) as other:
+        with pytest.raises(NodeBusy, match=r"node spark1 is busy: bench \(run other-run, pid \d+"):
+            deploy(other, node, launch_spec(s.fleet, node), LOG)
+        assert not [c for c in other.commands if c.argv[:2] == ("docker", "run")]
+
+
+def test_health_sensor_reads_the_container_start_over_ssh(env):
+    """The sensor's one `docker inspect` on a node whose /health failed: a container deployed
+    minutes ago is inside the start-up window, so no redeploy would be requested."""
+    from spark_pipelines.sensors.health import inspect_container, judge
+
+    fleet = env["fleet"]
+    state = inspect_container(fleet, fleet.node(NODE))
+    now = time.time()
+    assert state.running is True and now - 3600 < state.started_at <= now + 5
+    assert "start-up window" in judge(state, now - 300, now)
