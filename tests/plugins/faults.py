@@ -353,8 +353,17 @@ def proxy_ready(sim: SimFleet) -> bool:
 
 
 def restart_proxy(sim: SimFleet) -> None:
-    """What the operator does after a proxy crash: `litellm-restart` on the gateway host."""
+    """What the operator does after a proxy crash or a lost reload: stop every proxy on the
+    gateway host (an orphan from two overlapping restarts keeps the port with a stale config, and
+    the pid file names only the last one), then `litellm-restart`."""
     gw = sim.gateway
+    ns_pids = subprocess.run(["ip", "netns", "pids", gw.netns], capture_output=True, text=True, timeout=10).stdout
+    for pid in (int(p) for p in ns_pids.split() if p.isdigit()):
+        if any("litellm" in part for part in _cmdline(pid)[:3]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     subprocess.run(["ip", "netns", "exec", gw.netns, str(gw.bin / "litellm-restart")], check=True, timeout=150,
                    capture_output=True, cwd=str(gw.home / "litellm"))
 
