@@ -364,8 +364,10 @@ def restart_proxy(sim: SimFleet) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    subprocess.run(["ip", "netns", "exec", gw.netns, str(gw.bin / "litellm-restart")], check=True, timeout=150,
-                   capture_output=True, cwd=str(gw.home / "litellm"))
+    # As the gateway user: its sudoers line (and secure_path) is what finds `litellm-proxy`.
+    r = subprocess.run(["ip", "netns", "exec", gw.netns, "runuser", "-u", gw.user, "--", str(gw.bin / "litellm-restart")],
+                       timeout=150, capture_output=True, text=True, cwd=str(gw.home / "litellm"))
+    assert r.returncode == 0, f"litellm-restart on the gateway host failed: {(r.stderr or r.stdout).strip()[-300:]}"
 
 
 @dataclass
