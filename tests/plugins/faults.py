@@ -238,13 +238,13 @@ def tmpfs_over(m: Member, path: str | Path, size_bytes: int) -> Iterator[Path]:
 
 
 def corrupt_same_size(path: Path) -> str:
-    """Flip bytes in the middle of a file, keeping its size and mtime (rsync's quick check and a
+    """Flip the last bytes of a file, keeping its size and mtime (rsync's quick check and a
     structure-only verification both pass). Returns the digest it had before."""
     st = path.stat()
     data = bytearray(path.read_bytes())
     before = hashlib.sha256(data).hexdigest()
-    mid = len(data) // 2
-    for i in range(mid, min(mid + 64, len(data))):
+    # The last bytes: tensor data, past the header a structure check reads.
+    for i in range(max(0, len(data) - 64), len(data)):
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
