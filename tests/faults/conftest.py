@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +171,3 @@ def deployed_id(sim: SimFleet, node: str) -> str:
     assert c and c["State"]["Running"], f"{node}: nothing is serving before the fault"
     return c["Id"]
 
-
-def run_as(user: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, timeout=30)
