@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 
-APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps python3 python3-venv)
+APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps util-linux python3 python3-venv)
 
 stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 

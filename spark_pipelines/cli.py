@@ -129,7 +129,7 @@ def _delegate(module: str, func: str, argv: list[str]) -> int:
 
 # Commands that parse their own arguments (the simulator is a harness beside the product).
 DELEGATED = {
-    "sim": lambda a: _delegate("spark_sim.fleet", "sim_command", a),
+    "sim": lambda a: _delegate("spark_sim.cli", "sim_command", a),
 }
 
 

@@ -35,6 +35,12 @@ def fleet_path_from_env() -> str:
     return str(Path(os.environ.get(FLEET_ENV) or DEFAULT_FLEET).resolve())
 
 
+def litellm_resource(key_env: str, ssh: FleetSSH) -> LiteLLMGateway:
+    """The proxy's master key as a dg.EnvVar, bound only where the variable is set: Dagster fails
+    a run at resource init on an unset EnvVar, and a proxy without a master key needs none."""
+    return LiteLLMGateway(ssh=ssh, master_key=dg.EnvVar(key_env) if os.environ.get(key_env) else None)
+
+
 def build_definitions(fleet_path: str | None = None, command_log_path: str | None = None) -> dg.Definitions:
     fleet_path = str(Path(fleet_path).resolve()) if fleet_path else fleet_path_from_env()
     fleet = load_fleet(fleet_path)
@@ -50,7 +56,8 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         health_sensors(fleet_path),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
-        dg.Definitions(resources={"ssh": ssh, "hub": model_hub(), "litellm": LiteLLMGateway(ssh=ssh)}),
+        dg.Definitions(resources={"ssh": ssh, "hub": model_hub(),
+                                  "litellm": litellm_resource(fleet.gateway.master_key_env, ssh)}),
     )
 
 

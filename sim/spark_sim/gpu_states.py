@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from spark_pipelines.core.gpu import REASON_BITS  # the NVML bit table, kept in one place
+from spark_pipelines.core.gpu import REASON_BITS, q_lines  # the NVML bit table and the -q parser, kept in one place
 
 State = Literal["healthy", "idle", "wedged", "residue", "low-memory"]
 Profile = Literal["founders", "gx10"]
@@ -217,9 +217,6 @@ def render_table(sim: SimGpu, now: dt.datetime) -> str:
 
 # ------------------------------------------------------------------------- `-q`
 
-_VALUE_LINE = re.compile(r"^(?P<prefix>(?P<indent> *)(?P<key>\S.*?)\s+:)(?: (?P<value>.*))?$")
-_HEADER_LINE = re.compile(r"^(?P<indent> *)(?P<key>\S.*?)\s*$")
-
 # `-d` display groups -> the top-level sections of a GPU block they show.
 DISPLAY_SECTIONS: dict[str, tuple[str, ...]] = {
     "PERFORMANCE": (
@@ -331,26 +328,13 @@ def _q_replacements(sim: SimGpu, now: dt.datetime) -> dict[tuple[str, ...], str]
 
 
 def _rewrite(lines: Sequence[str], values: dict[tuple[str, ...], str]) -> list[str]:
-    """Replace values by key path (relative to the GPU block), keeping nvidia-smi's layout."""
+    """Replace values by key path (relative to the GPU block), keeping nvidia-smi's layout;
+    the key paths come from core's `-q` parser, the same one that reads them back."""
     out: list[str] = []
-    stack: list[tuple[int, str]] = []
-    for line in lines:
-        if line.startswith("GPU ") or line.startswith("="):
-            stack = []
-            out.append(line.replace(H200_BUS_ID, GB10_BUS_ID))
-            continue
-        match = _VALUE_LINE.match(line) or _HEADER_LINE.match(line)
-        if match is None or not line.strip():
-            out.append(line)
-            continue
-        indent = len(match.group("indent"))
-        key = match.group("key").strip()
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = tuple(name for _, name in stack) + (key,)
-        stack.append((indent, key))
-        if match.re is _VALUE_LINE and path in values:
-            line = f"{match.group('prefix')} {values[path]}"
+    for q in q_lines(lines):
+        line = q.text
+        if q.prefix is not None and q.path in values:
+            line = f"{q.prefix} {values[q.path]}"
         out.append(line.replace(H200_BUS_ID, GB10_BUS_ID))
     return out
 
@@ -359,22 +343,15 @@ def _sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
     """Split `-q` text into its preamble (up to the GPU line) and top-level GPU sections."""
     preamble: list[str] = []
     sections: list[tuple[str, list[str]]] = []
-    in_gpu = False
-    for line in text.splitlines():
-        if line.startswith("GPU "):
-            in_gpu = True
-            preamble.append(line)
+    for q in q_lines(text.splitlines()):
+        if q.gpu < 0 or (not sections and q.path is None):
+            preamble.append(q.text)  # up to and including the "GPU <bus id>" line
+        elif not q.text.strip():
             continue
-        if not in_gpu:
-            preamble.append(line)
-            continue
-        if not line.strip():
-            continue
-        if re.match(r"^ {4}\S", line):
-            name = re.split(r"\s+:", line.strip(), maxsplit=1)[0].strip()
-            sections.append((name, [line]))
+        elif q.path is not None and len(q.path) == 1:
+            sections.append((q.path[0], [q.text]))
         elif sections:
-            sections[-1][1].append(line)
+            sections[-1][1].append(q.text)
     return preamble, sections
 
 

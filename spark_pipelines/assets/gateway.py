@@ -1,7 +1,9 @@
-"""Phase 5: the LiteLLM config for every healthy, promoted node, written to the gateway host and reloaded."""
+"""Phase 5: the LiteLLM config for every healthy, promoted node, written to the gateway host and reloaded.
 
+Only the entries spark-pipelines owns are rewritten; an operator's own entries and settings stay
+(see core/gateway.py). A rotation below gateway.min_in_rotation (at least 1) is refused and the
+proxy keeps its current config."""
 
-import os
 
 import dagster as dg
 import httpx
@@ -12,6 +14,7 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import markers
+from spark_pipelines.runbook.errors import RunbookError
 from spark_pipelines.runbook.rotation import promotion
 
 
@@ -35,10 +38,20 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                 description="no node is healthy and promoted: the gateway config was NOT rewritten "
                 "(the proxy keeps its current pools). " + "; ".join(f"{k}: {v}" for k, v in left_out.items())
             )
-        config, reloaded = host.set_rotation(rotation)
+        floor = max(1, f.gateway.min_in_rotation)
+        if len(rotation) < floor:
+            raise dg.Failure(
+                description=f"only {len(rotation)} node(s) healthy and promoted ({', '.join(rotation)}), below "
+                f"gateway.min_in_rotation={floor}: the gateway config was NOT rewritten (the proxy keeps its "
+                "current pools). " + "; ".join(f"{k}: {v}" for k, v in left_out.items()))
+        try:
+            config, reloaded = host.set_rotation(rotation, floor)
+        except (gateway_core.RotationRefused, RunbookError, ValueError) as e:
+            raise dg.Failure(description=f"gateway not changed: {e}") from None
+        drift = gateway_core.settings_drift(config, f)
         # One streamed request through the first pool proves the proxy routes to a live backend.
         pool = f.gateway.pools[0]
-        key = os.environ.get(f.gateway.master_key_env, "")
+        key = litellm.master_key or ""
         routed, detail = False, ""
         try:
             with httpx.stream(
@@ -60,7 +73,10 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                 "reloaded": reloaded,
                 "rotation": ", ".join(rotation),
                 "left_out": dg.MetadataValue.md("\n".join(f"- {k}: {v}" for k, v in left_out.items()) or "none"),
-                "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(config) + "```"),
+                # Only what spark-pipelines owns: an operator's entries may carry literal api keys.
+                "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(gateway_core.owned_view(config)) + "```"),
+                "operator_entries_kept": len(gateway_core.owned_view(config)["operator_entries"]),
+                "settings_drift": dg.MetadataValue.md("\n".join(f"- {d}" for d in drift) or "none"),
             },
         )
         yield dg.AssetCheckResult(

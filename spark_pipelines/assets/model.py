@@ -2,7 +2,8 @@
 
 Each step verifies its output by reading the safetensors index and shard headers ON the node
 (`runbook.build_steps.verify_on_node`), not by file existence: install.sh's skip test passes a
-half-built checkpoint whose index is stale.
+half-built checkpoint whose index is stale. After a build the checkpoint is hashed there too
+(digest manifest); its digest is part of the data version, and receivers are checked against it.
 """
 
 from typing import Any
@@ -102,13 +103,14 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                 secret_env=hub.secret_env() or None, timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S,
             )
 
-        report, digest, skipped = checkpoint_step(
+        step = checkpoint_step(
             s, node, "hybrid_checkpoint", sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False), build)
+        report = step.report
         yield dg.Output(
-            {"node": node.name, "path": out, "index": digest},
-            data_version=dg.DataVersion(digest),
-            metadata={"skipped": skipped, **report_metadata(report)},
+            {"node": node.name, "path": out, "index": step.index, "manifest": step.manifest},
+            data_version=dg.DataVersion(step.data_version),
+            metadata={"skipped": step.skipped, "manifest": step.manifest[:16], **report_metadata(report)},
         )
         yield dg.AssetCheckResult(
             check_name="checkpoint_consistent",
@@ -129,18 +131,22 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         s = ssh.session
         node = s.fleet.build_node
         out = hybrid_checkpoint["path"]
+        # Not the step-1 manifest: a rebuilt step 1 has a new index digest already, and adding it
+        # would rerun step 2 once on every existing build host for nothing.
         sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint["index"], base_model["revision"])
         recipe = layout.recipe_dir(node)
-        report, digest, skipped = checkpoint_step(
+        step = checkpoint_step(
             s, node, "mtp_weights", sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
             lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model["path"],
                                       "--target", out], timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S),
+            owns_manifest=True,  # step 2 writes the directory last: the manifest on disk is its own
         )
+        report = step.report
         yield dg.Output(
-            {"node": node.name, "path": out, "index": digest},
-            data_version=dg.DataVersion(digest),
-            metadata={"skipped": skipped, **report_metadata(report)},
+            {"node": node.name, "path": out, "index": step.index, "manifest": step.manifest},
+            data_version=dg.DataVersion(step.data_version),
+            metadata={"skipped": step.skipped, "manifest": step.manifest[:16], **report_metadata(report)},
         )
         yield dg.AssetCheckResult(
             check_name="mtp_keys_mapped",

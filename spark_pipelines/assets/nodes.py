@@ -51,6 +51,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         src_dir = mtp_weights["path"]
         dst_dir = layout.hybrid_dir(f, node)
         image = serving_image["image"]
+        manifest = mtp_weights.get("manifest")  # absent in outputs from before the content manifest
         meta: dict[str, Any] = {}
         if node.name == build.name:
             report = verify_on_node(s, node, dst_dir, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
@@ -59,21 +60,25 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             meta["copied"] = False
         else:
             streams = NodeStreams(s)
-            sig = markers.signature(cv["node_artifacts"], mtp_weights["index"])
-            if markers.matches(s, node, "node_artifacts", sig) and streams.verify_tree(build.name, node.name, src_dir, dst_dir).ok:
+            sig = markers.signature(cv["node_artifacts"], mtp_weights["index"], manifest)
+            # The skip re-hashes the node's copy (content, not just sizes): a shard rewritten in place
+            # with the same size is found and re-sent by copy_tree.
+            if (markers.matches(s, node, "node_artifacts", sig)
+                    and streams.verify_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest).ok):
                 meta["copied"] = False
             else:
-                copy = streams.copy_tree(build.name, node.name, src_dir, dst_dir)
-                markers.write(s, node, "node_artifacts", sig)
+                copy = streams.copy_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest)
+                markers.write(s, node, "node_artifacts", sig, manifest=manifest)
                 meta.update(copied=True, bytes_sent=copy.bytes_sent, copy_seconds=copy.seconds,
-                            files=copy.verification.files)
+                            files=copy.verification.files, repaired=len(copy.repaired))
             img = streams.copy_image(build.name, node.name, image)
             meta.update(image_copied=not img.skipped, image_copy_seconds=img.seconds)
         node_image = NodeDocker(s).image_id(node.name, image)
         same = node_image == serving_image["image_id"]
         yield dg.Output(
-            {"node": node.name, "path": dst_dir, "image": image, "image_id": node_image, "index": mtp_weights["index"]},
-            data_version=dg.DataVersion(f"{mtp_weights['index']}-{(node_image or 'none')[7:19]}"),
+            {"node": node.name, "path": dst_dir, "image": image, "image_id": node_image, "index": mtp_weights["index"],
+             "manifest": manifest},
+            data_version=dg.DataVersion(f"{mtp_weights['index']}-{(manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"),
             metadata={"image_id": node_image or "missing", **meta},
         )
         yield dg.AssetCheckResult(

@@ -5,13 +5,21 @@ half-built hybrid checkpoint: build-hybrid-checkpoint.py copies Intel's index in
 first and rebuilds it from the shards only at the end, so a crash in between leaves an index
 that does not describe the shards. This check reads each shard's header (8-byte little-endian
 length + JSON) and cross-checks it with the index both ways.
+
+Headers say nothing about content: a shard overwritten in place with the same size passes them
+(and rsync's size+mtime quick check). The digest manifest (sha256 of every file, made on the build
+host right after a step changed the directory, `.spark-manifest.json` next to the checkpoint) is
+what every receiver is checked against, file by file, so only the files that differ are re-sent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,9 +251,136 @@ def verify_checkpoint(
     return report
 
 
+# -- content: the digest manifest ---------------------------------------------------------------
+
+MANIFEST_NAME = ".spark-manifest.json"
+MANIFEST_FORMAT = "spark-manifest/1"
+# = core.remote.RSYNC_PARTIAL_DIR (this file is piped alone to the node's python3: no imports of ours)
+PARTIAL_DIR = ".rsync-partial"
+_CHUNK = 8 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest_tree(
+    directory: str | Path, only: list[str] | None = None, workers: int = 4, with_manifest: bool = True
+) -> dict[str, dict]:
+    """{relative path: {size, sha256}} of every regular file (not symlinks, not rsync's partial dir;
+    the manifest file itself only with_manifest), or of the `only` files that exist. hashlib
+    releases the GIL, so a few threads read several shards at once."""
+    root = Path(directory)
+    if only is not None:
+        rels = [r for r in only if safe_relative(r) and (root / r).is_file() and not (root / r).is_symlink()]
+    else:
+        rels = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) == root and d == PARTIAL_DIR))
+            for name in filenames:
+                full = Path(dirpath) / name
+                rel = full.relative_to(root).as_posix()
+                if (with_manifest or rel != MANIFEST_NAME) and full.is_file() and not full.is_symlink():
+                    rels.append(rel)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        digests = list(pool.map(lambda r: file_sha256(root / r), rels))
+    return {r: {"size": (root / r).stat().st_size, "sha256": d} for r, d in sorted(zip(rels, digests))}
+
+
+def safe_relative(path: str) -> bool:
+    """A manifest path that stays inside the directory (it ends up in rsync --files-from)."""
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and ".." not in parts and "" not in parts and "\x00" not in path
+
+
+def make_manifest(files: dict[str, dict]) -> dict:
+    return {"format": MANIFEST_FORMAT, "algorithm": "sha256", "files": dict(sorted(files.items()))}
+
+
+def manifest_digest(manifest: dict) -> str:
+    """What the data versions carry: sha256 over the canonical file list."""
+    blob = json.dumps(manifest["files"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def parse_manifest(text: str) -> dict:
+    """A manifest read back from a node; ValueError saying what is wrong."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{MANIFEST_NAME}: not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("files"), dict):
+        raise ValueError(f"{MANIFEST_NAME}: not a {MANIFEST_FORMAT} manifest")
+    for path, entry in data["files"].items():
+        if not safe_relative(path):
+            raise ValueError(f"{MANIFEST_NAME}: path {path!r} leaves the directory")
+        if (not isinstance(entry, dict) or not isinstance(entry.get("size"), int)
+                or not _SHA256.fullmatch(str(entry.get("sha256")))):
+            raise ValueError(f"{MANIFEST_NAME}: entry for {path} is malformed")
+    return data
+
+
+def expected_tree(manifest_text: str) -> dict[str, dict]:
+    """What a receiver must hold: the manifest's files plus the manifest file itself."""
+    files = dict(parse_manifest(manifest_text)["files"])
+    raw = manifest_text.encode()
+    files[MANIFEST_NAME] = {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    return files
+
+
+@dataclass
+class ManifestDiff:
+    missing: list[str] = field(default_factory=list)
+    differing: list[str] = field(default_factory=list)  # same path, other size or digest
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.differing or self.extra)
+
+    @property
+    def to_resend(self) -> list[str]:
+        return sorted(self.missing + self.differing)
+
+    def problems(self, node: str, expected: dict[str, dict], actual: dict[str, dict]) -> list[str]:
+        out = [f"{p}: missing on {node}" for p in self.missing]
+        for p in self.differing:
+            e, a = expected[p], actual[p]
+            how = ("content differs, same size" if e["size"] == a["size"]
+                   else f"{a['size']} bytes, expected {e['size']}")
+            out.append(f"{p}: {how} on {node} (sha256 {a['sha256'][:12]}, manifest {e['sha256'][:12]})")
+        if self.extra:
+            out.append(f"{len(self.extra)} file(s) on {node} not in the manifest, e.g. {self.extra[0]}")
+        return out
+
+
+def diff_manifests(expected: dict[str, dict], actual: dict[str, dict], only: list[str] | None = None) -> ManifestDiff:
+    """Compare {path: {size, sha256}} listings; with `only`, just those paths (a re-check after repair)."""
+    d = ManifestDiff()
+    paths = sorted(expected) if only is None else sorted(set(only))
+    for p in paths:
+        if p not in expected:
+            continue
+        if p not in actual:
+            d.missing.append(p)
+        elif actual[p].get("sha256") != expected[p]["sha256"] or actual[p].get("size") != expected[p]["size"]:
+            d.differing.append(p)
+    if only is None:
+        d.extra = sorted(set(actual) - set(expected))
+    return d
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run on the node itself (`python3 - DIR < checkpoint.py`): stdlib only, so the ~71 GB
-    checkpoint is checked where it lies and only a JSON report crosses the network."""
+    checkpoint is checked where it lies and only a JSON report crosses the network.
+
+    --digests prints {files: {path: {size, sha256}}}; --write-manifest also writes MANIFEST_NAME
+    (atomically) and prints the manifest; --only=PATH (repeatable) limits the hashing."""
     import argparse
     from dataclasses import asdict
 
@@ -253,7 +388,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("directory")
     ap.add_argument("--expected-scales", type=int, default=EXPECTED_FP8_SCALES)
     ap.add_argument("--no-mtp", action="store_true")
+    ap.add_argument("--digests", action="store_true")
+    ap.add_argument("--write-manifest", action="store_true")
+    ap.add_argument("--only", action="append")
     args = ap.parse_args(argv)
+    if args.digests or args.write_manifest:
+        files = digest_tree(args.directory, only=args.only, workers=min(4, os.cpu_count() or 1),
+                            with_manifest=not args.write_manifest)
+        if not args.write_manifest:
+            print(json.dumps({"files": files}))
+            return 0
+        manifest = make_manifest(files)
+        target = Path(args.directory) / MANIFEST_NAME
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, target)
+        print(json.dumps(manifest))
+        return 0
     report = verify_checkpoint(args.directory, args.expected_scales, require_mtp=not args.no_mtp)
     print(json.dumps(asdict(report)))
     return 0

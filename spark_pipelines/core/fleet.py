@@ -7,8 +7,10 @@ value and the fix. Unknown keys are errors: a typo must not silently fall back t
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +27,7 @@ from pydantic import (
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
+from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, load_yaml
 
 # -- shapes ------------------------------------------------------------------------------------
 
@@ -38,18 +41,38 @@ UserName = Annotated[str, _shape(names.USER_NAME, "user name")]
 Host = Annotated[str, _shape(names.HOST, "host name or IP address")]
 ContainerName = Annotated[str, _shape(names.CONTAINER_NAME, "container name")]
 ImageRef = Annotated[str, _shape(names.IMAGE_REF, "image reference (repo[:tag], lower-case)")]
-NodePath = Annotated[str, _shape(names.PATH, "path (absolute or ~/..., no spaces or shell characters)")]
-RepoPath = Annotated[str, _shape(names.REPO_PATH, "path inside a repository")]
+def _path(what: str, form: str = "node"):
+    return AfterValidator(lambda v: names.check_path(v, what, form=form))
+
+
+NodePath = Annotated[str, _path("path (absolute or ~/..., no spaces or shell characters)")]
+AbsPath = Annotated[str, _path("absolute path (no spaces or shell characters)", "absolute")]
+RepoPath = Annotated[str, _path("path inside a repository", "relative")]
 GitRef = Annotated[str, _shape(names.GIT_REF, "git revision")]
 HfRepo = Annotated[str, _shape(names.HF_REPO, "Hugging Face repo id (owner/name)")]
 Url = Annotated[str, _shape(names.URL, "https:// or file:/// URL")]
-Port = Annotated[int, Field(ge=1, le=65535)]
+# Numbers are strict: YAML already types them, so `true` or "8" where a number belongs is a typo
+# (pydantic's lax mode would read true as 1). Floats also refuse .nan/.inf (Strict.model_config).
+Int = Annotated[int, Field(strict=True)]
+Float = Annotated[float, Field(strict=True)]
+Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
+_CONTROL = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+
+
+def _check_text(v: str) -> str:
+    bad = next((c for c in v if unicodedata.category(c) in _CONTROL), None)
+    if bad is not None:
+        raise ValueError(f"{names.shown(v)} contains the control or invisible character {bad!r}; remove it")
+    return v
+
+
+Text = Annotated[str, Field(max_length=500), AfterValidator(_check_text)]
 
 
 class Strict(BaseModel):
     """Every fleet model refuses unknown keys: a typo must be an error, not a silent default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # -- hardware ----------------------------------------------------------------------------------
@@ -74,12 +97,12 @@ MIN_GMU = 0.80
 
 
 class HardwareProfile(Strict):
-    name: str
-    description: str = ""
-    cuda_total_gib: float = Field(gt=0, description="CUDA-visible total reported by vLLM / mem_get_info")
-    max_gmu: float = Field(gt=0, le=1)
+    name: Annotated[str, _shape(names.NODE_NAME, "hardware profile name")]
+    description: Text = ""
+    cuda_total_gib: Float = Field(gt=0, le=4096, description="CUDA-visible total reported by vLLM / mem_get_info")
+    max_gmu: Float = Field(gt=0, le=1)
     requires_fix_env: bool = Field(description="whether the six env vars of the 2026-06-18 fix are mandatory")
-    clean_boot_free_gib: float = Field(gt=0, description="free CUDA memory expected after Phase 0 and a reboot")
+    clean_boot_free_gib: Float = Field(gt=0, le=4096, description="free CUDA memory expected after Phase 0 and a reboot")
 
 
 BUILTIN_PROFILES: dict[str, HardwareProfile] = {
@@ -121,7 +144,7 @@ class ModelPin(Strict):
     revision: GitRef
 
 
-_TORCH_VERSION = re.compile(r"^(?P<base>\d+\.\d+\.\d+(?:\.dev\d+)?)\+(?P<abi>cu\d+|cpu|rocm[\d.]+)$")
+_TORCH_VERSION = re.compile(r"^(?P<base>\d+\.\d+\.\d+(?:\.dev\d+)?)\+(?P<abi>cu\d+|cpu|rocm[\d.]+)\Z")
 
 
 class TorchPins(Strict):
@@ -136,9 +159,9 @@ class TorchPins(Strict):
     @field_validator("torch", "torchvision", "torchaudio")
     @classmethod
     def _pinned_build(cls, v: str) -> str:
-        if not _TORCH_VERSION.match(v):
+        if not _TORCH_VERSION.fullmatch(v):
             raise ValueError(
-                f"{v!r} is not a pinned local build like '2.12.0+cu130': pin the exact version and its +cuNNN tag"
+                f"{names.shown(v)} is not a pinned local build like '2.12.0+cu130': pin the exact version and its +cuNNN tag"
             )
         return v
 
@@ -185,15 +208,15 @@ class ServingPins(Strict):
     @field_validator("starlette", "fastapi")
     @classmethod
     def _spec(cls, v: str) -> str:
-        if not re.match(r"^[<>=!~]=?[0-9][0-9.]*(,[<>=!~]=?[0-9][0-9.]*)*$", v):
-            raise ValueError(f"{v!r} is not a version specifier like '>=0.40.0,<1.0'")
+        if not re.fullmatch(r"[<>=!~]=?[0-9][0-9.]*(,[<>=!~]=?[0-9][0-9.]*)*", v):
+            raise ValueError(f"{names.shown(v)} is not a version specifier like '>=0.40.0,<1.0'")
         return v
 
 
 class BuildSettings(Strict):
     base_tag: ImageRef = "vllm-sm121"
     tf5: bool = True
-    jobs: int = Field(default=8, ge=1, le=64)
+    jobs: Int = Field(default=8, ge=1, le=64)
 
 
 class Pins(Strict):
@@ -213,12 +236,12 @@ class Pins(Strict):
 
 class Mount(Strict):
     host: NodePath
-    container: Annotated[str, _shape(names.PATH, "container path")]
+    container: Annotated[str, _path("container path", "absolute")]
 
 
 class Speculative(Strict):
     method: Literal["mtp", "eagle", "ngram"] = "mtp"
-    num_speculative_tokens: int = Field(default=2, ge=1, le=8)
+    num_speculative_tokens: Int = Field(default=2, ge=1, le=8)
 
 
 # Flags the runbook forbids, with the reason given back to the operator.
@@ -251,8 +274,10 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 def _check_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
     for f in flags:
         if f.startswith("--"):
-            flag = f.split("=", 1)[0]
+            flag, eq, value = f.partition("=")
             names.check(names.FLAG, flag, "vLLM flag")
+            if eq:
+                names.check(names.FLAG_VALUE, value, f"value for {flag}")
             if flag in FORBIDDEN_FLAGS:
                 raise ValueError(f"{flag} is refused: {FORBIDDEN_FLAGS[flag]}")
             if flag in RENDERED_FLAGS:
@@ -266,32 +291,41 @@ EnvVars = Annotated[dict[str, str], AfterValidator(_check_env)]
 Flags = Annotated[tuple[str, ...], AfterValidator(_check_flags)]
 
 
+# Far above Qwen3.5's 262144 native context; a bound keeps a typo from reaching vLLM as 1e18.
+MAX_MODEL_LEN = 1 << 22
+
+
 class LaunchOverrides(Strict):
     """Per-node changes to the launch profile (anything left out comes from the profile)."""
 
-    gpu_memory_utilization: float | None = None
-    max_model_len: int | None = Field(default=None, ge=256)
+    gpu_memory_utilization: Float | None = None
+    max_model_len: Int | None = Field(default=None, ge=256, le=MAX_MODEL_LEN)
     env: EnvVars = {}
     extra_flags: Flags = ()
     speculative: Speculative | None = None
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _gmu_floor(cls, v: float | None) -> float | None:
+        return None if v is None else _check_gmu_floor(v)
 
 
 class LaunchProfile(Strict):
     image: ImageRef
     container_name: ContainerName
     models_dir: NodePath = "~/models"
-    model_dir: Annotated[str, _shape(names.REPO_PATH, "model directory name")]
+    model_dir: Annotated[str, _path("model directory name (relative to models_dir)", "relative")]
     served_model_name: Annotated[str, _shape(names.CONTAINER_NAME, "served model name")]
     port: Port = 8000
-    max_model_len: int = Field(ge=256)
-    gpu_memory_utilization: float
+    max_model_len: Int = Field(ge=256, le=MAX_MODEL_LEN)
+    gpu_memory_utilization: Float
     reasoning_parser: Annotated[str, _shape(names.NODE_NAME, "reasoning parser")] | None = "qwen3"
     attention_backend: Literal["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "TORCH_SDPA"] | None = "FLASHINFER"
     speculative: Speculative | None = Speculative()
     env: EnvVars = {}
     cache_mounts: tuple[Mount, ...] = ()
     extra_flags: Flags = ()
-    health_timeout_s: int = Field(default=1500, ge=10, description="install.sh waits 1500 s for a cold start")
+    health_timeout_s: Int = Field(default=1500, ge=10, le=6 * 3600, description="install.sh waits 1500 s for a cold start")
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -314,6 +348,8 @@ class LaunchProfile(Strict):
 
 
 def _check_gmu_floor(v: float) -> float:
+    if not math.isfinite(v):  # nan passes every comparison below
+        raise ValueError(f"{v} is not a finite number; use 0.85")
     if v < MIN_GMU:
         raise ValueError(
             f"{v} is below {MIN_GMU}: it passes request_memory() but CUDA graph capture OOMs "
@@ -333,7 +369,7 @@ class SshTarget(Strict):
     user: UserName
     key_path: NodePath | None = Field(default=None, description="private key; None = ssh-agent")
     known_hosts: NodePath = "~/.ssh/known_hosts"
-    home: NodePath | None = Field(default=None, description="the user's home on the node; default /home/USER")
+    home: AbsPath | None = Field(default=None, description="the user's home on the node; default /home/USER")
 
     @property
     def home_dir(self) -> str:
@@ -345,7 +381,7 @@ class Node(SshTarget):
     hardware: str = Field(description="a hardware profile name: founders | gx10 | a profile of this file")
     roles: tuple[Literal["build", "serve"], ...] = ("serve",)
     overrides: LaunchOverrides | None = None
-    bench_floor_tok_s: float | None = Field(default=None, ge=0, description="below this the node is not promoted")
+    bench_floor_tok_s: Float | None = Field(default=None, ge=0, le=1e5, description="below this the node is not promoted")
 
 
 class Gateway(SshTarget):
@@ -367,6 +403,10 @@ class Gateway(SshTarget):
     master_key_env: Annotated[str, _shape(names.ENV_NAME, "environment variable name")] = "LITELLM_MASTER_KEY"
     # The node address the gateway uses to reach a node's vLLM; default: the node's SSH host.
     api_host_overrides: dict[str, Host] = {}
+    # A drain (bench, experiment) or gateway step that would leave fewer nodes in the rotation
+    # waits or is refused. 0 lets a bench empty the gateway (a one-node fleet); the gateway
+    # step never writes an empty rotation whatever this says.
+    min_in_rotation: int = Field(default=1, ge=0, le=64, description="nodes that always stay in the gateway's rotation")
 
     @field_validator("pools")
     @classmethod
@@ -381,21 +421,21 @@ class Gateway(SshTarget):
 class PreflightSettings(Strict):
     # "need ~170GB for models + build" on the build host; a serving node holds the ~71 GB
     # checkpoint, the ~20 GB image and the JIT caches.
-    build_host_disk_gib: float = Field(default=170.0, ge=0)
-    serve_node_disk_gib: float = Field(default=100.0, ge=0)
+    build_host_disk_gib: Float = Field(default=170.0, ge=0, le=1e6)
+    serve_node_disk_gib: Float = Field(default=100.0, ge=0, le=1e6)
 
 
 class BenchSettings(Strict):
     suite: Literal["recipe", "loaded", "all"] = "all"
-    reference_tok_s: float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, description="albond's published mean (GX10, 0.90 GMU)")
-    loaded_concurrency: int = Field(default=8, ge=1, le=512)
-    repeats: int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
-    floor_tok_s: float = Field(default=40.0, ge=0, description="below this a node is not promoted to the gateway")
+    reference_tok_s: Float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, le=1e5, description="albond's published mean (GX10, 0.90 GMU)")
+    loaded_concurrency: Int = Field(default=8, ge=1, le=512)
+    repeats: Int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
+    floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
 
 
 class Fleet(Strict):
     nodes: tuple[Node, ...]
-    hardware_profiles: dict[str, HardwareProfile] = {}
+    hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
     pins: Pins
     launch: LaunchProfile
     gateway: Gateway
@@ -420,7 +460,7 @@ class Fleet(Strict):
         builders = [n.name for n in self.nodes if "build" in n.roles]
         if len(builders) != 1:
             raise ValueError(
-                f"exactly one node needs the 'build' role (found {builders or 'none'}): "
+                f"exactly one node needs the 'build' role in its roles (found {builders or 'none'}): "
                 "the checkpoint and images are built once and streamed to the serving nodes"
             )
         for i, node in enumerate(self.nodes):
@@ -431,7 +471,12 @@ class Fleet(Strict):
                     "or define it under hardware_profiles"
                 )
             prof = profiles[node.hardware]
-            launch = self.launch_for(node)
+            try:
+                launch = self.launch_for(node)
+            except ValidationError as e:
+                first = e.errors()[0]
+                field = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"{where}.overrides: with the launch profile, {field}: {first['msg']}") from None
             gmu = launch.gpu_memory_utilization
             if gmu > prof.max_gmu:
                 raise ValueError(
@@ -448,6 +493,9 @@ class Fleet(Strict):
                     else "unthrottled FlashInfer JIT OOM-kills the node"
                 )
                 raise ValueError(f"{where}: launch env is missing {', '.join(missing)} ({why}); add them under launch.env")
+        if not self.gateway.reload_command:
+            raise ValueError("gateway.reload_command is empty: give the argv that reloads LiteLLM, "
+                             "e.g. [docker, compose, restart, litellm]")
         for name in self.gateway.api_host_overrides:
             if name not in {n.name for n in self.nodes}:
                 raise ValueError(f"gateway.api_host_overrides names unknown node {name!r}")
@@ -491,19 +539,55 @@ class Fleet(Strict):
 
 
 class FleetError(Exception):
-    """A fleet file that cannot be used; the message says which field and what to do."""
+    """A fleet file that cannot be used; the message (one line) says which field and what to do."""
 
 
-def _loc(loc: tuple[Any, ...], data: Any) -> str:
-    """Render a pydantic error location with node names where the path goes through nodes."""
+MAX_STRING = 4096
+
+_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+# Fixes for pydantic's own messages, which say what is wrong but not what to write instead.
+_HINTS = {
+    "string_type": "write it as text (quote it)",
+    "int_type": "write a whole number, without quotes",
+    "int_parsing": "write a whole number, without quotes",
+    "int_from_float": "write a whole number",
+    "float_type": "write a number, without quotes",
+    "float_parsing": "write a number, without quotes",
+    "finite_number": "write a finite number (.nan and .inf are refused)",
+    "bool_type": "write true or false",
+    "bool_parsing": "write true or false",
+    "tuple_type": "write a list",
+    "list_type": "write a list",
+    "dict_type": "write a mapping (key: value)",
+    "model_type": "write a mapping (key: value)",
+    "model_attributes_type": "write a mapping (key: value)",
+    "greater_than": "use a value in range",
+    "greater_than_equal": "use a value in range",
+    "less_than": "use a value in range",
+    "less_than_equal": "use a value in range",
+    "string_too_long": "shorten it",
+    "too_long": "shorten the list",
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _render_path(loc: tuple[Any, ...], data: Any = None) -> str:
+    """`nodes[0] (spark1).overrides.env['BAD KEY']`: dotted, with node names, hostile keys repr'd."""
     parts: list[str] = []
     cur = data
     for item in loc:
-        if isinstance(item, int):
-            name = cur[item].get("name") if isinstance(cur, list) and item < len(cur) and isinstance(cur[item], dict) else None
-            parts.append(f"[{item}]" + (f" ({name})" if name else ""))
+        if isinstance(item, int) and not isinstance(item, bool):
+            name = cur[item].get("name") if isinstance(cur, list) and 0 <= item < len(cur) and isinstance(cur[item], dict) else None
+            ok = isinstance(name, str) and names.NODE_NAME.fullmatch(name)
+            parts.append(f"[{item}]" + (f" ({name})" if ok else ""))
+        elif isinstance(item, str) and _KEY.fullmatch(item):
+            parts.append(("." if parts else "") + item)
         else:
-            parts.append(("." if parts else "") + str(item))
+            parts.append(f"[{names.shown(item)}]")
         try:
             cur = cur[item]
         except (KeyError, IndexError, TypeError):
@@ -512,41 +596,113 @@ def _loc(loc: tuple[Any, ...], data: Any) -> str:
 
 
 def _explain(err: ValidationError, data: Any) -> str:
+    """The first problem as one line (field, value, fix), then how many more there are."""
     lines = []
     for e in err.errors():
-        loc = _loc(tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-after"))), data)
+        loc = _render_path(tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-"))), data)
         msg = e["msg"].removeprefix("Value error, ")
+        val = e.get("input")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (typo?); remove it or check the spelling"
         elif e["type"] == "missing":
-            msg = "required field is missing"
-        val = e.get("input")
-        shown = f" = {val!r}" if e["type"] not in ("missing", "extra_forbidden") and not isinstance(val, (dict, list)) else ""
-        lines.append(f"{loc or '(top level)'}{shown}: {msg}")
-    return "\n".join(lines)
+            msg = "required field is missing; add it"
+        elif e["type"] in _HINTS:
+            if isinstance(val, bool) and e["type"] not in ("bool_type", "bool_parsing"):
+                msg += f"; YAML read it as a boolean: {_HINTS[e['type']]}"
+            else:
+                msg += f"; {_HINTS[e['type']]}"
+        shown = names.shown(val) if not isinstance(val, (dict, list)) else f"(a {'mapping' if isinstance(val, dict) else 'list'})"
+        value = "" if e["type"] in ("missing", "extra_forbidden") or shown in msg else f" = {shown}"
+        lines.append(_one_line(f"{loc}{value}: {msg}" if loc else msg))
+    more = f" (and {len(lines) - 1} more: fix this one and load again)" if len(lines) > 1 else ""
+    return lines[0] + more
+
+
+def _refuse_hostile(data: Any) -> None:
+    """Before the models: no control or invisible characters, binary values, non-text keys,
+    cycles or runaway sizes anywhere, whatever field they are in (the message names it)."""
+    stack: list[tuple[Any, tuple[Any, ...], frozenset[int]]] = [(data, (), frozenset())]
+    seen = 0
+    while stack:
+        value, loc, ancestors = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise ValueError(f"the fleet holds more than {MAX_VALUES} values (YAML aliases?); write it out plainly")
+        where = _render_path(loc, data) or "(top level)"
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in ancestors:
+                raise ValueError(f"{where}: refers to itself (recursive YAML alias); write the value out")
+            inner = ancestors | {id(value)}
+            if len(loc) > MAX_DEPTH:
+                raise ValueError(f"{where}: nested deeper than {MAX_DEPTH} levels; a fleet file is a few levels deep")
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if not isinstance(k, str):
+                        raise ValueError(f"{where}: key {names.shown(k)} is not text; quote it or remove it")
+                    stack.append((k, loc + (k,), inner))
+                    stack.append((v, loc + (k,), inner))
+            else:
+                stack.extend((v, loc + (i,), inner) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            if len(value) > MAX_STRING:
+                raise ValueError(f"{where}: a {len(value)}-character value; no fleet field needs more than {MAX_STRING}")
+            _check_text_at(value, where)
+        elif isinstance(value, (bytes, bytearray, set, frozenset)):
+            raise ValueError(f"{where} = {names.shown(value)}: a {type(value).__name__} value (YAML tag?); write plain text")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where} = {value!r}: write a finite number (.nan and .inf are refused)")
+
+
+def _check_text_at(value: str, where: str) -> None:
+    try:
+        _check_text(value)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
     if not isinstance(data, dict):
-        raise FleetError(f"{source}: expected a mapping with nodes, pins, launch, gateway at the top level")
+        raise FleetError(f"{source}: expected a mapping with nodes, pins, launch, gateway at the top level, "
+                         f"got {type(data).__name__}")
     try:
+        _refuse_hostile(data)
         return Fleet.model_validate(data)
     except ValidationError as e:
-        raise FleetError(f"{source}: invalid fleet\n{_explain(e, data)}") from None
+        raise FleetError(f"{source}: {_explain(e, data)}") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
+        # _refuse_hostile's own refusals; anything else is a validator bug, still one line.
+        raise FleetError(_one_line(f"{source}: {e}")) from None
 
 
 def load_fleet(path: str | os.PathLike[str]) -> Fleet:
+    """Read, parse and validate a fleet file. Raises only FleetError, with a one-line message."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise FleetError(f"fleet file {p} does not exist; pass --fleet PATH (e.g. fleets/seed.yaml)") from None
     except OSError as e:
         raise FleetError(f"fleet file {p} cannot be read: {e.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise FleetError(f"fleet file {p} is over {MAX_FILE_BYTES // 1024} KiB; a fleet file is a few KB: check the path")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise FleetError(f"fleet file {p} is not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                         "save it as UTF-8") from None
+    try:
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise FleetError(f"fleet file {p} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        problem = str(getattr(e, "problem", None) or e)
+        if "constructor for the tag" in problem:
+            problem += "; remove the tag: only plain YAML values are read"
+        raise FleetError(_one_line(f"fleet file {p} is not valid YAML{where}: {problem}")) from None
+    except (ValueError, RecursionError, MemoryError, OverflowError, TypeError) as e:
+        # e.g. an integer of 5000 digits (int() refuses it), an alias bomb, a recursive alias
+        why = ("it holds a number with thousands of digits; write a number in range"
+               if "integer string conversion" in str(e) else str(e))
+        raise FleetError(_one_line(f"fleet file {p} cannot be used: {why}")) from None
     return parse_fleet(data, str(p))

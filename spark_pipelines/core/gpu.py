@@ -15,7 +15,8 @@ field of a reading is optional and a missing field is ``None``, never 0.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -270,9 +271,54 @@ def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> list[GpuR
 
 # ------------------------------------------------------------- `-q` text parsing
 
-_Q_VALUE_LINE = re.compile(r"^(?P<indent> *)(?P<key>\S.*?)\s+:(?: (?P<value>.*))?$")
+_Q_VALUE_LINE = re.compile(r"^(?P<prefix>(?P<indent> *)(?P<key>\S.*?)\s+:)(?: (?P<value>.*))?$")
 _Q_HEADER_LINE = re.compile(r"^(?P<indent> *)(?P<key>\S.*?)\s*$")
 _Q_GPU_HEADER = re.compile(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
+
+
+@dataclass(frozen=True)
+class QLine:
+    """One line of `nvidia-smi -q` text with its place in the key tree."""
+
+    text: str
+    gpu: int  # index of the "GPU <bus id>" block it is in; -1 in the preamble
+    path: tuple[str, ...] | None = None  # key path, relative to the GPU block; None: not a key line
+    prefix: str | None = None  # "<indent><key> <padding>:" of a value line; None for a section header
+    value: str | None = None  # what follows "<prefix> ", stripped; None when nothing does
+
+
+def q_lines(lines: Iterable[str]) -> Iterator[QLine]:
+    """Walk `nvidia-smi -q` text by indentation: the one parser of its layout (this module reads
+    values through `q_tree`; the simulator's stand-in rewrites values of a real capture)."""
+    gpu = -1
+    stack: list[tuple[int, str]] = []
+    for line in lines:
+        if not line.strip() or line.startswith("="):
+            yield QLine(line, gpu)
+            continue
+        if _Q_GPU_HEADER.match(line.strip()) and not line.startswith(" "):
+            gpu += 1
+            stack = []
+            yield QLine(line, gpu)
+            continue
+        if gpu >= 0 and not line.startswith(" "):
+            yield QLine(line, gpu)  # not part of a GPU block's tree
+            continue
+        match = _Q_VALUE_LINE.match(line) or _Q_HEADER_LINE.match(line)
+        if match is None:
+            yield QLine(line, gpu)
+            continue
+        indent = len(match.group("indent"))
+        key = match.group("key").strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = tuple(name for _, name in stack) + (key,)
+        stack.append((indent, key))
+        if match.re is _Q_VALUE_LINE:
+            value = match.group("value")
+            yield QLine(line, gpu, path, match.group("prefix"), None if value is None else value.strip())
+        else:
+            yield QLine(line, gpu, path)
 
 
 def q_tree(text: str) -> list[dict[tuple[str, ...], str]]:
@@ -282,30 +328,11 @@ def q_tree(text: str) -> list[dict[tuple[str, ...], str]]:
     ("Clocks Event Reasons", "HW Slowdown", "HW Thermal Slowdown").
     """
     gpus: list[dict[tuple[str, ...], str]] = []
-    current: dict[tuple[str, ...], str] | None = None
-    stack: list[tuple[int, str]] = []
-    for line in text.splitlines():
-        if not line.strip() or line.startswith("="):
-            continue
-        if _Q_GPU_HEADER.match(line.strip()) and not line.startswith(" "):
-            current = {}
-            gpus.append(current)
-            stack = []
-            continue
-        if current is None or not line.startswith(" "):
-            continue  # preamble: timestamp, driver version, attached GPUs
-        match = _Q_VALUE_LINE.match(line) or _Q_HEADER_LINE.match(line)
-        if match is None:
-            continue
-        indent = len(match.group("indent"))
-        key = match.group("key").strip()
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = tuple(name for _, name in stack) + (key,)
-        value = match.groupdict().get("value")
-        if value is not None:
-            current[path] = value.strip()
-        stack.append((indent, key))
+    for q in q_lines(text.splitlines()):
+        while len(gpus) <= q.gpu:
+            gpus.append({})
+        if q.gpu >= 0 and q.path is not None and q.value is not None:
+            gpus[q.gpu][q.path] = q.value
     return gpus
 
 

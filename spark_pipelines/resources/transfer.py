@@ -4,10 +4,15 @@ Both run ON the build node and push straight to the serving node, so the ~71 GB 
 orchestrator's machine. The build node reaches the serving node with its own dedicated key, which
 `ensure_peer_access` creates and authorizes; the serving node's host key is written into the build
 node's peer known_hosts from the orchestrator's verified known_hosts, never learned from the network.
+
+A copied checkpoint is verified on the receiver by content: every file's sha256 (computed there by
+core/checkpoint.py piped to python3) against the build host's digest manifest. Files that differ
+are re-sent alone (rsync --checksum over just those files), then checked again.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 import threading
 import time
@@ -16,10 +21,34 @@ from pathlib import Path
 
 import paramiko
 
+from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import remote
-from spark_pipelines.core.checkpoint import INDEX_NAME, MAX_HEADER_BYTES
+from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME, MAX_HEADER_BYTES
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteError
+
+# sha256 of the ~71 GB checkpoint reads every byte: minutes on a real node (about 1 GB/s per core
+# from NVMe, four files at a time); 30 min leaves room for a slow or busy disk, never unbounded.
+DIGEST_TIMEOUT_S = 1800
+
+
+def checkpoint_script(session: FleetSession, node: str, args: list[str], timeout: float) -> dict:
+    """Run core/checkpoint.py on the node (stdlib only, piped to python3); its last line is JSON."""
+    source = Path(checkpoint_core.__file__).read_text()
+    r = session.run(node, ["python3", "-", *args], stdin=source, log=False, timeout=timeout)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def digests_on_node(session: FleetSession, node: str, directory: str, only: list[str] | None = None) -> dict[str, dict]:
+    """{path: {size, sha256}} of the files under directory, hashed on the node itself."""
+    args = [directory, "--digests", *(f"--only={p}" for p in only or [])]
+    return checkpoint_script(session, node, args, DIGEST_TIMEOUT_S)["files"]
+
+
+def write_manifest(session: FleetSession, node: str, directory: str) -> tuple[dict, str]:
+    """Hash the directory on the node, write its MANIFEST_NAME there; (manifest, digest)."""
+    manifest = checkpoint_script(session, node, [directory, "--write-manifest"], DIGEST_TIMEOUT_S)
+    return manifest, checkpoint_core.manifest_digest(manifest)
 
 
 class TransferError(RemoteError):
@@ -32,6 +61,9 @@ class TreeVerification:
     total_bytes: int = 0
     index_keys: int = 0
     shards_checked: int = 0
+    digests_checked: int = 0
+    manifest: str = ""  # digest of the source's manifest the content was checked against
+    resend: list[str] = field(default_factory=list)  # files whose content (or size) is not the source's
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -50,6 +82,8 @@ class TreeCopyReport:
     files_transferred: int
     verification: TreeVerification
     rsync_stats: dict[str, int]
+    repaired: list[str] = field(default_factory=list)  # re-sent after the content check
+    repair_bytes_sent: int = 0
 
 
 @dataclass
@@ -142,8 +176,11 @@ class NodeStreams:
         bwlimit_kib: int | None = None,
         timeout: float | None = None,
         verify: bool = True,
+        manifest: str | None = None,
     ) -> TreeCopyReport:
-        """rsync src_dir on src to dst_dir on dst (resumable), then verify sizes and the index."""
+        """rsync src_dir on src to dst_dir on dst (resumable), verify sizes, index, headers and
+        content, and re-send only the files whose content differs. `manifest`: the digest the
+        source's manifest must have (recorded when the checkpoint was built)."""
         s = self.session
         route = self.ensure_peer_access(src, dst)
         src_abs = s.expand(src, src_dir).rstrip("/")
@@ -152,30 +189,77 @@ class NodeStreams:
         started = time.monotonic()
         r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib),
                   timeout=timeout or remote.COPY_TIMEOUT_S)
-        seconds = time.monotonic() - started
         stats = remote.parse_rsync_stats(r.stdout)
-        verification = self.verify_tree(src, dst, src_abs, dst_abs) if verify else TreeVerification()
+        verification = self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest) if verify else TreeVerification()
+        repaired: list[str] = []
+        repair_stats: dict[str, int] = {}
+        if not verification.ok and verification.resend:
+            repaired = verification.resend
+            repair_stats = self.resend_files(src, dst, src_abs, dst_abs, repaired, bwlimit_kib=bwlimit_kib, timeout=timeout)
+            verification = self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest, only=repaired)
+        seconds = time.monotonic() - started
         if not verification.ok:
             raise TransferError(
-                f"copy {src}:{src_abs} -> {dst}:{dst_abs} finished but does not verify:\n  "
-                + "\n  ".join(verification.problems)
-                + "\nrerun the copy (it resumes); if the source itself is damaged, rebuild it"
+                f"copy {src}:{src_abs} -> {dst}:{dst_abs} finished but does not verify: "
+                + "; ".join(verification.problems)
+                + ". Rerun the copy (it resumes); if the source itself is damaged, rebuild it"
             )
         return TreeCopyReport(
             src=src, dst=dst, src_dir=src_abs, dst_dir=dst_abs, seconds=round(seconds, 2),
-            bytes_sent=stats.get("total_bytes_sent", 0),
+            bytes_sent=stats.get("total_bytes_sent", 0) + repair_stats.get("total_bytes_sent", 0),
             files_transferred=stats.get("number_of_regular_files_transferred", 0),
             verification=verification, rsync_stats=stats,
+            repaired=repaired, repair_bytes_sent=repair_stats.get("total_bytes_sent", 0),
         )
 
-    def verify_tree(self, src: str, dst: str, src_dir: str, dst_dir: str) -> TreeVerification:
-        """Sizes of every file on both sides, the safetensors index, and each shard's header span."""
+    def resend_files(
+        self, src: str, dst: str, src_dir: str, dst_dir: str, files: list[str], *,
+        bwlimit_kib: int | None = None, timeout: float | None = None,
+    ) -> dict[str, int]:
+        """Re-send just these files. --checksum: a same-size file rewritten in place keeps its size
+        (and maybe its mtime), so rsync's quick check would skip it; the delta transfer then sends
+        only the blocks that differ. Before that, the source's own copies are checked against its
+        manifest: re-sending a damaged source would only copy the damage."""
+        s = self.session
+        for f in files:
+            if not checkpoint_core.safe_relative(f):
+                raise TransferError(f"refusing to re-send {f!r}: the path leaves {src_dir}")
+        manifest_text = self._source_manifest_text(src, src_dir)
+        if manifest_text is not None:
+            expected = checkpoint_core.expected_tree(manifest_text)
+            on_src = digests_on_node(s, src, src_dir, [f for f in files if f != MANIFEST_NAME])
+            bad = checkpoint_core.diff_manifests(expected, on_src, only=[f for f in files if f != MANIFEST_NAME])
+            if not bad.ok:
+                raise TransferError(
+                    f"build host {src}: its own copy does not match its manifest: "
+                    + "; ".join(bad.problems(src, expected, on_src))
+                    + ". Rebuild the checkpoint there (remove its step marker to force the step)"
+                )
+        route = self.ensure_peer_access(src, dst)
+        argv = remote.rsync_argv(src_dir, route, dst_dir, bwlimit_kib=bwlimit_kib)
+        argv[-2:-2] = ["--checksum", "--from0", "--files-from=-"]
+        s.log.info(f"[{dst}] re-sending {len(files)} file(s) whose content differs: {', '.join(files[:5])}")
+        r = s.run(src, argv, stdin="".join(f + "\0" for f in files), timeout=timeout or remote.COPY_TIMEOUT_S)
+        return remote.parse_rsync_stats(r.stdout)
+
+    def _source_manifest_text(self, src: str, src_dir: str) -> str | None:
+        path = f"{src_dir}/{MANIFEST_NAME}"
+        return self.session.read_text(src, path) if self.session.exists(src, path) else None
+
+    def verify_tree(
+        self, src: str, dst: str, src_dir: str, dst_dir: str, *,
+        manifest: str | None = None, content: bool = True, only: list[str] | None = None,
+    ) -> TreeVerification:
+        """Sizes of every file on both sides, the safetensors index, each shard's header span, and
+        (content=True) every file's sha256 on dst against the source's manifest (`only`: just
+        those files, after a repair). A source without a manifest is hashed on the source too."""
         s = self.session
         src_abs, dst_abs = s.expand(src, src_dir), s.expand(dst, dst_dir)
         src_sizes = remote.parse_file_sizes(s.run(src, remote.list_files_argv(src_abs), log=False).stdout)
         dst_sizes = remote.parse_file_sizes(s.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
         v = TreeVerification(files=len(dst_sizes), total_bytes=sum(dst_sizes.values()))
         v.problems += remote.compare_trees(src_sizes, dst_sizes)
+        v.resend = sorted(p for p in src_sizes if dst_sizes.get(p) != src_sizes[p])
         if INDEX_NAME in src_sizes and INDEX_NAME in dst_sizes:
             v.index_keys, problems = remote.check_index(
                 s.read_text(dst, f"{dst_abs}/{INDEX_NAME}"), dst_sizes, INDEX_NAME
@@ -188,7 +272,46 @@ class NodeStreams:
             v.shards_checked += 1
             if problem:
                 v.problems.append(problem)
+        if content:
+            self._verify_content(src, dst, src_abs, dst_abs, v, manifest, only)
         return v
+
+    def _verify_content(
+        self, src: str, dst: str, src_abs: str, dst_abs: str, v: TreeVerification,
+        manifest: str | None, only: list[str] | None,
+    ) -> None:
+        s = self.session
+        text = self._source_manifest_text(src, src_abs)
+        if text is None:
+            if manifest:
+                v.problems.append(
+                    f"{src}:{src_abs}/{MANIFEST_NAME} is missing (the checkpoint step writes it): "
+                    "rematerialize mtp_weights on the build host"
+                )
+                return
+            expected = digests_on_node(s, src, src_abs, only)
+        else:
+            try:
+                expected = checkpoint_core.expected_tree(text)
+            except ValueError as e:
+                v.problems.append(f"{src}: {e}; rematerialize mtp_weights on the build host")
+                return
+            v.manifest = checkpoint_core.manifest_digest(checkpoint_core.parse_manifest(text))
+            if manifest and v.manifest != manifest:
+                v.problems.append(
+                    f"{src}:{src_abs}/{MANIFEST_NAME} has digest {v.manifest[:16]}, but the checkpoint was "
+                    f"recorded as {manifest[:16]}: the build host's checkpoint changed since; rematerialize mtp_weights"
+                )
+                return
+        actual = digests_on_node(s, dst, dst_abs, only)
+        v.digests_checked = len(actual)
+        diff = checkpoint_core.diff_manifests(expected, actual, only=only)
+        # Missing files and size mismatches are already reported by the listing comparison.
+        same_size = [p for p in diff.differing if p in actual and actual[p]["size"] == expected[p]["size"]]
+        v.problems += checkpoint_core.ManifestDiff(differing=same_size).problems(dst, expected, actual)
+        if only is not None:
+            v.problems += [f"{p}: missing on {dst}" for p in diff.missing]
+        v.resend = sorted(set(v.resend) | set(diff.to_resend))
 
     def _check_shard_span(self, node: str, path: str, name: str, size: int) -> str | None:
         """Read only the shard's header (a few KB) over SFTP and check the file is as long as it says."""
@@ -222,4 +345,3 @@ class NodeStreams:
                 f"image {image}: {dst} holds {dst_id} after the load but {src} has {src_id}; rerun the copy"
             )
         return ImageCopyReport(src, dst, image, src_id, round(time.monotonic() - started, 2), skipped=False)
-

@@ -198,7 +198,7 @@ class _Transaction:
         try:
             gw = GatewayHost(self.s)
             if n in gw.rotation():
-                gw.drain(n)
+                gw.drain(n, reason="failed deploy: " + (why.splitlines() or [""])[0][:160], dead=True)
                 said.insert(0, f"{n} taken out of the gateway")
             else:
                 said.insert(0, f"{n} is not in the gateway")

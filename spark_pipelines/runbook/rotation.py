@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import engine, markers
+from spark_pipelines.runbook.errors import RunbookError
 
 BENCH_GATE = "bench_gate"  # marker the bench step leaves on a node: promoted or held out, and why
 
@@ -44,18 +46,40 @@ class Drain:
 
 
 @contextmanager
-def drained(gw: GatewayHost, node: str) -> Iterator[Drain]:
-    """Take `node` out of every pool for the block. On an exception it goes back where it was
-    (the drain itself may be what failed); after a clean exit it goes back unless `keep_out`."""
+def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float | None = None) -> Iterator[Drain]:
+    """Take `node` out of every pool for the block, confirmed (the reloaded proxy no longer lists
+    it) before the block runs. A drain that would leave fewer than gateway.min_in_rotation nodes
+    waits up to `wait_s` for others to come back, then is refused (RotationRefused, nothing
+    changed). On an exception, including a drain whose reload failed and a run terminated
+    mid-block, the node goes back where it was; after a clean exit it goes back unless `keep_out`."""
     was_in = node in gw.rotation()
     d = Drain(node, was_in, keep_out=not was_in)
+    if was_in:
+        try:
+            gw.drain(node, reason=reason, wait_s=wait_s)
+        except gateway_core.RotationRefused as e:  # nothing was changed
+            raise RunbookError(f"{node} not drained, the block did not run: {e}") from None
+        except BaseException as e:  # the write or the reload may have happened
+            _restore_after(gw, node, e)
+            raise
     try:
-        if was_in:
-            gw.drain(node)
         yield d
-    except BaseException:
+    except BaseException as e:
         if was_in:
-            gw.restore(node)
+            _restore_after(gw, node, e)
         raise
     if not d.keep_out:
         gw.restore(node)
+
+
+def _restore_after(gw: GatewayHost, node: str, cause: BaseException) -> None:
+    """Put the node back after `cause`; a restore that fails too is told with the cause, so
+    neither error hides the other."""
+    try:
+        gw.restore(node)
+    except Exception as e:
+        if isinstance(cause, RunbookError):
+            cause.description = f"{cause.description}; and putting {node} back in the gateway failed too: {e}"
+            cause.args = (cause.description,)
+        else:
+            cause.add_note(f"putting {node} back in the gateway failed too: {e}")

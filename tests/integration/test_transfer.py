@@ -16,7 +16,7 @@ from safetensors.numpy import save
 
 from spark_pipelines.core import remote
 from spark_pipelines.resources.ssh import RemoteCommandError
-from spark_pipelines.resources.transfer import NodeStreams
+from spark_pipelines.resources.transfer import NodeStreams, write_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +153,58 @@ def test_verification_catches_a_truncated_shard_and_a_rerun_repairs_it(node_pair
     assert any(p.startswith(f"{shard}: ") and "header describes" in p for p in v.problems)
     report = streams.copy_tree(node_pair.build, node_pair.serve, src, dst)
     assert report.verification.ok and report.files_transferred == 1
+
+
+# Rewrites bytes in the middle of a file in place: same size, same mtime (bit rot, or a tool that
+# writes into an existing shard), which neither the headers nor rsync's quick check can see.
+FLIP = """
+import os, sys
+p = sys.argv[1]; st = os.stat(p)
+with open(p, "r+b") as f:
+    f.seek(st.st_size // 2); b = f.read(64); f.seek(st.st_size // 2); f.write(bytes(x ^ 0xFF for x in b))
+os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+"""
+
+
+def test_same_size_rewrite_is_found_by_content_and_only_that_file_resent(node_pair, fleet_session, checkpoint):
+    streams = NodeStreams(fleet_session)
+    build, serve = node_pair.build, node_pair.serve
+    src, dst = checkpoint["src"], checkpoint["dst"]
+    manifest, digest = write_manifest(fleet_session, build, src)
+    assert len(manifest["files"]) == 3
+    first = streams.copy_tree(build, serve, src, dst, manifest=digest)
+    v = first.verification
+    assert v.ok and v.manifest == digest and v.digests_checked == 4  # 2 shards, index, the manifest
+    total = v.total_bytes
+
+    shard = "model-00001-of-00002.safetensors"
+    fleet_session.run(serve, ["python3", "-c", FLIP, f"{dst}/{shard}"], log=False)
+    v = streams.verify_tree(build, serve, src, dst, manifest=digest)
+    assert not v.ok and v.resend == [shard]
+    assert v.problems == [p for p in v.problems if p.startswith(f"{shard}: content differs, same size on {serve}")]
+    assert v.problems and v.shards_checked == 2  # the headers alone still pass
+
+    # rsync's quick check (size + mtime) does not see it: the plain copy sends no file.
+    route = streams.ensure_peer_access(build, serve)
+    plain = remote.parse_rsync_stats(fleet_session.run(build, remote.rsync_argv(src, route, dst), log=False).stdout)
+    assert plain["number_of_regular_files_transferred"] == 0
+
+    since = len(fleet_session.commands)
+    report = streams.copy_tree(build, serve, src, dst, manifest=digest)
+    assert report.repaired == [shard] and report.verification.ok
+    assert report.verification.digests_checked == 1  # after the repair only the re-sent file is hashed again
+    # Only the damaged blocks crossed the wire (delta against the damaged file), not the tree.
+    assert 0 < report.repair_bytes_sent < total / 20, (report.repair_bytes_sent, total)
+    resend = [c for c in fleet_session.commands[since:] if "--files-from=-" in c.argv]
+    assert len(resend) == 1 and resend[0].node == build and "--checksum" in resend[0].argv
+    assert streams.verify_tree(build, serve, src, dst, manifest=digest).ok
+    print(f"\nrepair: tree {total} B, re-sent {report.repair_bytes_sent} B for {shard}")
+
+
+def test_a_manifest_that_is_not_the_recorded_one_is_refused(node_pair, fleet_session, checkpoint):
+    streams = NodeStreams(fleet_session)
+    v = streams.verify_tree(node_pair.build, node_pair.serve, checkpoint["src"], checkpoint["dst"], manifest="0" * 64)
+    assert not v.ok and "the build host's checkpoint changed since" in v.problems[-1]
 
 
 def test_image_streams_between_nodes_with_equal_ids(node_pair, fleet_session, test_image):

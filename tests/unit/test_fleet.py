@@ -135,3 +135,82 @@ def test_load_errors_are_clear(tmp_path):
     bad.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(FleetError, match="expected a mapping"):
         load_fleet(bad)
+
+
+# -- hostile input: each refused with one line naming the field, never a traceback -----------------
+
+
+@pytest.mark.parametrize(
+    "where, value, needle",
+    [
+        (("nodes", 1, "name"), "spark2\n", "nodes[1].name"),
+        (("nodes", 0, "host"), "spark1\x00", "nodes[0] (spark1).host"),
+        (("launch", "gpu_memory_utilization"), float("nan"), "launch.gpu_memory_utilization = nan"),
+        (("launch", "gpu_memory_utilization"), float("inf"), "finite"),
+        (("nodes", 1, "bench_floor_tok_s"), float("nan"), "bench_floor_tok_s"),
+        (("bench", "reference_tok_s"), float("inf"), "bench.reference_tok_s"),
+        (("launch", "model_dir"), "../../etc", "launch.model_dir"),
+        (("launch", "model_dir"), "/etc", "launch.model_dir"),
+        (("launch", "models_dir"), "~/models/../..", "'..'"),
+        (("launch", "models_dir"), "~root/models", "launch.models_dir"),
+        (("launch", "cache_mounts", 0, "container"), "~/.cache/vllm", "must be absolute"),
+        (("pins", "patches", 0, "path"), "-rf", "path inside a repository"),
+        (("pins", "vllm_ref"), "main..evil", "pins.vllm_ref"),
+        (("pins", "torch", "torch"), "2.12.0+cu130\n", "pins.torch.torch"),
+        (("launch", "port"), True, "boolean"),
+        (("launch", "max_model_len"), 10**18, "launch.max_model_len"),
+        (("launch", "extra_flags"), ["--max-num-seqs=8\n"], "launch.extra_flags"),
+    ],
+)
+def test_hostile_values_refused_in_one_line(seed_data, where, value, needle):
+    cur = seed_data
+    for k in where[:-1]:
+        cur = cur[k]
+    cur[where[-1]] = value
+    msg = refused(seed_data, needle)
+    assert "\n" not in msg
+
+
+def test_gmu_override_below_floor_is_refused_where_it_is_set(seed_data):
+    seed_data["nodes"][1]["overrides"] = {"gpu_memory_utilization": 0.5}
+    refused(seed_data, "nodes[1] (spark2).overrides.gpu_memory_utilization", "CUDA graph capture")
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh"))
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"\xff\xfe\x00n\x00o", "not UTF-8"),
+        (BOMB.encode(), "anchors/aliases expand"),
+        (b"a: &a [*a]\n", "refers to the value that contains it"),
+        (("a: " + "[" * 200 + "]" * 200).encode(), "nested deeper"),
+        (b"nodes: []\nnodes: []\n", "duplicate key 'nodes'"),
+        (b"x: !!python/object/apply:os.system [id]\n", "remove the tag"),
+        (b"- 1\n- 2\n", "expected a mapping"),
+        (b"", "expected a mapping"),
+        (("a: " + "1" * 5000).encode(), "thousands of digits"),
+        (b"a: " + b"x" * (2 << 20), "over 1024 KiB"),
+    ],
+)
+def test_pathological_files_give_one_line(tmp_path, content, needle):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    with pytest.raises(FleetError) as e:
+        load_fleet(bad)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_cli_plan_prints_one_line_and_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open("fleets/seed.yaml").read().replace("gpu_memory_utilization: 0.85", "gpu_memory_utilization: .nan"))
+    r = subprocess.run([sys.executable, "-m", "spark_pipelines.cli", "plan", "--fleet", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "launch.gpu_memory_utilization = nan" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

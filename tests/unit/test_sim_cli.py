@@ -4,13 +4,14 @@ the GPU hook writes the node's state into a container rootfs only when GPUs were
 from __future__ import annotations
 
 import io
+import os
 import json
 from pathlib import Path
 
 import pytest
 
 from spark_sim import gpu_hook
-from spark_sim.fleet import sim_command
+from spark_sim.cli import sim_command
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +103,17 @@ def test_root_too_close_to_slash_is_refused(monkeypatch: pytest.MonkeyPatch, cap
     monkeypatch.setenv("SPARK_SIM_ROOT", "/var")
     assert sim_command(["down"]) == 1
     assert "too close to /" in capsys.readouterr().err
+
+
+def test_up_refuses_a_root_the_node_users_cannot_enter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("sim up checks root first")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("SPARK_SIM_ROOT", str(private / "sim-root"))
+    monkeypatch.setenv("SPARK_SIM_SLOT", "5")
+    assert sim_command(["up", "--nodes", "1", "--fleet-out", str(tmp_path / "f.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert f"lies under {private} (mode 700)" in err and len(err.strip().splitlines()) == 1
+    assert not (private / "sim-root").exists() and not (tmp_path / "f.yaml").exists()

@@ -52,3 +52,20 @@ def test_build_and_copy_rejects_bad_flags(tmp_path):
     assert jobs.returncode == 1 and "--build-jobs" in jobs.stderr
     ok = subprocess.run(["bash", script, "--no-build"], cwd=tmp_path / "b", capture_output=True, text=True)
     assert ok.returncode == 0 and not (tmp_path / "b" / "build-metadata.yaml").exists()
+
+
+def test_stored_swapab_diff_is_the_diff_of_the_stored_sources(tmp_path):
+    # The diff is a real file in the recipe tree; it must stay the diff between the two .cuh files.
+    upstream.make_recipe_repo(tmp_path / "r")
+    assert (tmp_path / "r" / upstream.SWAPAB_DIFF).read_text() == upstream.swapab_diff()
+
+
+def test_every_stand_in_file_is_a_real_file_in_the_package():
+    files = {**{f"build/{k}": v for k, v in upstream.build_repo_files().items()},
+             **{f"recipe/{k}": v for k, v in upstream.recipe_repo_files().items()}}
+    for rel in files:
+        if rel != "build/sim/vllm_standin.py":  # its home is the simulator package
+            assert (upstream.HERE / rel).is_file(), rel
+    assert not any("__NIGHTLY__" in v or "__STABLE__" in v or "# __ST_LIB__" in v for v in files.values())
+    for rel in (*upstream.BUILD_EXECUTABLE, *upstream.RECIPE_EXECUTABLE):
+        assert rel in upstream.build_repo_files() or rel in upstream.recipe_repo_files(), rel

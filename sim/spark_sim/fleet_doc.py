@@ -1,0 +1,58 @@
+"""The fleet file `sim up` writes: the seed fleet with only what must differ to reach the
+simulated members (addresses, users, keys, homes, gateway paths, repo URLs and commits)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from spark_sim.layout import SEED_FLEET, SSH_PORT, Layout, Member, SimError
+
+
+def read_seed() -> dict[str, Any]:
+    try:
+        return yaml.safe_load(SEED_FLEET.read_text())
+    except OSError as e:
+        raise SimError(f"seed fleet {SEED_FLEET} cannot be read: {e.strerror}") from None
+
+
+def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: dict[str, Any]) -> dict[str, Any]:
+    doc = copy.deepcopy(seed)
+    templates = {n["hardware"]: n for n in seed["nodes"]}
+
+    def target(m: Member) -> dict[str, Any]:
+        return {"host": m.ip, "port": SSH_PORT, "user": m.user, "key_path": str(lay.key_path),
+                "known_hosts": str(lay.known_hosts), "home": str(m.home)}
+
+    nodes = []
+    for m in members:
+        if m.is_gateway:
+            continue
+        template = copy.deepcopy(templates.get(m.hardware) or seed["nodes"][-1])
+        # Same key order as the seed, with the reach fields where an operator looks for them.
+        node = {"name": m.name, **target(m)}
+        node.update({k: v for k, v in template.items() if k not in node})
+        if m.name != "spark1":
+            node["roles"] = ["serve"]
+        nodes.append(node)
+    doc["nodes"] = nodes
+    gw = next(m for m in members if m.is_gateway)
+    work = gw.home / "litellm"
+    doc["gateway"].update({
+        **target(gw),
+        "config_path": str(work / "config.yaml"),
+        "reload_dir": str(work),
+        "reload_command": [str(gw.bin / "litellm-restart")],
+    })
+    # The stand-in checkpoint is a few MB, not ~71 GB: the runbook's disk floors do not apply.
+    doc["preflight"] = {"build_host_disk_gib": 1, "serve_node_disk_gib": 1}
+    # The stand-in needs no warm-up (no JIT, no graph capture): one measured run keeps the demo short.
+    doc["bench"]["repeats"] = 1
+    if pins:
+        doc["pins"]["recipe_repo"] = pins["recipe_repo"]
+        doc["pins"]["build_repo"] = pins["build_repo"]
+        doc["pins"]["base_model"]["revision"] = pins["base_model_revision"]
+        doc["pins"]["fp8_model"]["revision"] = pins["fp8_model_revision"]
+    return doc

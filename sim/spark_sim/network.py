@@ -1,0 +1,43 @@
+"""The simulated fleet's network: one bridge in a switch namespace, one namespace per member.
+
+The bridge lives in its own namespace so the host's iptables (which any system dockerd may set
+to FORWARD DROP) never sees node-to-node traffic, and no host sysctl (ip_forward) has to change.
+Namespaces get no default route: nodes reach each other and this machine, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spark_sim.effects import run
+from spark_sim.layout import Layout, Member
+
+Record = Callable[[str, str], None]  # (kind, name): noted in the state file before it is made
+
+
+def make_switch(lay: Layout, record: Record) -> None:
+    record("netns", lay.switch_ns)
+    run(["ip", "netns", "add", lay.switch_ns], what=f"ip netns add {lay.switch_ns}")
+    sw = ["ip", "-n", lay.switch_ns]
+    run([*sw, "link", "add", "br0", "type", "bridge"], what="creating the sim bridge")
+    run([*sw, "link", "set", "br0", "up"])
+    run([*sw, "link", "set", "lo", "up"])
+    record("links", lay.root_link)
+    run(["ip", "link", "add", lay.root_link, "type", "veth", "peer", "name", "host", "netns", lay.switch_ns],
+        what=f"creating veth {lay.root_link}")
+    run([*sw, "link", "set", "host", "master", "br0", "up"])
+    run(["ip", "addr", "add", f"{lay.host_ip}/24", "dev", lay.root_link])
+    run(["ip", "link", "set", lay.root_link, "up"])
+
+
+def make_member_netns(lay: Layout, m: Member, record: Record) -> None:
+    """The member's namespace, plugged into the bridge at its address."""
+    record("netns", m.netns)
+    run(["ip", "netns", "add", m.netns], what=f"ip netns add {m.netns}")
+    port = f"p{m.ip.rsplit('.', 1)[1]}"
+    run(["ip", "-n", lay.switch_ns, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", m.netns],
+        what=f"creating the veth of {m.name}")
+    run(["ip", "-n", lay.switch_ns, "link", "set", port, "master", "br0", "up"])
+    run(["ip", "-n", m.netns, "addr", "add", f"{m.ip}/24", "dev", "eth0"])
+    run(["ip", "-n", m.netns, "link", "set", "eth0", "up"])
+    run(["ip", "-n", m.netns, "link", "set", "lo", "up"])

@@ -1,0 +1,261 @@
+"""A simulated host's own parts: its user and keys, sshd, dockerd, sudoers drop-in, and the
+stand-in programs on its PATH (nvidia-smi, hf, the GPU hook, systemctl, litellm-restart).
+
+Every program a node user runs is under the sim root (see node_lib.py), never in the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+from spark_sim.effects import run, write
+from spark_sim.layout import LITELLM_BIN, SSH_PORT, Layout, Member
+from spark_sim.network import Record
+from spark_sim.node_lib import NodeLib
+
+
+class NodeHost:
+    """Makes and starts the parts of each member under one layout."""
+
+    def __init__(self, layout: Layout, record: Record, lib: NodeLib, engine_port: int,
+                 tokens_per_second: float) -> None:
+        self.layout = layout
+        self._record = record
+        self.lib = lib
+        # The stand-in nvidia-smi shows load while the engine on this port has requests running.
+        self.engine_port = engine_port
+        self.tokens_per_second = tokens_per_second
+
+    def make_client_key(self) -> None:
+        lay = self.layout
+        lay.client_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(lay.client_dir, 0o700)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"spark-sim-{lay.slot}", "-f", str(lay.key_path)],
+            what="ssh-keygen (client key)")
+
+    def make_member(self, m: Member) -> list[str]:
+        """User, files and keys of one member (its namespace exists); returns its host public key line."""
+        lay = self.layout
+        for d in (m.dir, m.bin, m.sbin, m.hook_dir, m.dir / "ssh", m.dir / "docker", m.gpu_state_file.parent):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o755)
+        self._record("users", m.user)
+        run(["useradd", "-m", "-d", str(m.home), "-s", "/bin/bash", "-U", "-c", f"spark-pipelines sim {m.name}", m.user],
+            what=f"useradd {m.user}")
+        # A locked account ('!') makes sshd refuse even key logins; '*' = no password, not locked.
+        run(["usermod", "-p", "*", m.user])
+        ssh_dir = m.home / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        pub = Path(f"{lay.key_path}.pub").read_text()
+        write(ssh_dir / "authorized_keys", pub, 0o600)
+        # The same key on every node lets the build node stream to the serving nodes (rsync over ssh).
+        shutil.copyfile(lay.key_path, ssh_dir / "id_ed25519")
+        os.chmod(ssh_dir / "id_ed25519", 0o600)
+        write(ssh_dir / "id_ed25519.pub", pub)
+        run(["chown", "-R", f"{m.user}:{m.user}", str(m.home)])
+
+        hostkey = m.dir / "ssh" / "ssh_host_ed25519_key"
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{m.name}-host", "-f", str(hostkey)],
+            what=f"ssh-keygen (host key of {m.name})")
+        write(m.dir / "ssh" / "sshd_config", self._sshd_config(m, hostkey))
+        if m.is_gateway:
+            self._make_gateway_files(m)
+        else:
+            self._make_node_files(m)
+        return Path(f"{hostkey}.pub").read_text().split()[0:2]
+
+    def _sshd_config(self, m: Member, hostkey: Path) -> str:
+        env = [f"PATH={m.bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", f"SIM_NODE={m.name}"]
+        if not m.is_gateway:
+            env += [f"DOCKER_HOST={m.docker_host}", f"SIM_GPU_STATE_FILE={m.gpu_state_file}",
+                    f"HF_HUB_CACHE={self.layout.hub_cache}"]
+        lines = [
+            f"# sshd of simulated {m.name}, written by `spark-pipelines sim up`",
+            f"ListenAddress {m.ip}",
+            f"Port {SSH_PORT}",
+            f"HostKey {hostkey}",
+            f"PidFile {m.sshd_pidfile}",
+            f"AllowUsers {m.user}",
+            "AuthorizedKeysFile .ssh/authorized_keys",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin no",
+            "UsePAM no",
+            "StrictModes no",
+            "MaxStartups 500:30:1000",
+            "MaxSessions 100",
+            "PrintMotd no",
+            "ClientAliveInterval 30",
+            "Subsystem sftp /usr/lib/openssh/sftp-server",
+            "SetEnv " + " ".join(env),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _make_node_files(self, m: Member) -> None:
+        lib = self.lib
+        state = {"state": "healthy", "profile": m.hardware, "engine_port": self.engine_port}
+        write(m.gpu_state_file, json.dumps(state), 0o664, owner=m.user)
+        # The GB10 nvidia-smi stand-in; under sudo the env is reset, hence the default state file.
+        write(m.bin / "nvidia-smi", (
+            "#!/bin/sh\n"
+            f": \"${{SIM_GPU_STATE_FILE:={m.gpu_state_file}}}\"\n"
+            f"export SIM_GPU_STATE_FILE PYTHONPATH={lib.path}\n"
+            f"exec {lib.python} -s -m spark_sim.nvidia_smi_standin \"$@\"\n"
+        ), 0o755)
+        # `hf download` reads the local model source instead of the Hub.
+        write(m.bin / "hf", f"#!/bin/sh\nexec {lib.python} -s {lib.module_file('hf_standin')} \"$@\"\n", 0o755)
+        # runc runs the hook with an empty environment: everything is spelled out here.
+        write(m.hook_dir / "nvidia-container-runtime-hook", (
+            "#!/bin/sh\n"
+            f"SIM_TOKENS_PER_SECOND={self.tokens_per_second:g} "
+            f"PYTHONPATH={lib.path} exec {lib.python} -s {lib.module_file('gpu_hook')} "
+            f"--state-file {m.gpu_state_file} \"$@\"\n"
+        ), 0o755)
+        # Root steps of the runbook, made harmless: drop caches writes a node-local file.
+        vm = m.dir / "vm"
+        vm.mkdir(exist_ok=True)
+        write(m.sbin / "sh", (
+            "#!/bin/sh\n"
+            "# sim stand-in for `sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'` on a node\n"
+            "if [ \"$#\" -eq 2 ] && [ \"$1\" = -c ] && [ \"$2\" = 'sync; echo 3 > /proc/sys/vm/drop_caches' ]; then\n"
+            f"  echo 3 > {vm}/drop_caches && date -u +%FT%TZ >> {vm}/drop_caches.log && exit 0\n"
+            "fi\n"
+            "echo \"sim: only the runbook's drop-caches command runs as root on a simulated node\" >&2\n"
+            "exit 1\n"
+        ), 0o755)
+        services = m.dir / "services"
+        services.mkdir(exist_ok=True)
+        write(m.sbin / "systemctl", (
+            "#!/bin/sh\n"
+            "# sim stand-in for systemctl: units are files under the node's services dir\n"
+            f"dir={services}\n"
+            "case \"$1\" in\n"
+            "  get-default) echo multi-user.target ;;\n"
+            "  is-active) shift; rc=0; for u in \"$@\"; do s=$(cat \"$dir/$u\" 2>/dev/null || echo inactive);"
+            " echo \"$s\"; [ \"$s\" = active ] || rc=3; done; exit $rc ;;\n"
+            "  stop|disable|mask) shift; for u in \"$@\"; do case \"$u\" in --*) ;; *) echo inactive > \"$dir/$u\";; esac; done ;;\n"
+            "  start|enable|restart) shift; for u in \"$@\"; do echo active > \"$dir/$u\"; done ;;\n"
+            "  *) echo \"sim systemctl: unsupported: $*\" >&2; exit 1 ;;\n"
+            "esac\n"
+        ), 0o755)
+        self._install_sudoers(m, [
+            f"{m.sbin}/sh -c sync; echo 3 > /proc/sys/vm/drop_caches",
+            "/usr/bin/fuser",
+            f"{m.sbin}/systemctl",
+            f"{m.bin}/nvidia-smi -pm *", f"{m.bin}/nvidia-smi -lgc *", f"{m.bin}/nvidia-smi -rgc",
+        ])
+        write(m.dir / "docker" / "daemon.json", "{}\n")
+
+    def _make_gateway_files(self, m: Member) -> None:
+        """`litellm-restart` stands in for `docker compose restart litellm`. The proxy runs as
+        root through one sudoers line (as it would in its container): the litellm venv's
+        interpreter lives under root's 0700 home, out of the gateway user's reach."""
+        work = m.home / "litellm"
+        work.mkdir(exist_ok=True)
+        shutil.chown(work, m.user, m.user)
+        key = os.environ.get("LITELLM_MASTER_KEY") or f"sk-sim-{secrets.token_urlsafe(24)}"
+        key_file = m.dir / "master_key"  # root-only; the proxy reads it, never the command line
+        write(key_file, key + "\n", 0o600)
+        cfg, pidfile, log = work / "config.yaml", m.dir / "litellm.pid", work / "litellm.log"
+        write(m.sbin / "litellm-proxy", (
+            "#!/bin/sh\n"
+            "# (Re)start the simulated gateway's LiteLLM proxy; run as root via sudo.\n"
+            "set -u\n"
+            f"cfg={cfg}; pidfile={pidfile}; log={log}\n"
+            f"[ -x {LITELLM_BIN} ] || {{ echo \"litellm-proxy: {LITELLM_BIN} is missing; install litellm[proxy] there\" >&2; exit 1; }}\n"
+            "[ -f \"$cfg\" ] || { echo \"litellm-proxy: $cfg does not exist; write the gateway config first\" >&2; exit 1; }\n"
+            "if [ -f \"$pidfile\" ]; then\n"
+            "  old=$(cat \"$pidfile\"); kill \"$old\" 2>/dev/null\n"
+            "  i=0; while kill -0 \"$old\" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n"
+            "  kill -9 \"$old\" 2>/dev/null; rm -f \"$pidfile\"\n"
+            "fi\n"
+            f"LITELLM_MASTER_KEY=$(cat {key_file})\n"
+            # Without LITELLM_LOCAL_MODEL_COST_MAP the proxy first tries an internet download.
+            "export LITELLM_MASTER_KEY LITELLM_LOCAL_MODEL_COST_MAP=True\n"
+            f"cd {work}\n"
+            f"setsid {LITELLM_BIN} --config \"$cfg\" --host {m.ip} --port 4000 >\"$log\" 2>&1 </dev/null &\n"
+            "echo $! > \"$pidfile\"\n"
+            "chmod 644 \"$log\"\n"
+            "echo $!\n"
+        ), 0o755)
+        url = f"http://{m.ip}:4000/health/liveliness"
+        write(m.bin / "litellm-restart", (
+            "#!/bin/sh\n"
+            "# Restart the simulated gateway's LiteLLM proxy and wait until it answers.\n"
+            "set -u\n"
+            f"log={log}\n"
+            "pid=$(sudo -n litellm-proxy) || exit 1\n"
+            "i=0\n"
+            "while [ $i -lt 240 ]; do\n"
+            f"  if python3 -c \"import urllib.request as u; u.urlopen('{url}', timeout=1)\" 2>/dev/null; then\n"
+            f"    echo \"litellm ready on {m.ip}:4000 (pid $pid)\"; exit 0\n"
+            "  fi\n"
+            "  [ -d /proc/$pid ] || { echo 'litellm-restart: the proxy exited:' >&2; tail -n 5 \"$log\" >&2; exit 1; }\n"
+            "  sleep 0.5; i=$((i+1))\n"
+            "done\n"
+            "echo \"litellm-restart: not ready after 120 s; see $log\" >&2; exit 1\n"
+        ), 0o755)
+        self._install_sudoers(m, [f"{m.sbin}/litellm-proxy"])
+
+    def _install_sudoers(self, m: Member, commands: list[str]) -> None:
+        sudoers = (
+            f"# simulated {m.name}, written by `spark-pipelines sim up`; `sim down` removes it\n"
+            f"Defaults:{m.user} secure_path=\"{m.sbin}:{m.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\n"
+            f"{m.user} ALL=(root) NOPASSWD: {', '.join(commands)}\n"
+        )
+        check = m.dir / "sudoers.check"
+        write(check, sudoers, 0o440)
+        run(["visudo", "-cf", str(check)], what=f"visudo check of the sudoers drop-in for {m.name}")
+        check.unlink()
+        self._record("sudoers", str(m.sudoers_file))
+        write(m.sudoers_file, sudoers, 0o440)
+
+    def write_known_hosts(self, members: list[Member], host_keys: dict[str, list[str]]) -> None:
+        lines = "".join(f"{m.ip} {' '.join(host_keys[m.name])}\n" for m in members)
+        write(self.layout.known_hosts, lines, 0o644)
+        for m in members:
+            write(m.home / ".ssh" / "known_hosts", lines, 0o644, owner=m.user)
+
+    def start_sshd(self, m: Member) -> None:
+        log = m.dir / "ssh" / "sshd.log"
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        # sshd daemonizes itself (no zombie left with the caller) and writes its PidFile.
+        run(["ip", "netns", "exec", m.netns, "/usr/sbin/sshd", "-f", str(m.dir / "ssh" / "sshd_config"), "-E", str(log)],
+            what=f"starting sshd of {m.name}")
+
+    def start_dockerd(self, m: Member) -> None:
+        d = m.dir / "docker"
+        env = {
+            "PATH": f"{m.hook_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(d),
+            "LANG": "C.UTF-8",
+        }
+        # Not `ip netns exec`: it remounts /sys and so hides the cgroup mounts dockerd needs.
+        # A private mount namespace (slave: host mounts still come in) keeps dockerd's overlay
+        # mounts out of the host's table, so a crashed sim leaves no mounts behind.
+        argv = [
+            "setsid", "-f", "unshare", "--mount", "--propagation", "slave",
+            "nsenter", f"--net=/run/netns/{m.netns}", "dockerd",
+            "--config-file", str(d / "daemon.json"),
+            "--data-root", str(d / "data"),
+            "--exec-root", str(d / "exec"),
+            "--pidfile", str(m.dockerd_pidfile),
+            "-H", m.docker_host,
+            "--group", m.user,
+            "--storage-driver", "overlay2",
+            "--iptables=false", "--ip-forward=false", "--ip-masq=false", "--bridge=none",
+            "--userland-proxy=false", "--log-level", "warn",
+            "--cgroup-parent", self.cgroup_parent(m),
+        ]
+        with open(d / "dockerd.log", "ab") as log:
+            # setsid -f: dockerd is re-parented away from us, so no zombie stays with the caller.
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, check=True, timeout=30)
+
+    def cgroup_parent(self, m: Member) -> str:
+        return f"spark-sim-{m.netns}"
