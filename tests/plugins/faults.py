@@ -325,7 +325,9 @@ def gateway_config(sim: SimFleet) -> dict[str, Any]:
 def rotation(config: dict[str, Any]) -> list[str]:
     seen: list[str] = []
     for e in config.get("model_list") or []:
-        node = (e.get("model_info") or {}).get("spark_node")
+        info = e.get("model_info") or {}
+        # The product's owner mark (older configs: spark_node); an operator's own entries have none.
+        node = info.get("spark_pipelines_node") or info.get("spark_node")
         if node and node not in seen:
             seen.append(node)
     return seen
