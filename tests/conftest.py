@@ -2,7 +2,7 @@
 
 import pytest
 
-pytest_plugins = ["tests.plugins.sim", "tests.plugins.servers", "tests.plugins.remote"]
+pytest_plugins = ["tests.plugins.sim", "tests.plugins.servers", "tests.plugins.remote", "tests.plugins.faults"]
 
 SEED = "fleets/seed.yaml"
 
