@@ -25,7 +25,7 @@ from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import remote
 from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME, MAX_HEADER_BYTES
 from spark_pipelines.resources.docker import NodeDocker
-from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteError
+from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteCommandError, RemoteError
 
 # sha256 of the ~71 GB checkpoint reads every byte: minutes on a real node (about 1 GB/s per core
 # from NVMe, four files at a time); 30 min leaves room for a slow or busy disk, never unbounded.
@@ -49,6 +49,26 @@ def write_manifest(session: FleetSession, node: str, directory: str) -> tuple[di
     """Hash the directory on the node, write its MANIFEST_NAME there; (manifest, digest)."""
     manifest = checkpoint_script(session, node, [directory, "--write-manifest"], DIGEST_TIMEOUT_S)
     return manifest, checkpoint_core.manifest_digest(manifest)
+
+
+def copy_failure(src: str, dst: str, dst_dir: str, status: int | None, output: str) -> str:
+    """One line naming both ends, the receiver's own complaint when rsync relayed one, and the fix.
+    The partial copy is kept (`--partial`): a rerun resumes."""
+    text = output.lower()
+    if "no space left on device" in text:
+        why = f"{dst} ran out of disk space under {dst_dir}"
+        fix = f"free space on {dst} (`df -h {dst_dir}`; the checkpoint needs ~71 GB), then rerun: the copy resumes"
+    elif status in remote.TIMEOUT_EXIT_CODES:
+        why = "rsync was stopped by its timeout"
+        fix = f"check the link from {src} to {dst} (a slow uplink: raise the copy timeout), then rerun: it resumes"
+    elif "permission denied" in text:
+        why = f"{dst} refused a write under {dst_dir} (permission denied)"
+        fix = f"check the owner of {dst_dir} on {dst}, then rerun"
+    else:
+        last = next((ln.strip() for ln in reversed(output.splitlines()) if "rsync" in ln.lower() and ln.strip()), "")
+        why = f"rsync exited with status {status}" + (f" ({last[:200]})" if last else "")
+        fix = f"check that {dst} is up and reachable from {src}, then rerun: the copy resumes"
+    return f"copy {src} -> {dst} failed: {why}; {fix}"
 
 
 class TransferError(RemoteError):
@@ -188,7 +208,10 @@ class NodeStreams:
         s.run(dst, ["mkdir", "-p", dst_abs], log=False)
         started = time.monotonic()
         r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib),
-                  timeout=timeout or remote.COPY_TIMEOUT_S)
+                  timeout=timeout or remote.COPY_TIMEOUT_S, check=False)
+        if not r.ok:
+            raise RemoteCommandError(src, r.command, r.exit_status, r.tail,
+                                     copy_failure(src, dst, dst_abs, r.exit_status, r.stderr + r.tail))
         stats = remote.parse_rsync_stats(r.stdout)
         verification = self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest) if verify else TreeVerification()
         repaired: list[str] = []

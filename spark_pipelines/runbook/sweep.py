@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from spark_pipelines.core import diagnosis, gpu, health, remote
@@ -47,7 +47,8 @@ _NO_SUCH = ("No such container", "No such object", "no such container")
 def probe_settings(base: SshSettings | None = None) -> SshSettings:
     """SSH settings for a sweep: a short connect timeout and no connect retries (a dead node must
     be reported in seconds; the next sweep is the retry)."""
-    return replace(base or SshSettings(), connect_timeout_s=SSH_CONNECT_TIMEOUT_S, connect_retries=0)
+    fields = (base or SshSettings()).model_dump(include=set(SshSettings.model_fields))
+    return SshSettings(**{**fields, "connect_timeout_s": SSH_CONNECT_TIMEOUT_S, "connect_retries": 0})
 
 
 def _one_line(e: BaseException) -> str:

@@ -18,6 +18,7 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH, RemoteError
 from spark_pipelines.runbook.engine import engine_metrics
+from spark_pipelines.runbook import sweep
 from spark_pipelines.runbook.preflight import read_gpu
 
 WEDGED_TICKS_BEFORE_BENCH = 2
@@ -52,7 +53,9 @@ def wedge_sensors(fleet: Fleet) -> dg.Definitions:
             else:
                 busy[node.name] = running
         if busy:
-            with ssh.open_session(context.log) as s:
+            # A tick must end in seconds: the sweep's short connect and no retries (fault suite:
+            # a frozen gateway sshd held the tick past a minute through the runs' connect retries).
+            with sweep.open_session(fleet, context.log, base=ssh) as s:
                 try:
                     rotation = set(GatewayHost(s).rotation())
                 except RemoteError as e:

@@ -254,3 +254,15 @@ def test_every_runbook_limit_is_positive_and_long_steps_outlast_the_default():
     assert remote.IMAGE_BUILD_TIMEOUT_S >= 90 * 60  # runbook: ~90 min on GX10
     assert remote.CHECKPOINT_BUILD_TIMEOUT_S >= 20 * 60  # runbook: ~20 min
     assert min(remote.DOWNLOAD_TIMEOUT_S, remote.COPY_TIMEOUT_S, remote.IMAGE_COPY_TIMEOUT_S) > d
+
+
+def test_copy_failure_names_the_receiver_and_the_fix():
+    from spark_pipelines.resources.transfer import copy_failure
+
+    out = ("rsync: [receiver] write failed on \"/home/u/models/x/model-00001.safetensors\": "
+           "No space left on device (28)\nrsync error: error in file IO (code 11)\n")
+    msg = copy_failure("spark1", "spark2", "/home/u/models/x", 11, out)
+    assert "spark2 ran out of disk space" in msg and "df -h /home/u/models/x" in msg and "resumes" in msg
+    assert "\n" not in msg
+    other = copy_failure("spark1", "spark2", "/d", 12, "rsync: connection unexpectedly closed\n")
+    assert "status 12" in other and "connection unexpectedly closed" in other and "spark2" in other
