@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from spark_pipelines.core import remote
+from spark_pipelines.core.artifacts import NodeArtifacts
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
 from spark_pipelines.definitions import build_definitions
@@ -55,6 +56,12 @@ def env(sim_fleet, tmp_path_factory):
         yield {"instance": instance, "fleet_path": fleet_path, "root": root, "fleet": load_fleet(fleet_path)}
     finally:
         instance.dispose()
+        # The modules after this one meet the fleet as the sim made it: no deployment on spark1.
+        fleet = load_fleet(fleet_path)
+        with FleetSession(fleet, SshSettings(connect_retries=1)) as s:
+            name = launch_spec(fleet, fleet.node(NODE)).container_name
+            for c in (name, remote.previous_container_name(name)):
+                s.run(NODE, ["docker", "rm", "-f", c], check=False, log=False)
 
 
 @pytest.fixture()
@@ -275,7 +282,7 @@ def test_serving_check_fails_when_a_rollback_left_the_old_image(env, s):
     def materialize(recorded):
         @dg.asset(name="node_artifacts", partitions_def=deployment.partitions_def)
         def recorded_artifacts():
-            return {"node": NODE, "path": "-", "image": spec.image, "image_id": recorded, "index": "-"}
+            return NodeArtifacts(node=NODE, path="-", image=spec.image, image_id=recorded, index="-")
 
         res = dg.materialize([recorded_artifacts, deployment], partition_key=NODE, instance=env["instance"],
                              resources={"ssh": FleetSSH(fleet_path=env["fleet_path"])}, raise_on_error=False)
