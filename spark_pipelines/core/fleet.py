@@ -27,6 +27,7 @@ from pydantic import (
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
+from spark_pipelines.core.fleet_errors import explain, one_line, render_path
 from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, load_yaml
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -544,80 +545,6 @@ class FleetError(Exception):
 
 MAX_STRING = 4096
 
-_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-# Fixes for pydantic's own messages, which say what is wrong but not what to write instead.
-_HINTS = {
-    "string_type": "write it as text (quote it)",
-    "int_type": "write a whole number, without quotes",
-    "int_parsing": "write a whole number, without quotes",
-    "int_from_float": "write a whole number",
-    "float_type": "write a number, without quotes",
-    "float_parsing": "write a number, without quotes",
-    "finite_number": "write a finite number (.nan and .inf are refused)",
-    "bool_type": "write true or false",
-    "bool_parsing": "write true or false",
-    "tuple_type": "write a list",
-    "list_type": "write a list",
-    "dict_type": "write a mapping (key: value)",
-    "model_type": "write a mapping (key: value)",
-    "model_attributes_type": "write a mapping (key: value)",
-    "greater_than": "use a value in range",
-    "greater_than_equal": "use a value in range",
-    "less_than": "use a value in range",
-    "less_than_equal": "use a value in range",
-    "string_too_long": "shorten it",
-    "too_long": "shorten the list",
-}
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _render_path(loc: tuple[Any, ...], data: Any = None) -> str:
-    """`nodes[0] (spark1).overrides.env['BAD KEY']`: dotted, with node names, hostile keys repr'd."""
-    parts: list[str] = []
-    cur = data
-    for item in loc:
-        if isinstance(item, int) and not isinstance(item, bool):
-            name = cur[item].get("name") if isinstance(cur, list) and 0 <= item < len(cur) and isinstance(cur[item], dict) else None
-            ok = isinstance(name, str) and names.NODE_NAME.fullmatch(name)
-            parts.append(f"[{item}]" + (f" ({name})" if ok else ""))
-        elif isinstance(item, str) and _KEY.fullmatch(item):
-            parts.append(("." if parts else "") + item)
-        else:
-            parts.append(f"[{names.shown(item)}]")
-        try:
-            cur = cur[item]
-        except (KeyError, IndexError, TypeError):
-            cur = None
-    return "".join(parts)
-
-
-def _explain(err: ValidationError, data: Any) -> str:
-    """The first problem as one line (field, value, fix), then how many more there are."""
-    lines = []
-    for e in err.errors():
-        loc = _render_path(tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-"))), data)
-        msg = e["msg"].removeprefix("Value error, ")
-        val = e.get("input")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (typo?); remove it or check the spelling"
-        elif e["type"] == "missing":
-            msg = "required field is missing; add it"
-        elif e["type"] in _HINTS:
-            if isinstance(val, bool) and e["type"] not in ("bool_type", "bool_parsing"):
-                msg += f"; YAML read it as a boolean: {_HINTS[e['type']]}"
-            else:
-                msg += f"; {_HINTS[e['type']]}"
-        shown = names.shown(val) if not isinstance(val, (dict, list)) else f"(a {'mapping' if isinstance(val, dict) else 'list'})"
-        value = "" if e["type"] in ("missing", "extra_forbidden") or shown in msg else f" = {shown}"
-        lines.append(_one_line(f"{loc}{value}: {msg}" if loc else msg))
-    more = f" (and {len(lines) - 1} more: fix this one and load again)" if len(lines) > 1 else ""
-    return lines[0] + more
-
-
 def _refuse_hostile(data: Any) -> None:
     """Before the models: no control or invisible characters, binary values, non-text keys,
     cycles or runaway sizes anywhere, whatever field they are in (the message names it)."""
@@ -628,7 +555,7 @@ def _refuse_hostile(data: Any) -> None:
         seen += 1
         if seen > MAX_VALUES:
             raise ValueError(f"the fleet holds more than {MAX_VALUES} values (YAML aliases?); write it out plainly")
-        where = _render_path(loc, data) or "(top level)"
+        where = render_path(loc, data) or "(top level)"
         if isinstance(value, (dict, list, tuple)):
             if id(value) in ancestors:
                 raise ValueError(f"{where}: refers to itself (recursive YAML alias); write the value out")
@@ -668,10 +595,10 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
         _refuse_hostile(data)
         return Fleet.model_validate(data)
     except ValidationError as e:
-        raise FleetError(f"{source}: {_explain(e, data)}") from None
+        raise FleetError(f"{source}: {explain(e, data)}") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
         # _refuse_hostile's own refusals; anything else is a validator bug, still one line.
-        raise FleetError(_one_line(f"{source}: {e}")) from None
+        raise FleetError(one_line(f"{source}: {e}")) from None
 
 
 def load_fleet(path: str | os.PathLike[str]) -> Fleet:
@@ -699,10 +626,10 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
         problem = str(getattr(e, "problem", None) or e)
         if "constructor for the tag" in problem:
             problem += "; remove the tag: only plain YAML values are read"
-        raise FleetError(_one_line(f"fleet file {p} is not valid YAML{where}: {problem}")) from None
+        raise FleetError(one_line(f"fleet file {p} is not valid YAML{where}: {problem}")) from None
     except (ValueError, RecursionError, MemoryError, OverflowError, TypeError) as e:
         # e.g. an integer of 5000 digits (int() refuses it), an alias bomb, a recursive alias
         why = ("it holds a number with thousands of digits; write a number in range"
                if "integer string conversion" in str(e) else str(e))
-        raise FleetError(_one_line(f"fleet file {p} cannot be used: {why}")) from None
+        raise FleetError(one_line(f"fleet file {p} cannot be used: {why}")) from None
     return parse_fleet(data, str(p))
