@@ -53,7 +53,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         bench_definitions(fleet),
         experiment_definitions(),
         pins_sensors(fleet, fleet_path),
-        health_sensors(fleet_path),
+        health_sensors(fleet),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
         dg.Definitions(resources={"ssh": ssh, "hub": model_hub(),

@@ -19,7 +19,7 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.core.fleet import Fleet, FleetError, Node, load_fleet
+from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.runbook.engine import healthy
 
@@ -100,15 +100,12 @@ def _episode(raw: Any) -> dict[str, Any]:
     return {"failures": int(raw or 0)}  # the cursor of an older version: a bare count
 
 
-def health_sensors(fleet_path: str, container_state: ContainerReader = inspect_container) -> dg.Definitions:
+def health_sensors(fleet: Fleet, container_state: ContainerReader = inspect_container) -> dg.Definitions:
+    """`fleet` is the one loaded with the code location (the UI, the runs and this sensor agree)."""
     @dg.sensor(name="node_health", job_name="deploy_node_job", minimum_interval_seconds=60,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description="Redeploys a node after consecutive failed /health probes, outside its start-up window.")
     def node_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        try:
-            fleet = load_fleet(fleet_path)
-        except FleetError as e:
-            return dg.SensorResult(skip_reason=f"fleet file unusable, nothing requested: {e}", cursor=context.cursor)
         episodes = {k: _episode(v) for k, v in (json.loads(context.cursor) if context.cursor else {}).items()}
         requests = []
         tick_started = time.monotonic()

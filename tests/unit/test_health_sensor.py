@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.sensors import health
 from spark_pipelines.sensors.health import (FAILURES_BEFORE_REDEPLOY, SSH_SILENT_MAX_S, STARTUP_WINDOW_S,
                                             ContainerState, health_sensors, judge, parse_started_at)
@@ -37,7 +38,7 @@ def ticks(sensor, n, cursor=None):
 
 
 def the_sensor(path, reader):
-    return next(iter(health_sensors(path, container_state=reader).sensors))
+    return next(iter(health_sensors(load_fleet(path), container_state=reader).sensors))
 
 
 def test_run_key_is_per_episode(fleet_path, monkeypatch):

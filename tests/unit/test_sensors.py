@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.sensors.health import FAILURES_BEFORE_REDEPLOY, ContainerState, health_sensors
 
@@ -141,7 +142,7 @@ def test_health_sensor_redeploys_after_consecutive_failures(tmp_path, seed_data,
         n["host"] = "127.0.0.1"
     seed_data["launch"]["port"] = port
     # The container is gone (not starting): the redeploy is due at the Nth failed probe.
-    defs = health_sensors(write(tmp_path, seed_data), container_state=lambda f, n: ContainerState(False))
+    defs = health_sensors(load_fleet(write(tmp_path, seed_data)), container_state=lambda f, n: ContainerState(False))
     s = next(iter(defs.sensors))
     cursor = None
     res = s(dg.build_sensor_context(cursor=cursor))
