@@ -255,11 +255,13 @@ class GatewayHost:
         note = f"{reason} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
         while True:
             refusal: list[str] = []
+            written: list[dict] = []
 
             def compute(snap: Snapshot):
                 if snap.config is None or node not in snap.rotation:
                     return None
                 after = gateway_core.drain(snap.config, node)
+                written[:] = [after]
                 why = None if dead else gateway_core.rotation_refusal(
                     self.fleet, snap.rotation, gateway_core.nodes_in_rotation(after), snap.drains)
                 if why:
@@ -273,7 +275,12 @@ class GatewayHost:
                 raise gateway_core.RotationRefused(refusal[-1])
             if not refusal:
                 if node in snap.rotation:
-                    self.wait_serving(node, present=False)
+                    if written and not written[-1].get("model_list"):
+                        # The last model left (a dead node, dead=True): LiteLLM answers /model/info
+                        # with HTTP 500 on an empty list, so readiness is the confirmation.
+                        self.wait_ready()
+                    else:
+                        self.wait_serving(node, present=False)
                 return snap.rotation
             if time.monotonic() >= deadline:
                 raise gateway_core.RotationRefused(refusal[-1])

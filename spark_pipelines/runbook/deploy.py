@@ -28,6 +28,7 @@ from spark_pipelines.core import diagnosis
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import DEPLOY_LABEL, IMAGE_LABEL, LaunchSpec
+from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
@@ -170,9 +171,23 @@ class _Transaction:
             return False, f"the rollback on {n} failed ({_first_line(e)})"
         if restored is None:
             return False, f"no previous deployment on {n} to put back"
-        if engine.wait_healthy(f, self.node, min(ROLLBACK_HEALTH_S, f.launch_for(self.node).health_timeout_s)):
+        limit = min(ROLLBACK_HEALTH_S, f.launch_for(self.node).health_timeout_s)
+
+        def probe() -> str | None:
+            if engine.healthy(f, self.node):
+                return "healthy"
+            try:
+                c = self.docker.inspect_container(n, restored)
+            except Exception:  # an unanswered inspect decides nothing: keep waiting for /health
+                return None
+            return None if c and c.get("State", {}).get("Running") else "exited"
+
+        # A restored container that exits again will not get healthy: stop waiting at once.
+        waited = poll_until(probe, lambda v: v is not None, timeout_s=limit, every_s=2.0)
+        if waited.value == "healthy":
             return True, f"previous deployment put back on {n} (healthy)"
-        return False, f"previous deployment put back on {n} but NOT healthy after {ROLLBACK_HEALTH_S} s"
+        how = "it exited again" if waited.value == "exited" else f"after {limit:.0f} s"
+        return False, f"previous deployment put back on {n} but NOT healthy ({how})"
 
     def _restore_marker(self, restored_id: str) -> None:
         """The step marker must describe what runs after the rollback, or nothing."""
