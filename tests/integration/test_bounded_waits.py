@@ -7,10 +7,7 @@ node. Output capture must be linear and the run log bounded, with the whole outp
 
 from __future__ import annotations
 
-import os
-import signal
 import stat
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +27,7 @@ from spark_pipelines.resources.ssh import (
     SshSettings,
     read_command_log,
 )
+from tests.plugins.faults import descendants, stopped
 
 pytestmark = pytest.mark.slow
 
@@ -37,42 +35,13 @@ pytestmark = pytest.mark.slow
 FAST = dict(keepalive_s=1.0, dead_peer_s=4.0, sftp_timeout_s=3.0, connect_timeout_s=3.0, connect_retries=0)
 
 
-def _tree(pid: int) -> list[int]:
-    """pid and all its descendants, parents first."""
-    rows = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
-    children: dict[int, list[int]] = {}
-    for row in rows.split("\n"):
-        if row.strip():
-            p, pp = map(int, row.split())
-            children.setdefault(pp, []).append(p)
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
 @contextmanager
 def frozen(pidfile: Path) -> Iterator[list[int]]:
     """SIGSTOP the daemon in pidfile and every process under it (sshd's per-connection children);
-    SIGCONT them whatever happens."""
-    pids = _tree(int(pidfile.read_text().strip()))
-    stopped = []
-    try:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGSTOP)
-                stopped.append(p)
-            except ProcessLookupError:
-                pass
-        yield stopped
-    finally:
-        for p in stopped:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    SIGCONT them whatever happens (the fault suite's injector)."""
+    pid = int(pidfile.read_text().strip())
+    with stopped([pid, *descendants(pid)], str(pidfile)) as done:
+        yield done
 
 
 def _freeze_after(seconds: float, pidfile: Path, thawed: threading.Event, hold_s: float) -> threading.Thread:
