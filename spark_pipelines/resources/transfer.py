@@ -51,11 +51,20 @@ def write_manifest(session: FleetSession, node: str, directory: str) -> tuple[di
     return manifest, checkpoint_core.manifest_digest(manifest)
 
 
-def copy_failure(src: str, dst: str, dst_dir: str, status: int | None, output: str) -> str:
+RSYNC_FILE_IO_ERROR = 11  # rsync's "error in file I/O": on a receiver, most often a full disk
+
+
+def copy_failure(src: str, dst: str, dst_dir: str, status: int | None, output: str,
+                 free_mib: int | None = None) -> str:
     """One line naming both ends, the receiver's own complaint when rsync relayed one, and the fix.
-    The partial copy is kept (`--partial`): a rerun resumes."""
+    The partial copy is kept (`--partial`): a rerun resumes. `free_mib`: what the receiver has left."""
     text = output.lower()
-    if "no space left on device" in text:
+    if status == RSYNC_FILE_IO_ERROR and "no space left on device" not in text and "permission denied" not in text:
+        left = f"; {free_mib} MiB free there" if free_mib is not None else ""
+        why = f"{dst} could not write under {dst_dir} (rsync: error in file I/O, code 11{left})"
+        fix = (f"check free space and ownership on {dst} (`df -h {dst_dir}`; the checkpoint needs ~71 GB), "
+               "then rerun: the copy resumes")
+    elif "no space left on device" in text:
         why = f"{dst} ran out of disk space under {dst_dir}"
         fix = f"free space on {dst} (`df -h {dst_dir}`; the checkpoint needs ~71 GB), then rerun: the copy resumes"
     elif status in remote.TIMEOUT_EXIT_CODES:
@@ -186,6 +195,14 @@ class NodeStreams:
 
     # -- checkpoint --
 
+    def _free_mib(self, node: str, directory: str) -> int | None:
+        """Free space under directory on node, for an error message (None when it cannot be read)."""
+        try:
+            r = self.session.run(node, ["df", "-Pk", directory], check=False, log=False, timeout=remote.PROBE_TIMEOUT_S)
+            return int(r.stdout.splitlines()[-1].split()[3]) // 1024 if r.ok else None
+        except (RemoteError, ValueError, IndexError):
+            return None
+
     def copy_tree(
         self,
         src: str,
@@ -210,8 +227,8 @@ class NodeStreams:
         r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib),
                   timeout=timeout or remote.COPY_TIMEOUT_S, check=False)
         if not r.ok:
-            raise RemoteCommandError(src, r.command, r.exit_status, r.tail,
-                                     copy_failure(src, dst, dst_abs, r.exit_status, r.stderr + r.tail))
+            raise RemoteCommandError(src, r.command, r.exit_status, r.tail, copy_failure(
+                src, dst, dst_abs, r.exit_status, r.stderr + r.tail, free_mib=self._free_mib(dst, dst_abs)))
         stats = remote.parse_rsync_stats(r.stdout)
         verification = self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest) if verify else TreeVerification()
         repaired: list[str] = []

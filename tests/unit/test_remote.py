@@ -266,3 +266,10 @@ def test_copy_failure_names_the_receiver_and_the_fix():
     assert "\n" not in msg
     other = copy_failure("spark1", "spark2", "/d", 12, "rsync: connection unexpectedly closed\n")
     assert "status 12" in other and "connection unexpectedly closed" in other and "spark2" in other
+
+
+def test_copy_failure_on_a_file_io_error_says_where_and_how_much_is_free():
+    from spark_pipelines.resources.transfer import copy_failure
+
+    msg = copy_failure("spark1", "spark2", "/m/x", 11, "model-00001.safetensors\n", free_mib=0)
+    assert "spark2 could not write under /m/x" in msg and "0 MiB free there" in msg and "df -h /m/x" in msg
