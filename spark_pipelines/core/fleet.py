@@ -432,6 +432,10 @@ class BenchSettings(Strict):
     loaded_concurrency: Int = Field(default=8, ge=1, le=512)
     repeats: Int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
     floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
+    # Runbook: MTP-2 gives ~95% acceptance; far below, the MTP weights or the speculative config
+    # are wrong and tok/s alone may still pass. None: no acceptance floor.
+    floor_mtp_acceptance: Float | None = Field(default=None, ge=0, le=1,
+                                               description="spec-decode accepted/drafted below this: not promoted")
 
 
 class Fleet(Strict):
