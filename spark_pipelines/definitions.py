@@ -17,6 +17,7 @@ from spark_pipelines.assets.experiments import experiment_definitions
 from spark_pipelines.assets.gateway import gateway_definitions
 from spark_pipelines.assets.images import image_definitions
 from spark_pipelines.assets.model import model_definitions
+from spark_pipelines.assets.jit_cache import jit_cache_definitions
 from spark_pipelines.assets.nodes import node_definitions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -49,6 +50,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         model_definitions(fleet),
         image_definitions(fleet),
         node_definitions(fleet),
+        jit_cache_definitions(fleet),
         gateway_definitions(fleet),
         bench_definitions(fleet),
         experiment_definitions(),

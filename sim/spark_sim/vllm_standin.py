@@ -33,6 +33,8 @@ import sys
 import time
 import traceback
 
+import standin_jit  # beside this file, here and in the image (/opt/sim)
+
 VERSION = "0.19.1.dev0+g2a69949bd.d20260616.cu132"  # the runbook's pinned, working build
 DEFAULT_TOTAL_GIB = 121.69  # GB10 unified memory as vLLM reports it
 DEFAULT_FREE_GIB = 107.82  # runbook: clean-boot free memory on a Spark
@@ -294,6 +296,8 @@ async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
             "be block-cached. Relaunch without --enable-prefix-caching.",
         )
         die(1)
+    h = standin_jit.kernel_hash(args.model, args.max_model_len, args.spec, args.attention_backend, VERSION)
+    await standin_jit.load_or_compile(h, pace, engine)
     await asyncio.sleep(step)
     kv_gib, kv_tokens, concurrency = kv_cache_figures(gmu, total, args.max_model_len)
     estimate = os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") == "1"

@@ -8,12 +8,14 @@ import shlex
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from spark_pipelines.assets import fail
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
 from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.jit_cache import key_for as jit_cache_key
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker
@@ -24,6 +26,14 @@ from spark_pipelines.runbook.build_steps import verify_on_node
 from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy, diagnosis_md, serving_mismatch
 from spark_pipelines.runbook.engine import api_root, healthy
 from spark_pipelines.runbook.errors import RunbookError
+
+
+class DeployConfig(dg.Config):
+    fresh_jit_cache: bool = Field(
+        default=False,
+        description="Relaunch on an empty JIT cache: this launch's cached kernels are set aside on the node and on "
+                    "the build host (the runbook's fix for a stale torch_compile or Triton cache). The boot is a "
+                    "first boot, 25-45 min.")
 
 
 def node_partitions(fleet: Fleet) -> dg.StaticPartitionsDefinition:
@@ -101,7 +111,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec("serving", asset="node_deployment", blocking=True)],
         description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure.",
     )
-    def node_deployment(context: dg.AssetExecutionContext, ssh: FleetSSH, node_artifacts: NodeArtifacts):
+    def node_deployment(context: dg.AssetExecutionContext, config: DeployConfig, ssh: FleetSSH,
+                        node_artifacts: NodeArtifacts):
         s = ssh.session
         f = s.fleet
         node = f.node(context.partition_key)
@@ -120,7 +131,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         marker = markers.matches(s, node, DEPLOY_MARKER, sig)
         # The skip needs the running container to BE what the marker says: its id, the image
         # node_artifacts recorded and the launch-spec label (a rollback can put an older image back).
-        if (marker and current and marker.get("container_id") == current.get("Id")
+        if (not config.fresh_jit_cache and marker and current and marker.get("container_id") == current.get("Id")
                 and serving_mismatch(node.name, current, recorded, spec.fingerprint) is None and healthy(f, node)):
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
@@ -146,7 +157,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             return
 
         try:
-            done = deploy(s, node, spec, context.log, run_id=context.run.run_id)
+            done = deploy(s, node, spec, context.log, run_id=context.run.run_id,
+                          jit_key=jit_cache_key(node_artifacts, spec), fresh_jit_cache=config.fresh_jit_cache)
         except RunbookError as e:
             fail(e)
         meta = done.metadata

@@ -638,7 +638,7 @@ def promotion_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict) ->
     got = f"{mean:.1f}" if mean is not None else "no"
     if gpu_verdict.state == "healthy":
         advice = ("the GPU ran at full clock under load, so not the wedge; second check: a stale torch_compile "
-                  "cache (sudo rm -rf ~/.cache/vllm on the node, then redeploy)")
+                  "cache (~/.cache/vllm): redeploy with config fresh_jit_cache: true, which sets it aside")
     else:
         advice = ("check for the PD-firmware wedge (nvidia-smi clocks under load; "
                   + "; ".join(gpu_verdict.reasons) + ") before redeploying")

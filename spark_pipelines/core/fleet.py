@@ -327,6 +327,9 @@ class LaunchProfile(Strict):
     cache_mounts: tuple[Mount, ...] = ()
     extra_flags: Flags = ()
     health_timeout_s: Int = Field(default=1500, ge=10, le=6 * 3600, description="install.sh waits 1500 s for a cold start")
+    # Runbook: "Backup JIT caches after successful first boot ... Restoring these skips the 30-45
+    # min compilation entirely on fresh deploys." One folder per cache key, on the build host.
+    jit_cache_store: NodePath = "~/backups/jit-cache"
 
     @field_validator("gpu_memory_utilization")
     @classmethod

@@ -64,7 +64,8 @@ ADVICE: dict[str, str] = {
     "clocks, power, throttle reasons, dmesg, container log), stop vLLM, sudo poweroff, unplug the power brick "
     "at the wall 90-120 s, power on, then rerun the bench",
     "regressed": "slower than its own bench history at full clock, so not the wedge: the runbook's second check "
-    "is a stale torch_compile cache: sudo rm -rf ~/.cache/vllm on the node, redeploy, then rerun the bench",
+    "is a stale torch_compile cache (~/.cache/vllm): redeploy the node with a fresh JIT cache (deploy_node_job, "
+    "config fresh_jit_cache: true, which sets the stale one aside), then rerun the bench",
     "unreachable": "SSH does not answer: re-probe; once it has been dead for 10 min hard-reset the node, do not "
     "wait (nodes in OOM-kill loops do not recover gracefully; JIT cache volumes survive the reset)",
     "unknown": "the probe could not decide: read the evidence, fix what could not be read, probe again",

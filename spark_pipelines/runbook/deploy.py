@@ -33,7 +33,7 @@ from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, contain
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, markers, preflight
+from spark_pipelines.runbook import engine, jit_cache, markers, preflight
 from spark_pipelines.runbook.errors import DeployFailed, RunbookError
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
@@ -111,6 +111,7 @@ class _Transaction:
         self.kept: PreviousDeploy | None = None
         self.marker: dict[str, Any] | None = None
         self.prepared: preflight.Prepared | None = None
+        self.jit: jit_cache.Switch | None = None  # the cache mounts as switched for this launch
         self.committed = False
 
     def set_aside(self) -> None:
@@ -140,8 +141,20 @@ class _Transaction:
                                f"({', '.join(self.prepared.stopped_exporters)}): {_first_line(e)}; "
                                f"start them by hand with `docker start`")
 
+    def switch_jit_cache(self, key: str, fresh: bool) -> None:
+        self.jit = jit_cache.switch(self.s, self.node, self.spec, key, self.log, fresh=fresh)
+
     def commit(self) -> None:
         self.committed = True
+        if self.jit is not None:
+            try:
+                left = jit_cache.seal(self.s, self.jit)
+                if left:
+                    self.s.log.info(f"[{self.node.name}] stale JIT caches set aside (sudo rm -rf them once the node "
+                                    f"is fine): {', '.join(left)}")
+            except Exception as e:  # serving; only the back-up of this cache waits for the next deploy
+                self.s.log.warning(f"[{self.node.name}] healthy, but its JIT cache was not marked sealed: "
+                                   f"{_first_line(e)}; it is backed up after the next healthy deploy")
         try:
             self.docker.drop_previous(self.node.name, self.spec.container_name, self.spec.image, self.kept)
         except Exception as e:  # the new deployment serves; a stale rollback point is superseded next time
@@ -153,6 +166,8 @@ class _Transaction:
         Exception: each failure is part of the answer (a BaseException still propagates)."""
         n, name, f = self.node.name, self.spec.container_name, self.s.fleet
         restored: str | None = None
+        if self.jit is not None:  # first: the previous deployment restarts on its own cache
+            jit_cache.undo(self.s, self.jit, self.log)
         try:
             kept = self.kept or self.docker.find_previous(n, name, self.spec.image)
             if kept is not None:
@@ -233,15 +248,19 @@ class _Transaction:
                                f"{_first_line(e)}; the gateway keeps the node out until its next bench")
 
 
-def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "") -> Deployed:
+def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
+           jit_key: str | None = None, fresh_jit_cache: bool = False) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
     DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
-    the node, and re-raises a BaseException after the rollback."""
+    the node, and re-raises a BaseException after the rollback. `jit_key` (core.jit_cache): the
+    cache mounts are switched to that key's slots before the launch, and back on a rollback;
+    `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix)."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
-        return _deploy(s, node, spec, log)
+        return _deploy(s, node, spec, log, jit_key, fresh_jit_cache)
 
 
-def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed:
+def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
+            fresh_jit_cache: bool = False) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
@@ -260,6 +279,8 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed
         if not report.passed:
             raise _NotServing(f"preflight blocked {node.name}: " + "; ".join(
                 f"{c.name}: {c.detail} -> {c.fix}" for c in report.failures()), {"preflight": report.explain()})
+        if jit_key:
+            txn.switch_jit_cache(jit_key, fresh_jit_cache)
 
         ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
         findings = diagnosis.diagnose(log_text)
@@ -306,6 +327,8 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> Deployed
         "free_gib_at_preflight": report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }
+    if txn.jit is not None:
+        meta.update(jit_cache=txn.jit.plan.verdict, jit_cache_key=txn.jit.plan.key, jit_cache_why=txn.jit.plan.why)
     return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,
                     int(smoke.get("completion_tokens", 0)), image_id, spec)
 

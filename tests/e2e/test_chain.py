@@ -85,6 +85,20 @@ def test_low_memory_node_fails_alone(chain, sim_gpu):
     assert "lower GMU to 0.80" not in why.replace("do NOT lower GMU to 0.80", "")
     fleet = load_fleet(chain["fleet"])
     assert httpx.get(f"http://{fleet.node('spark1').host}:8000/health", timeout=5).status_code == 200
+    # spark1's first boot compiled its kernels; the same run archived them on the build host.
+    dep = latest(chain["instance"], "node_deployment", "spark1")
+    assert dep["jit_cache"] == "cold" and "first boot" in dep["jit_cache_why"]
+    assert "Compiling a graph for dynamic shape" in container_log(fleet, "spark1")
+    jit = latest(chain["instance"], "jit_cache", "spark1")
+    assert jit["action"] == "archived" and jit["key"] == dep["jit_cache_key"]
+
+
+def container_log(fleet, node: str) -> str:
+    from spark_pipelines.resources.ssh import FleetSession
+
+    with FleetSession(fleet) as s:
+        r = s.run(node, ["docker", "logs", "vllm-qwen35-v2"], log=False)
+        return r.stdout + r.stderr
 
 
 def test_materialize_all(chain):
@@ -105,6 +119,13 @@ def test_materialize_all(chain):
     assert latest(inst, "base_image")["torch"] == "2.12.0+cu130"
     art = latest(inst, "node_artifacts", "spark2")
     assert art["image_id"] == latest(inst, "serving_image")["image_id"]
+    # spark2's first deploy got spark1's archived kernels (same image, checkpoint, kernel flags):
+    # a warm boot, not a first boot.
+    dep2 = latest(inst, "node_deployment", "spark2")
+    assert dep2["jit_cache"] == "restore" and dep2["jit_cache_key"] == latest(inst, "jit_cache", "spark1")["key"]
+    log2 = container_log(fleet, "spark2")
+    assert "Directly load the compiled graph(s)" in log2 and "Compiling a graph" not in log2
+    assert latest(inst, "jit_cache", "spark2")["action"] == "present"
     # Both nodes are back in the gateway after their benches, and the real proxy routes to both.
     gw = chain["sim"].gateway
     key = os.environ["LITELLM_MASTER_KEY"]
@@ -128,6 +149,31 @@ def test_second_run_does_no_heavy_work(chain):
     assert latest(chain["instance"], "node_deployment", "spark1")["skipped"] is True
     # Same rotation, same config: the live proxy is not restarted under its users.
     assert latest(chain["instance"], "gateway")["reloaded"] is False
+
+
+def test_fresh_jit_cache_relaunches_cold_and_sets_the_stale_cache_aside(chain):
+    """The runbook's stale torch_compile cache fix, as a deploy option: the key's cache is set
+    aside on the node and on the build host, the boot compiles afresh, the new cache is archived."""
+    fleet = load_fleet(chain["fleet"])
+    key = latest(chain["instance"], "jit_cache", "spark1")["key"]
+    res = build_definitions(chain["fleet"]).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=chain["instance"], partition_key="spark2", raise_on_error=False,
+        run_config={"ops": {"node_deployment": {"config": {"fresh_jit_cache": True}}}})
+    assert res.success
+    dep = latest(chain["instance"], "node_deployment", "spark2")
+    assert dep["skipped"] is False and dep["jit_cache"] == "cold" and dep["jit_cache_key"] == key
+    assert "Compiling a graph for dynamic shape" in container_log(fleet, "spark2")
+    assert latest(chain["instance"], "jit_cache", "spark2")["action"] == "archived"  # the fresh one
+    from spark_pipelines.resources.ssh import FleetSession
+
+    with FleetSession(fleet) as s:
+        home = fleet.node("spark2").home_dir
+        listing = s.run("spark2", ["ls", "-a", f"{home}/.cache"], log=False).stdout.split()
+        store = s.run("spark1", ["ls", s.expand("spark1", fleet.launch.jit_cache_store)], log=False).stdout.split()
+        link = s.run("spark2", ["readlink", f"{home}/.cache/vllm"], log=False).stdout.strip()
+    assert link == f"vllm.jit-{key}"
+    assert any(n.startswith(f"vllm.jit-{key}.stale-") for n in listing)  # kept for the operator to remove
+    assert key in store and any(n.startswith(f"{key}.stale-") for n in store)
 
 
 def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):
@@ -176,6 +222,8 @@ def test_dying_launch_is_diagnosed_and_previous_keeps_serving(chain, sim_gpu):
         after = json.loads(s.run("spark1", ["docker", "inspect", "vllm-qwen35-v2"], log=False).stdout)[0]
     assert after["Id"] == before and after["State"]["Running"]
     assert httpx.get(f"http://{fleet.node('spark1').host}:8000/health", timeout=5).status_code == 200
+    # The rollback pointed the cache mounts back: the previous deployment restarted warm.
+    assert "Directly load the compiled graph(s)" in container_log(fleet, "spark1").rsplit("non-default args", 1)[-1]
 
 
 def test_ab_experiment_mtp2_vs_mtp3_restores_production(chain):

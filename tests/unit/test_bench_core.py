@@ -217,6 +217,6 @@ def test_promotion_gate_follows_the_runbooks_two_checks():
     assert not promoted and "PD-firmware wedge" in why and "unplug the brick at the wall 90-120 s" in why
     # Slow at full clock: not the wedge, so the second check (stale torch_compile cache).
     promoted, why = core.promotion_gate(34.0, 40.0, healthy)
-    assert not promoted and "34.0 tok/s < floor 40" in why and "sudo rm -rf ~/.cache/vllm" in why
+    assert not promoted and "34.0 tok/s < floor 40" in why and "fresh_jit_cache: true" in why
     promoted, why = core.promotion_gate(None, 40.0, unknown)
     assert not promoted and "no tok/s" in why and "check for the PD-firmware wedge" in why
