@@ -106,11 +106,11 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         })
 
     capture_job = dg.define_asset_job(
-        "wedge_capture_job", selection=[wedge_evidence], partitions_def=partitions,
+        "wedge_capture_job", selection=[wedge_evidence],
         description="Quarantine a node suspected of the PD-firmware wedge and capture the runbook's pre-drain "
                     "evidence to the build host (requested by wedge_watch; safe to launch by hand).")
     drain_job = dg.define_asset_job(
-        "cold_drain_job", selection=[cold_drain], partitions_def=partitions,
+        "cold_drain_job", selection=[cold_drain],
         description="APPROVAL: launching this run for a node IS the operator's approval of its AC cold drain "
                     "(docker stop, sudo poweroff, AC off 90-120 s by the fleet's smart plug or by you at the wall, "
                     "boot, docker start), then the post-drain validation: WEDGE RESOLVED or WEDGE PERSISTS. "
