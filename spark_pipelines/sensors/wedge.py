@@ -81,8 +81,8 @@ def wedge_sensors(fleet: Fleet) -> dg.Definitions:
                         continue
                     verdict = judge(s, name)
                     seen.append(f"{name}: {verdict.state} under {running:g} live request(s)")
-                    if verdict.state == "unknown":
-                        continue  # cannot tell: the episode stays as it was
+                    if verdict.state in ("unknown", "idle"):
+                        continue  # cannot tell (read between two requests): the episode stays as it was
                     if verdict.state != "wedged":
                         episodes[name] = {"wedged": 0}
                         continue

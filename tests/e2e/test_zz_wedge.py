@@ -134,6 +134,7 @@ def test_wedge_watch_requests_the_capture_and_the_capture_quarantines(fleet_file
             second = tick(first.cursor)
             third = tick(second.cursor)  # the same episode: never requested twice
         assert not first.run_requests and "spark2: wedged tick 1 of 2" in first.skip_reason.skip_message
+        assert len(second.run_requests) == 1, second.skip_reason
         (request,) = second.run_requests
         assert request.job_name == "wedge_capture_job" and request.partition_key == "spark2"
         assert request.run_key.startswith("wedge-spark2-") and "708 MHz" in request.tags["evidence"]
@@ -150,9 +151,9 @@ def test_wedge_watch_requests_the_capture_and_the_capture_quarantines(fleet_file
             assert "spark2" not in gw.serving_nodes() and "spark1" in gw.serving_nodes()
             assert "spark2" in gw.read().drains and gw.read().drains["spark2"].startswith("wedged: ")
             gate = markers.read(s, fleet.node("spark2"), BENCH_GATE)
-            tarball = s.read_bytes("spark1", meta["tarball"].path)  # on the build host, off the node
+            tarball = s.read_bytes("spark1", meta["tarball"])  # on the build host, off the node
         assert gate["promoted"] is False and gate["by"] == "wedged" and "708 MHz" in gate["reason"]
-        assert f"/wedge-evidence/{started:%Y-%m-%d}/spark2-wedge-evidence-pre-drain-" in meta["tarball"].path
+        assert f"/wedge-evidence/{started:%Y-%m-%d}/spark2-wedge-evidence-pre-drain-" in meta["tarball"]
         assert meta["wedge_confirmed"] is True and meta["clock_lock_test"] == "ignored"
         assert meta["gpu_under_load"] == "wedged" and meta["stored_on"] == "spark1"
 
@@ -236,8 +237,8 @@ def test_cold_drain_with_the_smart_plug_resolves_the_wedge(fleet_file, instance,
         with FleetSession(fleet) as s:
             assert "spark2" in gateway(s).serving_nodes()  # back in the real rotation
             gate = markers.read(s, fleet.node("spark2"), BENCH_GATE)
-            verdict = s.read_text("spark1", meta["verdict_file"].path)
-            assert s.exists("spark1", meta["post_drain_tarball"].path)
+            verdict = s.read_text("spark1", meta["verdict_file"])
+            assert s.exists("spark1", meta["post_drain_tarball"])
         assert gate["promoted"] is True and gate["reason"].startswith("WEDGE RESOLVED")
         assert verdict.startswith("WEDGE RESOLVED\n") and "MHz" in verdict
         assert engine.healthy(fleet, fleet.node("spark2"))
@@ -262,7 +263,7 @@ def test_cold_drain_that_does_not_clear_the_wedge_persists(fleet_file, instance,
         with FleetSession(fleet) as s:
             assert "spark2" not in gateway(s).serving_nodes() and "spark1" in gateway(s).serving_nodes()
             gate = markers.read(s, fleet.node("spark2"), BENCH_GATE)
-            assert s.read_text("spark1", meta["verdict_file"].path).startswith("WEDGE PERSISTS\n")
+            assert s.read_text("spark1", meta["verdict_file"]).startswith("WEDGE PERSISTS\n")
         assert gate["promoted"] is False and "WEDGE PERSISTS" in gate["reason"]
     finally:
         put_back(fleet_file, sim_fleet)
