@@ -267,3 +267,44 @@ def test_cold_drain_that_does_not_clear_the_wedge_persists(fleet_file, instance,
         assert gate["promoted"] is False and "WEDGE PERSISTS" in gate["reason"]
     finally:
         put_back(fleet_file, sim_fleet)
+
+
+def test_cold_drain_without_a_plug_asks_the_operator_and_waits(fleet_file, instance, sim_fleet, tmp_path):
+    """No smart plug in the fleet file: the run tells the operator to unplug at the wall and waits for
+    the node to go down and come back; here the test is the operator (the sim's AC off, then on)."""
+    from spark_sim import power
+
+    def no_plug(data):
+        data["cold_drain"]["smart_plugs"] = {}
+        data["cold_drain"]["operator_timeout_s"] = 300
+
+    path = variant(fleet_file, tmp_path, no_plug)
+    m = sim_fleet.node("spark2")
+    sim_fleet.set_gpu("spark2", "wedged")
+    done = threading.Event()
+
+    def operator():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not done.is_set():
+            if power.is_off(m) and not wedge.ssh_answers(load_fleet(path).node("spark2")):
+                power.off(m)
+                time.sleep(2)
+                power.on(m)
+                return
+            time.sleep(0.5)
+
+    helper = threading.Thread(target=operator, daemon=True)
+    helper.start()
+    try:
+        result = cold_drain(path, instance)
+        done.set()
+        helper.join(30)
+        assert result.success
+        meta = latest(instance, "cold_drain")
+        assert meta["verdict"] == "WEDGE RESOLVED", meta
+        assert "operator power-cycled spark2 at the wall" in meta["steps"] and "smart plug" not in meta["steps"]
+        said = [e.user_message for e in instance.all_logs(result.run_id) if "OPERATOR:" in (e.user_message or "")]
+        assert said and "FROM THE WALL" in said[0] and "90-120 s" in said[0]
+    finally:
+        done.set()
+        put_back(fleet_file, sim_fleet)
