@@ -19,6 +19,7 @@ from spark_pipelines.assets.images import image_definitions
 from spark_pipelines.assets.model import model_definitions
 from spark_pipelines.assets.jit_cache import jit_cache_definitions
 from spark_pipelines.assets.nodes import node_definitions
+from spark_pipelines.assets.wedge import wedge_definitions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import model_hub
@@ -53,6 +54,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         jit_cache_definitions(fleet),
         gateway_definitions(fleet),
         bench_definitions(fleet),
+        wedge_definitions(fleet),
         experiment_definitions(),
         pins_sensors(fleet, fleet_path),
         health_sensors(fleet),

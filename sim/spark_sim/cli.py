@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from spark_pipelines.core.fleet import FleetError
-from spark_sim import base_image
+from spark_sim import base_image, power
 from spark_sim.fleet import SimFleet
 from spark_sim.layout import DEFAULT_FLEET_OUT, DEFAULT_TOKENS_PER_SECOND, GPU_STATES, MAX_NODES, SimError
 
@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("set", help="set a node's simulated GPU state")
     st.add_argument("node")
     st.add_argument("state", help=" | ".join(GPU_STATES))
+    pw = sub.add_parser("power", help="AC at the wall of a node (the sim's smart plug): off, or on (boot)")
+    pw.add_argument("node")
+    pw.add_argument("action", help="off | on")
+    pw.add_argument("--keep-wedged", action="store_true", help="on: the wedge survives the drain (WEDGE PERSISTS)")
     return p
 
 
@@ -61,7 +65,7 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
 
 
 def sim_command(argv: list[str]) -> int:
-    """`spark-pipelines sim up [--nodes N] [--fleet-out FILE] | down | status | set NODE STATE`."""
+    """`spark-pipelines sim up [--nodes N] [--fleet-out FILE] | down | status | set NODE STATE | power NODE off|on`."""
     try:
         args = _parser().parse_args(argv)
     except _UsageError as e:
@@ -88,6 +92,14 @@ def sim_command(argv: list[str]) -> int:
             print("simulated fleet down")
         elif args.cmd == "status":
             _print_status(fleet.status())
+        elif args.cmd == "power":
+            if args.action not in ("off", "on"):
+                print(f"spark-pipelines sim power: unknown action {args.action!r}; use off or on", file=sys.stderr)
+                return 2
+            if not fleet.state:
+                print("spark-pipelines sim power: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)
+                return 2
+            print(power.command(fleet, args.node, args.action, args.keep_wedged))
         elif args.cmd == "set":
             if not fleet.state:
                 print("spark-pipelines sim set: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)

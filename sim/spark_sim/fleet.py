@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from spark_pipelines.core.fleet import load_fleet, parse_fleet
-from spark_sim import base_image, gpu_hook, network, node_lib
+from spark_sim import base_image, gpu_hook, network, node_lib, power
 from spark_sim.effects import (alive, cgroup_parents, cgroup_pids, comm, docker_ping, dockerd_failed, kill_all,
                                netns_exists, netns_pids, pid_from, remove_cgroups, run, ssh_banner, unmount_under,
                                user_pids, wait_until, write)
@@ -159,6 +159,7 @@ class SimFleet:
                                 engine_port=int(seed.get("launch", {}).get("port", 8000)),
                                 tokens_per_second=tokens_per_second)
                 host.make_client_key()
+                power.write_smart_plug(self.layout)
                 network.make_switch(self.layout, self._record)
                 for m in members:
                     network.make_member_netns(self.layout, m, self._record)

@@ -48,6 +48,10 @@ def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: di
     })
     # The stand-in checkpoint is a few MB, not ~71 GB: the runbook's disk floors do not apply.
     doc["preflight"] = {"build_host_disk_gib": 1, "serve_node_disk_gib": 1}
+    # Every node's brick on the sim's smart plug (power.py), AC off for the runbook's minimum.
+    plug = str(lay.client_dir / "smart-plug")
+    doc["cold_drain"] = {"off_s": 60, "smart_plugs": {
+        n["name"]: {"off_command": [plug, n["name"], "off"], "on_command": [plug, n["name"], "on"]} for n in nodes}}
     # The stand-in needs no warm-up (no JIT, no graph capture): one measured run keeps the demo short.
     doc["bench"]["repeats"] = 1
     if pins:

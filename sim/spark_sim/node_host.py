@@ -144,7 +144,19 @@ class NodeHost:
             "  *) echo \"sim systemctl: unsupported: $*\" >&2; exit 1 ;;\n"
             "esac\n"
         ), 0o755)
+        (m.bin / "systemctl").symlink_to(m.sbin / "systemctl")  # `systemctl is-active` needs no sudo
+        write(services / "nvidia-persistenced", "active\n")
+        # `sudo poweroff`: the node halts a second later (power.py), until `sim power NODE on`.
+        write(m.sbin / "poweroff", (
+            "#!/bin/sh\n"
+            "# sim stand-in for poweroff: halts the simulated node a second later\n"
+            f"echo halted > {m.dir}/power\n"
+            f"(sleep 1; PYTHONPATH={lib.path} {lib.python} -s -m spark_sim.power halt {m.dir}) "
+            f"</dev/null >>{m.dir}/power.log 2>&1 &\n"
+            "echo 'The system will power off now!'\n"
+        ), 0o755)
         self._install_sudoers(m, [
+            f"{m.sbin}/poweroff",
             f"{m.sbin}/sh -c sync; echo 3 > /proc/sys/vm/drop_caches",
             "/usr/bin/fuser",
             f"{m.sbin}/systemctl",
@@ -223,11 +235,7 @@ class NodeHost:
             write(m.home / ".ssh" / "known_hosts", lines, 0o644, owner=m.user)
 
     def start_sshd(self, m: Member) -> None:
-        log = m.dir / "ssh" / "sshd.log"
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-        # sshd daemonizes itself (no zombie left with the caller) and writes its PidFile.
-        run(["ip", "netns", "exec", m.netns, "/usr/sbin/sshd", "-f", str(m.dir / "ssh" / "sshd_config"), "-E", str(log)],
-            what=f"starting sshd of {m.name}")
+        start_sshd(m)
 
     def start_dockerd(self, m: Member) -> None:
         d = m.dir / "docker"
@@ -259,3 +267,11 @@ class NodeHost:
 
     def cgroup_parent(self, m: Member) -> str:
         return f"spark-sim-{m.netns}"
+
+
+def start_sshd(m: Member) -> None:
+    log = m.dir / "ssh" / "sshd.log"
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    # sshd daemonizes itself (no zombie left with the caller) and writes its PidFile.
+    run(["ip", "netns", "exec", m.netns, "/usr/sbin/sshd", "-f", str(m.dir / "ssh" / "sshd_config"), "-E", str(log)],
+        what=f"starting sshd of {m.name}")

@@ -27,6 +27,7 @@ from pydantic import (
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
+from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
 from spark_pipelines.core.fleet_errors import explain, one_line, render_path
 from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, load_yaml
 
@@ -441,6 +442,38 @@ class BenchSettings(Strict):
                                                description="spec-decode accepted/drafted below this: not promoted")
 
 
+def _check_plug_argv(v: tuple[str, ...]) -> tuple[str, ...]:
+    if not v:
+        raise ValueError("empty: give the argv that switches the plug, e.g. [kasa, --host, 10.0.0.50, off]")
+    if not (v[0].startswith("/") and names.PATH.fullmatch(v[0])) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v[0]):
+        raise ValueError(f"{names.shown(v[0])} is not a program (a name or an absolute path); the argv runs without a shell")
+    return v
+
+
+PlugArgv = Annotated[tuple[str, ...], AfterValidator(_check_plug_argv)]
+
+
+class SmartPlug(Strict):
+    """The node's brick on a smart plug (runbook: "future cold-drains are a phone tap"): argv run on the
+    machine that runs the pipeline, only by cold_drain_job, without a shell."""
+
+    off_command: PlugArgv
+    on_command: PlugArgv
+    timeout_s: Int = Field(default=60, ge=1, le=600, description="limit of each plug command")
+
+
+class ColdDrainSettings(Strict):
+    """The PD-firmware wedge's cold drain (cold_drain_job)."""
+
+    smart_plugs: dict[NodeName, SmartPlug] = Field(default={}, description="none: the job asks the operator to unplug")
+    off_s: Int = Field(default=120, ge=COLD_DRAIN_MIN_OFF_S, le=3600,
+                       description="AC off at the wall: the runbook's 90-120 s (60 s is the minimum, often not enough)")
+    power_down_timeout_s: Int = Field(default=300, ge=10, le=3600, description="after `sudo poweroff`, until SSH stops answering")
+    operator_timeout_s: Int = Field(default=3600, ge=60, le=24 * 3600, description="no plug: until the operator's unit answers SSH again")
+    boot_timeout_s: Int = Field(default=900, ge=10, le=3600, description="with a plug: from power on until SSH answers")
+    engine_timeout_s: Int = Field(default=900, ge=10, le=6 * 3600, description="docker start until /health (warm 7-10 min)")
+
+
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -449,6 +482,7 @@ class Fleet(Strict):
     gateway: Gateway
     bench: BenchSettings = BenchSettings()
     preflight: PreflightSettings = PreflightSettings()
+    cold_drain: ColdDrainSettings = ColdDrainSettings()
 
     @field_validator("nodes")
     @classmethod
@@ -504,6 +538,9 @@ class Fleet(Strict):
         if not self.gateway.reload_command:
             raise ValueError("gateway.reload_command is empty: give the argv that reloads LiteLLM, "
                              "e.g. [docker, compose, restart, litellm]")
+        for name in self.cold_drain.smart_plugs:
+            if name not in {n.name for n in self.nodes}:
+                raise ValueError(f"cold_drain.smart_plugs names unknown node {name!r}")
         for name in self.gateway.api_host_overrides:
             if name not in {n.name for n in self.nodes}:
                 raise ValueError(f"gateway.api_host_overrides names unknown node {name!r}")

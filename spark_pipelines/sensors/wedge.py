@@ -2,13 +2,16 @@
 
 The wedge is invisible on an idle GPU (runbook: check "during load"), so a node is only judged on
 a tick when vLLM reports requests running. A node in the gateway whose GPU shows the whole wedge
-signature on WEDGED_TICKS_BEFORE_BENCH loaded ticks in a row gets a bench run: the bench drains it,
-confirms with its own samples and keeps it out of the gateway with the cold-drain advice. Nodes
-already out of the gateway are not watched: their load is a bench or an experiment, which judge
-the GPU themselves.
+signature on WEDGED_TICKS_BEFORE_CAPTURE loaded ticks in a row gets a `wedge_capture_job` run: it
+quarantines the node (out of the gateway, held out) and captures the runbook's pre-drain evidence
+to the build host. One request per episode (run key: node + the episode's first wedged tick); the
+cold drain itself waits for a person (cold_drain_job). Nodes already out of the gateway are not
+watched: their load is a bench, an experiment or a capture, which judge the GPU themselves.
 """
 
 import json
+import time
+from typing import Any
 
 import dagster as dg
 
@@ -21,25 +24,36 @@ from spark_pipelines.runbook.engine import engine_metrics
 from spark_pipelines.runbook import sweep
 from spark_pipelines.runbook.preflight import read_gpu
 
-WEDGED_TICKS_BEFORE_BENCH = 2
+WEDGED_TICKS_BEFORE_CAPTURE = 2
+CAPTURE_JOB = "wedge_capture_job"
 
 
 def judge(s: FleetSession, node: str) -> gpu.GpuVerdict:
     """One nvidia-smi read of a node that is serving live requests; unreadable = unknown."""
     try:
-        return gpu.classify(read_gpu(s, node), under_load=True)
+        return gpu.classify(read_gpu(s, node, timeout=sweep.GPU_TIMEOUT_S), under_load=True)
     except (RemoteError, gpu.GpuFormatError) as e:
         return gpu.GpuVerdict(state="unknown", reasons=[f"nvidia-smi not read ({e})"])
+
+
+def _episode(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return dict(raw)
+    return {"wedged": int(raw or 0)}  # an older cursor: a bare count
 
 
 def wedge_sensors(fleet: Fleet) -> dg.Definitions:
     """`fleet` is the one loaded with the code location: an edit applies on reload (see pins.py)."""
 
-    @dg.sensor(name="wedge_watch", job_name="bench_job", minimum_interval_seconds=120,
+    @dg.sensor(name="wedge_watch", job_name=CAPTURE_JOB, minimum_interval_seconds=120,
                default_status=dg.DefaultSensorStatus.STOPPED,
-               description="Benches a gateway node whose GPU shows the PD-firmware wedge under live traffic.")
+               description=f"Judges each gateway node's GPU while vLLM reports live requests; after "
+                           f"{WEDGED_TICKS_BEFORE_CAPTURE} wedged ticks in a row requests {CAPTURE_JOB} for it "
+                           "(quarantine + the pre-drain evidence), once per episode. The cold drain waits for a "
+                           "person: cold_drain_job.")
     def wedge_watch(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
-        counts: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+        raw = json.loads(context.cursor) if context.cursor else {}
+        episodes = {k: _episode(v) for k, v in raw.items()}
         requests, seen = [], []
         # HTTP first: SSH is opened only on ticks where some node has live traffic to judge under.
         busy: dict[str, float] = {}
@@ -49,7 +63,7 @@ def wedge_sensors(fleet: Fleet) -> dg.Definitions:
             if running is None:
                 seen.append(f"{node.name}: /metrics unreachable (node_health handles a dead engine)")
             elif not running:
-                seen.append(f"{node.name}: no live requests, GPU not judged")  # its count stays as it was
+                seen.append(f"{node.name}: no live requests, GPU not judged")  # its episode stays as it was
             else:
                 busy[node.name] = running
         if busy:
@@ -62,19 +76,31 @@ def wedge_sensors(fleet: Fleet) -> dg.Definitions:
                     return dg.SensorResult(skip_reason=f"gateway config unreadable: {e}", cursor=context.cursor)
                 for name, running in busy.items():
                     if name not in rotation:
-                        counts.pop(name, None)
+                        episodes.pop(name, None)
                         seen.append(f"{name}: out of the gateway, not watched")
                         continue
                     verdict = judge(s, name)
                     seen.append(f"{name}: {verdict.state} under {running:g} live request(s)")
-                    if verdict.state == "unknown":
-                        continue  # cannot tell: the count stays as it was
-                    counts[name] = counts.get(name, 0) + 1 if verdict.state == "wedged" else 0
-                    if counts[name] >= WEDGED_TICKS_BEFORE_BENCH:
-                        counts[name] = 0
-                        requests.append(dg.RunRequest(partition_key=name, tags={
-                            "reason": "wedge-suspected", "evidence": verdict.reasons[0][:200]}))
-        return dg.SensorResult(run_requests=requests, cursor=json.dumps(counts),
+                    if verdict.state in ("unknown", "idle"):
+                        continue  # cannot tell (read between two requests): the episode stays as it was
+                    if verdict.state != "wedged":
+                        episodes[name] = {"wedged": 0}
+                        continue
+                    ep = episodes.get(name) or {"wedged": 0}
+                    if not ep.get("wedged"):
+                        ep = {"wedged": 0, "since": int(time.time())}
+                    ep["wedged"] += 1
+                    episodes[name] = ep
+                    if ep["wedged"] < WEDGED_TICKS_BEFORE_CAPTURE:
+                        seen.append(f"{name}: wedged tick {ep['wedged']} of {WEDGED_TICKS_BEFORE_CAPTURE}")
+                    elif ep.get("requested"):
+                        seen.append(f"{name}: capture already requested for this episode")
+                    else:
+                        ep["requested"] = True
+                        requests.append(dg.RunRequest(
+                            run_key=f"wedge-{name}-{ep.get('since', 0)}", job_name=CAPTURE_JOB, partition_key=name,
+                            tags={"reason": "wedge-suspected", "evidence": verdict.reasons[0][:200]}))
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(episodes, sort_keys=True),
                                skip_reason=None if requests else "; ".join(seen) or "no serving node")
 
     return dg.Definitions(sensors=[wedge_watch])

@@ -276,9 +276,10 @@ def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gp
     assert "spark2" in rotation
 
 
-def test_wedge_watch_benches_a_node_wedged_under_live_traffic(chain, sim_gpu):
+def test_wedge_watch_requests_the_capture_for_a_node_wedged_under_live_traffic(chain, sim_gpu):
     """Between benches the wedge shows only under load: the sensor judges a gateway node's GPU
-    while vLLM reports live requests, and asks for a bench after consecutive wedged ticks."""
+    while vLLM reports live requests, and asks for the evidence capture after consecutive wedged
+    ticks, once per episode."""
     import threading
 
     fleet = load_fleet(chain["fleet"])
@@ -314,4 +315,5 @@ def test_wedge_watch_benches_a_node_wedged_under_live_traffic(chain, sim_gpu):
         worker.join(timeout=60)
     (request,) = second.run_requests
     assert request.partition_key == "spark2" and request.tags["reason"] == "wedge-suspected"
-    assert json.loads(second.cursor)["spark2"] == 0  # counted afresh after the request
+    assert request.job_name == "wedge_capture_job" and request.run_key.startswith("wedge-spark2-")
+    assert json.loads(second.cursor)["spark2"]["requested"] is True  # one request per episode

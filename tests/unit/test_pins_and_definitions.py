@@ -42,12 +42,14 @@ def test_definitions_shape():
     repo = defs.get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == {"base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image",
-                    "node_artifacts", "node_deployment", "jit_cache", "gateway", "bench_results"}
+                    "node_artifacts", "node_deployment", "jit_cache", "gateway", "bench_results", "wedge_evidence",
+                    "cold_drain"}
     node = repo.asset_graph.get(__import__("dagster").AssetKey("node_deployment"))
     assert node.partitions_def.get_partition_keys() == ["spark1", "spark2"]
     cv = code_versions(load_fleet("fleets/seed.yaml"))
     assert node.code_version == cv["node_deployment"]
-    assert {j.name for j in repo.get_all_jobs()} >= {"build_job", "deploy_node_job", "gateway_job", "bench_job"}
+    assert {j.name for j in repo.get_all_jobs()} >= {"build_job", "deploy_node_job", "gateway_job", "bench_job",
+                                                    "wedge_capture_job", "cold_drain_job"}
 
 
 def test_dagster_definitions_validate(tmp_path):
