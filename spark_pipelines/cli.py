@@ -18,6 +18,7 @@ import sys
 from typing import Any, NoReturn
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
@@ -74,9 +75,17 @@ def build_plan(fleet: Fleet, only: str | None) -> dict[str, Any]:
     names = [only] if only else [n.name for n in fleet.serve_nodes]
     for n in names:
         fleet.node(n)  # unknown node -> FleetError naming the known ones
-    config = gateway_core.render_config(fleet, [n.name for n in fleet.serve_nodes])
+    serving = [n.name for n in fleet.serve_nodes]
+    config = gateway_core.render_config(fleet, serving)
+    try:  # as if every serve node were in the gateway: the live rotation is read when it starts
+        waves = rollout_core.plan_waves(serving, in_rotation=serving, max_unavailable=fleet.rollout.max_unavailable,
+                                        min_in_rotation=fleet.gateway.min_in_rotation, canary=fleet.rollout.canary)
+        rollout = {"waves": [list(w.nodes) for w in waves.waves], "text": waves.text()}
+    except rollout_core.RolloutRefused as e:
+        rollout = {"waves": [], "text": f"refused: {e}"}
     return {
         "nodes": {n: node_plan(fleet, n) for n in names},
+        "rollout": rollout,
         "gateway": {
             "host": fleet.gateway.host,
             "config_path": fleet.gateway.config_path,
@@ -102,6 +111,9 @@ def render_plan_text(plan: dict[str, Any]) -> str:
         out.append("launch:")
         out.append("  " + p["docker_run"])
         out.append("")
+    out.append("== rollout of a new image or checkpoint")
+    out += ["  " + line for line in plan["rollout"]["text"].splitlines()]
+    out.append("")
     gw = plan["gateway"]
     out.append(f"== gateway {gw['host']}: {gw['config_path']} then `{shlex.join(gw['reload_command'])}`")
     out.append(gateway_core.dump(gw["config"]).rstrip())

@@ -474,6 +474,16 @@ class ColdDrainSettings(Strict):
     engine_timeout_s: Int = Field(default=900, ge=10, le=6 * 3600, description="docker start until /health (warm 7-10 min)")
 
 
+class RolloutSettings(Strict):
+    """How a new image or checkpoint reaches the serving nodes (core/rollout.py)."""
+
+    max_unavailable: Int = Field(default=1, ge=1, le=64, description="nodes out of the gateway at once during a rollout")
+    canary: NodeName | None = Field(default=None, description="the node that goes first, alone (default: the first serving one)")
+    max_regression: Float = Field(default=0.05, ge=0, le=1,
+                                  description="slower than the fleet's baseline on the previous version by more than this "
+                                              "(and its spread): the gate fails")
+
+
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -483,6 +493,7 @@ class Fleet(Strict):
     bench: BenchSettings = BenchSettings()
     preflight: PreflightSettings = PreflightSettings()
     cold_drain: ColdDrainSettings = ColdDrainSettings()
+    rollout: RolloutSettings = RolloutSettings()
 
     @field_validator("nodes")
     @classmethod
@@ -538,6 +549,8 @@ class Fleet(Strict):
         if not self.gateway.reload_command:
             raise ValueError("gateway.reload_command is empty: give the argv that reloads LiteLLM, "
                              "e.g. [docker, compose, restart, litellm]")
+        if self.rollout.canary is not None and self.rollout.canary not in {n.name for n in self.serve_nodes}:
+            raise ValueError(f"rollout.canary names {self.rollout.canary!r}, which is not a serve node")
         for name in self.cold_drain.smart_plugs:
             if name not in {n.name for n in self.nodes}:
                 raise ValueError(f"cold_drain.smart_plugs names unknown node {name!r}")

@@ -15,7 +15,8 @@ def test_plan_json_shape_and_argv():
     p = run("plan", "--fleet", "fleets/seed.yaml", "--format", "json")
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
-    assert set(plan) == {"nodes", "gateway"}
+    assert set(plan) == {"nodes", "gateway", "rollout"}
+    assert plan["rollout"]["waves"] == [["spark1"], ["spark2"]]  # canary alone, then max_unavailable 1
     assert plan["nodes"]["spark1"]["docker_run_argv"] == runbook_argv("/home/operator")
     pf = plan["nodes"]["spark2"]["preflight"]
     assert pf["required_gib"] == 103.44 and pf["verdict"] in ("pass", "tight")
