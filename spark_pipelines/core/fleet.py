@@ -434,6 +434,13 @@ class BenchSettings(Strict):
     floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
 
 
+class DistributionSettings(Strict):
+    """How the checkpoint and image fan out from the build host (core/distribution.py)."""
+
+    fan_out: Int = Field(default=1, ge=1, le=16, description="copies one holder sends at once; 1 gives each its full link")
+    max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
+
+
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -442,6 +449,7 @@ class Fleet(Strict):
     gateway: Gateway
     bench: BenchSettings = BenchSettings()
     preflight: PreflightSettings = PreflightSettings()
+    distribution: DistributionSettings = DistributionSettings()
 
     @field_validator("nodes")
     @classmethod
