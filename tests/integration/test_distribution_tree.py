@@ -4,29 +4,24 @@ failure, keeps its partial copy, and completes on the rerun; every receiver veri
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import save
 
 from spark_pipelines.core import layout, remote
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, SshSettings
-from spark_pipelines.resources.transfer import NodeStreams, write_manifest
+from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_sim.fleet import SimFleet
-from tests.plugins.remote import busybox_rootfs_tar
-from tests.plugins.sim import _need_root, sim_slot
+from tests.plugins.distribution import make_payload, sim_fleet_of
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +31,8 @@ FLOATS = 6 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def fleet4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    _need_root()
-    with sim_slot() as slot:
-        sim = SimFleet(root=f"/var/lib/spark-sim-pytest-{slot}", slot=slot)
-        sim.down()
-        sim.up(nodes=4, fleet_out=tmp_path_factory.mktemp("sim4") / "sim-fleet.yaml", tokens_per_second=1000,
-               link_mbit=LINK_MBIT)
-        try:
-            yield sim
-        finally:
-            sim.down()
+    with sim_fleet_of(4, tmp_path_factory.mktemp("sim4"), link_mbit=LINK_MBIT) as sim:
+        yield sim
 
 
 @pytest.fixture(scope="module")
@@ -57,27 +44,7 @@ def session(fleet4: SimFleet) -> Iterator[FleetSession]:
 
 @pytest.fixture(scope="module")
 def payload(session: FleetSession) -> Payload:
-    """A real checkpoint (2 shards + index + sha256 manifest) and a busybox image on the build host."""
-    f = session.fleet
-    build = f.build_node.name
-    src = layout.hybrid_dir(f, f.build_node)
-    rng = np.random.default_rng(11)
-    shards = {"model-00001-of-00002.safetensors": {"layers.0.w": rng.random(FLOATS, dtype=np.float32)},
-              "model-00002-of-00002.safetensors": {"layers.1.w": rng.integers(0, 255, (64, 64), dtype=np.uint8)}}
-    session.run(build, ["mkdir", "-p", src], log=False)
-    weight_map = {}
-    for name, tensors in shards.items():
-        session.run(build, ["sh", "-c", 'cat > "$1"', "sh", f"{src}/{name}"], stdin=save(tensors), log=False)
-        weight_map.update({k: name for k in tensors})
-    session.put_text(build, f"{src}/model.safetensors.index.json", json.dumps({"weight_map": weight_map}))
-    _, digest = write_manifest(session, build, src)
-    token = secrets.token_hex(4)
-    ref = f"spark-test-busybox:{token}"
-    session.run(build, ["docker", "import", "-c", 'CMD ["sh"]', "-", ref], stdin=busybox_rootfs_tar(token), log=False)
-    image_id = NodeDocker(session).image_id(build, ref)
-    assert image_id
-    return Payload(src_dir=src, image=ref, image_id=image_id, manifest=digest,
-                   signature=markers.signature("test", token, digest))
+    return make_payload(session, FLOATS)
 
 
 def _rsync_servers_of(user: str) -> list[int]:
