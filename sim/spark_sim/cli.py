@@ -26,10 +26,13 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="spark-pipelines sim", description="the simulated GB10 fleet")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     up = sub.add_parser("up", help="start the simulated nodes and write a fleet file for them")
-    up.add_argument("--nodes", type=int, default=2, help="number of nodes (spark1 founders+build, spark2.. gx10)")
+    up.add_argument("--nodes", type=int, default=2,
+                    help=f"number of nodes, 1-{MAX_NODES} (spark1 founders+build, spark2.. gx10)")
     up.add_argument("--fleet-out", default=DEFAULT_FLEET_OUT, help="fleet file to write (default: sim-fleet.yaml)")
     up.add_argument("--tokens-per-second", type=float, default=DEFAULT_TOKENS_PER_SECOND,
                     help="stand-in engine's single-stream rate on a healthy node (default 52, the runbook's)")
+    up.add_argument("--link-mbit", type=float, default=None,
+                    help="rate-limit every node's link to this many Mbit/s each way (tc; default: unlimited)")
     sub.add_parser("down", help="remove every process, namespace, user and file the sim made")
     sub.add_parser("status", help="show each node's namespace, sshd, dockerd, GPU state and containers")
     st = sub.add_parser("set", help="set a node's simulated GPU state")
@@ -82,7 +85,7 @@ def sim_command(argv: list[str]) -> int:
                 print(f"spark-pipelines sim up: --nodes {args.nodes}: choose between 1 and {MAX_NODES}", file=sys.stderr)
                 return 2
             t0 = time.monotonic()
-            path = fleet.up(args.nodes, args.fleet_out, args.tokens_per_second)
+            path = fleet.up(args.nodes, args.fleet_out, args.tokens_per_second, args.link_mbit)
             print(f"simulated fleet up: {args.nodes} nodes in {time.monotonic() - t0:.1f} s under {fleet.layout.root}")
             _print_status(fleet.status())
             print(f"fleet file: {path}")

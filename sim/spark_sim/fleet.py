@@ -122,13 +122,16 @@ class SimFleet:
     # -- up --
 
     def up(self, nodes: int = 2, fleet_out: str | os.PathLike[str] = DEFAULT_FLEET_OUT,
-           tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND) -> Path:
+           tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND, link_mbit: float | None = None) -> Path:
         """Start `nodes` simulated nodes and the gateway host; write and return the fleet file.
-        tokens_per_second: the stand-in engine's single-stream decode rate on a healthy node."""
+        tokens_per_second: the stand-in engine's single-stream decode rate on a healthy node.
+        link_mbit: every node's link rate each way (tc), like a real NIC; None leaves them unlimited."""
         if not 0 < tokens_per_second <= 100_000:
             raise SimError(f"--tokens-per-second {tokens_per_second:g}: choose a rate in (0, 100000]")
         if not 1 <= nodes <= MAX_NODES:
             raise SimError(f"--nodes {nodes}: choose between 1 and {MAX_NODES}")
+        if link_mbit is not None and not 1 <= link_mbit <= 100_000:
+            raise SimError(f"--link-mbit {link_mbit:g}: choose a rate between 1 and 100000 Mbit/s")
         if os.geteuid() != 0:
             raise SimError("sim up needs root (network namespaces, users, dockerd); run it as root")
         missing = [b for b in REQUIRED_BINARIES if not shutil.which(b)]
@@ -147,6 +150,7 @@ class SimFleet:
             "root": str(self.layout.root),
             "slot": self.layout.slot,
             "members": [{**m.__dict__, "dir": str(m.dir)} for m in members],
+            "link_mbit": link_mbit,
             "made": {},
         }
         self._save_state()
@@ -163,6 +167,8 @@ class SimFleet:
                 network.make_switch(self.layout, self._record)
                 for m in members:
                     network.make_member_netns(self.layout, m, self._record)
+                    if link_mbit is not None and not m.is_gateway:
+                        network.limit_link(self.layout, m, link_mbit)
                 host_keys = {m.name: host.make_member(m) for m in members}
                 host.write_known_hosts(members, host_keys)
                 for m in members:

@@ -30,11 +30,12 @@ def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: di
     for m in members:
         if m.is_gateway:
             continue
+        first = not nodes  # the first node builds (the seed's build+serve node), every other one serves
         template = copy.deepcopy(templates.get(m.hardware) or seed["nodes"][-1])
         # Same key order as the seed, with the reach fields where an operator looks for them.
         node = {"name": m.name, **target(m)}
         node.update({k: v for k, v in template.items() if k not in node})
-        if m.name != "spark1":
+        if not first:
             node["roles"] = ["serve"]
         nodes.append(node)
     doc["nodes"] = nodes

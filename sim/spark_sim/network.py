@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spark_sim.effects import run
-from spark_sim.layout import Layout, Member
+from spark_sim.layout import Layout, Member, SimError
 
 Record = Callable[[str, str], None]  # (kind, name): noted in the state file before it is made
 
@@ -41,3 +41,17 @@ def make_member_netns(lay: Layout, m: Member, record: Record) -> None:
     run(["ip", "-n", m.netns, "addr", "add", f"{m.ip}/24", "dev", "eth0"])
     run(["ip", "-n", m.netns, "link", "set", "eth0", "up"])
     run(["ip", "-n", m.netns, "link", "set", "lo", "up"])
+
+
+def limit_link(lay: Layout, m: Member, mbit: float) -> None:
+    """Rate-limit the member's link to `mbit` each way, like a real NIC: its uplink (eth0 egress in its
+    namespace) and its downlink (the switch port's egress toward it). A token bucket (tbf) with
+    ~10 ms of burst keeps a stream at the rate without dropping bursts a plain policer would."""
+    if not 1 <= mbit <= 100_000:
+        raise SimError(f"--link-mbit {mbit:g}: choose a rate between 1 and 100000 Mbit/s")
+    rate = f"{mbit:g}mbit"
+    burst = f"{max(64, int(mbit * 1e6 / 8 / 100 / 1024))}kb"
+    port = f"p{m.ip.rsplit('.', 1)[1]}"
+    for ns, dev in ((m.netns, "eth0"), (lay.switch_ns, port)):
+        run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+             "latency", "100ms"], what=f"tc on {dev} of {m.name} ({rate})")

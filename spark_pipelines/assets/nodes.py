@@ -23,6 +23,7 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.build_steps import verify_on_node
+from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy, diagnosis_md, serving_mismatch
 from spark_pipelines.runbook.engine import api_root, healthy
 from spark_pipelines.runbook.errors import RunbookError
@@ -101,6 +102,30 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                          f"{node.name} holds {node_image} but the build host built {serving_image.image_id}; "
                          "rerun node_artifacts for this node"),
         )
+
+    @dg.asset(
+        group_name="distribution",
+        kinds={"ssh", "docker"},
+        code_version=cv["node_artifacts"],
+        description="The checkpoint and serving image fanned out along a tree: every verified holder serves the "
+                    "next node (about log2(N)+1 rounds); node_artifacts then verifies each node and skips.",
+    )
+    def artifact_distribution(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
+                              serving_image: BuiltImage) -> dg.MaterializeResult:
+        # Fleet-wide (not partitioned): a tree spans nodes, so its rounds run in one step.
+        s = ssh.session
+        payload = Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
+                          manifest=mtp_weights.manifest,
+                          signature=markers.signature(cv["node_artifacts"], mtp_weights.index, mtp_weights.manifest))
+        try:
+            report = distribute(s, s.fleet.serve_nodes, payload, log=context.log, run_id=context.run.run_id)
+        except DistributionFailed as e:
+            fail(e)
+        return dg.MaterializeResult(metadata={
+            "rounds": len(report.rounds), "seconds": report.seconds,
+            "verified": ", ".join(report.verified) or "none", "already_holding": ", ".join(report.already_holding) or "none",
+            "tree": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in report.lines()) or "nothing to copy"),
+        })
 
     @dg.asset(
         group_name="nodes",
@@ -187,4 +212,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         "deploy_node_job", selection=dg.AssetSelection.groups("nodes"),
         description="Artifacts and deployment on one node (a partition): copy, preflight, launch, verify, "
                     "or roll back to the previous deployment.")
-    return dg.Definitions(assets=[node_artifacts, node_deployment], jobs=[deploy_node_job])
+    distribute_job = dg.define_asset_job(
+        "distribute_job", selection=dg.AssetSelection.assets("artifact_distribution"),
+        description="Fan the checkpoint and image out to every serve node along a tree (run before deploy_node_job).")
+    return dg.Definitions(assets=[node_artifacts, artifact_distribution, node_deployment],
+                          jobs=[deploy_node_job, distribute_job])

@@ -484,6 +484,13 @@ class RolloutSettings(Strict):
                                               "(and its spread): the gate fails")
 
 
+class DistributionSettings(Strict):
+    """How the checkpoint and image fan out from the build host (core/distribution.py)."""
+
+    fan_out: Int = Field(default=1, ge=1, le=16, description="copies one holder sends at once; 1 gives each its full link")
+    max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
+
+
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -494,6 +501,7 @@ class Fleet(Strict):
     preflight: PreflightSettings = PreflightSettings()
     cold_drain: ColdDrainSettings = ColdDrainSettings()
     rollout: RolloutSettings = RolloutSettings()
+    distribution: DistributionSettings = DistributionSettings()
 
     @field_validator("nodes")
     @classmethod

@@ -8,6 +8,7 @@ rendering here lets it be unit-tested without a node.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -290,13 +291,17 @@ def known_hosts_line(host: str, port: int, key_type: str, key_base64: str) -> st
     return f"{known_hosts_name(host, port)} {key_type} {key_base64}"
 
 
-def authorized_keys_line(public_key: str, comment: str) -> str:
-    """A peer key that may run commands but not forward ports, agents or X11, nor get a pty."""
+def authorized_keys_line(public_key: str, comment: str, from_address: str | None = None) -> str:
+    """A peer key that may run commands but not forward ports, agents or X11, nor get a pty;
+    with `from_address` (an IP literal: sshd matches names only with UseDNS) only from there."""
     parts = public_key.split()
     if len(parts) < 2 or not re.match(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+)$", parts[0]):
         raise ValueError(f"not an OpenSSH public key: {public_key[:40]!r}")
     names.check(re.compile(r"^[A-Za-z0-9@._-]+$"), comment, "key comment")
-    return f"restrict {parts[0]} {parts[1]} {comment}"
+    options = "restrict"
+    if from_address is not None:
+        options += f',from="{ipaddress.ip_address(from_address)}"'
+    return f"{options} {parts[0]} {parts[1]} {comment}"
 
 
 @dataclass(frozen=True)

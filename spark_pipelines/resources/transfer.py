@@ -12,6 +12,7 @@ are re-sent alone (rsync --checksum over just those files), then checked again.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import struct
 import threading
@@ -78,6 +79,14 @@ def copy_failure(src: str, dst: str, dst_dir: str, status: int | None, output: s
         why = f"rsync exited with status {status}" + (f" ({last[:200]})" if last else "")
         fix = f"check that {dst} is up and reachable from {src}, then rerun: the copy resumes"
     return f"copy {src} -> {dst} failed: {why}; {fix}"
+
+
+def _ip_literal(host: str) -> str | None:
+    """The host when it is an IP address (then the peer key is valid only from there), else None."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
 
 
 class TransferError(RemoteError):
@@ -160,7 +169,7 @@ class NodeStreams:
             ak = f"{dst_ssh}/authorized_keys"
             current = s.read_text(dst, ak) if s.exists(dst, ak) else ""
             if public.split()[1] not in current:
-                line = remote.authorized_keys_line(public, f"spark-pipelines-peer@{src}")
+                line = remote.authorized_keys_line(public, f"spark-pipelines-peer@{src}", _ip_literal(src_t.host))
                 s.put_text(dst, ak, current + ("" if not current or current.endswith("\n") else "\n") + line + "\n", 0o600)
                 s.log.info(f"[{dst}] authorized {src}'s peer key in {ak}")
 

@@ -76,7 +76,8 @@ def test_peer_access_is_dedicated_verified_and_idempotent(node_pair, fleet_sessi
     assert route.key_path.endswith(remote.PEER_KEY_NAME)
     public = fleet_session.read_text(node_pair.build, route.key_path + ".pub").split()[1]
     ak = fleet_session.read_text(node_pair.serve, "~/.ssh/authorized_keys")
-    assert ak.count(public) == 1 and f"restrict ssh-ed25519 {public}" in ak
+    build_ip = node_pair.fleet.node(node_pair.build).host
+    assert ak.count(public) == 1 and f'restrict,from="{build_ip}" ssh-ed25519 {public}' in ak
     # The destination's host key comes from the orchestrator's verified known_hosts.
     dst = node_pair.fleet.node(node_pair.serve)
     ours = paramiko.HostKeys(str(Path(dst.known_hosts).expanduser())).lookup(remote.known_hosts_name(dst.host, dst.port))

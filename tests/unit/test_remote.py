@@ -173,6 +173,11 @@ def test_known_hosts_and_authorized_keys_lines():
     assert line == "restrict ssh-ed25519 AAAAC3Nzkey spark-pipelines-peer@spark1"
     with pytest.raises(ValueError):
         remote.authorized_keys_line("command=\"x\" ssh-ed25519 AAA", "c")
+    # A fan-out holder's key is valid only from the holder's address; a name cannot smuggle options.
+    line = remote.authorized_keys_line("ssh-ed25519 AAAAC3Nzkey c", "peer@spark3", "10.213.0.13")
+    assert line == 'restrict,from="10.213.0.13" ssh-ed25519 AAAAC3Nzkey peer@spark3'
+    with pytest.raises(ValueError):
+        remote.authorized_keys_line("ssh-ed25519 AAAAC3Nzkey c", "peer@spark3", '10.0.0.1",command="sh')
 
 
 def test_rollback_names():

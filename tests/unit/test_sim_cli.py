@@ -119,3 +119,11 @@ def test_up_refuses_a_root_the_node_users_cannot_enter(tmp_path: Path, monkeypat
     err = capsys.readouterr().err
     assert f"lies under {private} (mode 700)" in err and len(err.strip().splitlines()) == 1
     assert not (private / "sim-root").exists() and not (tmp_path / "f.yaml").exists()
+
+
+@pytest.mark.parametrize("argv", [["up", "--nodes", "33"], ["up", "--link-mbit", "0"]])
+def test_up_refuses_more_than_32_nodes_and_a_link_without_rate(argv: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim_command(argv) in (1, 2)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and argv[1] in err and "choose" in err
