@@ -94,17 +94,27 @@ class Browser:
         return self.eval("document.body ? document.body.innerText : ''") or ""
 
     def open(self, url: str, name: str, expect: list[str] | tuple[str, ...] = (), timeout: float = 90) -> Shown:
-        """Load `url`, wait until every string of `expect` shows and the text stops changing,
-        save a screenshot as <name>.png, check for error banners."""
+        """Load `url`, then `show` it."""
         self.call("Page.navigate", url=url)
+        return self.show(name, expect, timeout)
+
+    def show(self, name: str, expect: list[str] | tuple[str, ...] = (), timeout: float = 90) -> Shown:
+        """Wait until every string of `expect` shows on the current page and its text stops
+        changing, save a screenshot as <name>.png, check for error banners."""
+        url = self.eval("location.href") or ""
         deadline = time.monotonic() + timeout
-        text, stable_since = "", time.monotonic()
+        text, stable_since, complete_since = "", time.monotonic(), None
         while time.monotonic() < deadline:
             time.sleep(0.5)
             now = self.text()
             if now != text:
                 text, stable_since = now, time.monotonic()
-            elif all(e in text for e in expect) and time.monotonic() - stable_since >= 1.5:
+            if not all(e in text for e in expect):
+                complete_since = None
+                continue
+            complete_since = complete_since or time.monotonic()
+            # Settled, or a page with a clock in it (timeline, tick countdown) given 5 s to finish loading.
+            if time.monotonic() - stable_since >= 1.5 or time.monotonic() - complete_since >= 5:
                 break
         if "Join the Dagster community" in text:
             # The UI's first-visit newsletter dialog covers the page: dismissed as a user would.
@@ -119,6 +129,11 @@ class Browser:
         banners = [b for b in ERROR_BANNERS if b in text]
         assert not banners, f"{shown._where()} shows an error: {banners}: {text[:1500]!r}"
         return shown
+
+    def key(self, key: str, code: str, alt: bool = False) -> None:
+        """Press a key (the UI's shortcuts, e.g. Alt+E expands every group of the asset graph)."""
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code, modifiers=1 if alt else 0)
 
     def click_text(self, text: str) -> None:
         """Click the innermost visible element whose own text is `text`."""
