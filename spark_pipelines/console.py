@@ -103,12 +103,18 @@ def console_dir(home: Path) -> Path:
 
 
 def stop_leftovers(home: Path, log: Callable[[str], None] = print) -> list[str]:
-    """Stop a console recorded in <home>/console/console.json whose processes still run (a caller
-    killed before it could stop them). Returns the names of the processes stopped."""
+    """Stop a console recorded in <home>/console/console.json whose processes still run though
+    the process that started them is gone (killed before it could stop them). Returns the names
+    of the processes stopped."""
     state_file = console_dir(home) / "console.json"
     try:
         state = json.loads(state_file.read_text())
     except (OSError, ValueError):
+        return []
+    owner = state.get("owner") or {}
+    if owner and int(owner["pid"]) != os.getpid() and _alive(int(owner["pid"]), owner.get("started")):
+        if state.get("processes"):
+            log(f"the Dagster console on {home} belongs to a running process (pid {owner['pid']}): left as it is")
         return []
     stopped = []
     for name in ("daemon", "webserver", "code-server"):
@@ -307,7 +313,9 @@ class Console:
         self._record()
 
     def _record(self) -> None:
-        state = {"url": self.url, "fleet": self.fleet_path, "started_at": time.time(), "stopped_at": None,
+        # The owner: while it lives, its console is not a leftover (see stop_leftovers).
+        state = {"owner": {"pid": os.getpid(), "started": _start_time(os.getpid())},
+                 "url": self.url, "fleet": self.fleet_path, "started_at": time.time(), "stopped_at": None,
                  "processes": {n: {"pid": p.pid, "started": st, "log": str(lp)}
                                for n, (p, st, lp) in self.processes.items()}}
         (self.logs / "console.json").write_text(json.dumps(state, indent=1))

@@ -80,8 +80,19 @@ def test_check_history_lists_the_bench_runs(ui):
     b.open(f"{ui['url']}/assets/bench_results?view=checks&checkDetail=above_floor", "check-above-floor",
            expect=["above_floor", "Execution history"])
     b.click_text("Execution history")
-    shown = b.show("check-above-floor-history", expect=[ui["bench_run"]["spark1"][:8]])
-    shown.has(ui["bench_run"]["spark2"][:8])
+    shown = b.show("check-above-floor-history", expect=["Passed"])
+    for node in ("spark1", "spark2"):  # each node's latest bench, with its figure
+        assert forms(ui["mean_tok_s"][node]) & set(_numbers(shown.text)), f"{node}'s bench not on {shown.screenshot}"
+
+
+@pytest.mark.xfail(strict=True, reason="check results carry no node yet (issue 12); the ui branch makes the "
+                   "checks per node: remove this marker when it merges")
+def test_check_history_names_the_node(ui):
+    b = ui["browser"]
+    b.open(f"{ui['url']}/assets/bench_results?view=checks&checkDetail=above_floor", "check-above-floor",
+           expect=["above_floor", "Execution history"])
+    b.click_text("Execution history")
+    b.show("check-above-floor-history-nodes", expect=["Passed"]).has("spark1", "spark2")
 
 
 def test_bench_job_page_lists_the_demo_runs(ui):
