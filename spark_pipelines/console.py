@@ -112,7 +112,7 @@ def stop_leftovers(home: Path, log: Callable[[str], None] = print) -> list[str]:
     except (OSError, ValueError):
         return []
     owner = state.get("owner") or {}
-    if owner and int(owner["pid"]) != os.getpid() and _alive(int(owner["pid"]), owner.get("started")):
+    if owner and _alive(int(owner["pid"]), owner.get("started")):
         if state.get("processes"):
             log(f"the Dagster console on {home} belongs to a running process (pid {owner['pid']}): left as it is")
         return []
