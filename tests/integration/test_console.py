@@ -22,8 +22,13 @@ def test_console_serves_the_code_location_and_keeps_one_daemon_per_instance(tmp_
                                 "location { name } jobs { name } } } } }")["repositoriesOrError"]["nodes"]
         assert [(r["name"], r["location"]["name"]) for r in repos] == [("__repository__", "spark_pipelines")]
         assert {"build_job", "deploy_node_job", "gateway_job", "bench_job"} <= {j["name"] for j in repos[0]["jobs"]}
-        with pytest.raises(ConsoleError, match="a Dagster daemon already serves"):
-            Console(home, SEED, log=lambda *_: None).start()
+        second = Console(home, SEED, log=lambda *_: None)
+        try:
+            with pytest.raises(ConsoleError, match="a Dagster daemon already serves"):
+                second.start()
+        finally:
+            second.stop()  # whatever it started, were the refusal to fail
+        assert console.graphql("{ version }")["version"]  # the first one still serves
         with pytest.raises(ConsoleError, match="no_such_job: not launched"):
             console.launch("no_such_job")
         pids = [(p.pid, st) for p, st, _ in console.processes.values()]
