@@ -18,17 +18,19 @@ plan:
 
 # The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
 test:
-	@scripts/bootstrap.sh base litellm vllm
+	@scripts/bootstrap.sh base litellm vllm test
 	.venv/bin/python -m pytest
 
 test-fast:
 	@scripts/bootstrap.sh base
 	.venv/bin/python -m pytest -m "not slow"
 
-# The Dagster UI on the demo's instance (http://127.0.0.1:3000).
+# The Dagster UI on the demo's instance (http://127.0.0.1:3000). A console a killed demo left on
+# the instance is stopped first: one daemon per instance.
 ui:
 	@scripts/bootstrap.sh base
-	@.venv/bin/python -c "from spark_pipelines.demo import prepare_instance_home; prepare_instance_home()"
+	@.venv/bin/python -c "from spark_pipelines.demo import prepare_instance_home; \
+	  from spark_pipelines.console import stop_leftovers; stop_leftovers(prepare_instance_home())"
 	SPARK_FLEET=$${SPARK_FLEET:-$$( [ -f sim-fleet.yaml ] && echo sim-fleet.yaml || echo fleets/seed.yaml )} \
 	  .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 

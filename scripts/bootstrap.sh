@@ -4,20 +4,24 @@
 #   scripts/bootstrap.sh base      Debian packages for the simulated fleet + the project venv (.venv)
 #   scripts/bootstrap.sh litellm   a real LiteLLM proxy in .venvs/litellm
 #   scripts/bootstrap.sh vllm      a real vLLM (CPU build) in .venvs/vllm
+#   scripts/bootstrap.sh test      Debian packages only the tests need (chromium for the UI tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 
 APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps util-linux python3 python3-venv)
+# The browser tests drive Debian's chromium headless (tests/plugins/browser.py).
+TEST_APT_PACKAGES=(chromium)
 
 stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 
 apt_packages() {
-  local missing=()
+  local missing=() wanted=("$@")
+  ((${#wanted[@]})) || wanted=("${APT_PACKAGES[@]}")
   # The simulated fleet's base image is assembled with `apt-get download`: it needs package lists.
   compgen -G "/var/lib/apt/lists/*_Packages" >/dev/null || apt-get update -qq
-  for p in "${APT_PACKAGES[@]}"; do
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -73,6 +77,7 @@ for part in "${@:-base}"; do
     base) apt_packages; project_venv ;;
     litellm) litellm_venv ;;
     vllm) vllm_venv ;;
-    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm)" >&2; exit 2 ;;
+    test) apt_packages "${TEST_APT_PACKAGES[@]}" ;;
+    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test)" >&2; exit 2 ;;
   esac
 done

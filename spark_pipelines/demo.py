@@ -1,8 +1,9 @@
 """`spark-pipelines demo`: the simulated fleet, the whole chain through Dagster, a bench table.
 
-Runs on the instance in DAGSTER_HOME (the Makefile sets .dagster-home), so `make ui` shows every
-run, materialization, check and bench chart afterwards. The fleet stays up for the UI;
-`spark-pipelines sim down` removes it.
+Runs on the instance in DAGSTER_HOME (the Makefile sets .dagster-home) through the code location
+(spark_pipelines/console.py: code server, webserver, daemon, stopped at the end), so `make ui`
+shows every run under its job, materialization, check and bench chart afterwards. The fleet
+stays up for the UI; `spark-pipelines sim down` removes it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from spark_pipelines.console import Console, ConsoleError, stop_leftovers
 from spark_pipelines.core.fleet import load_fleet
 
 def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[str, Any]:
@@ -53,36 +54,31 @@ def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> st
     return "\n".join(out)
 
 
-def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str = "INFO") -> dict[str, str]:
-    """Materialize build -> per-node deploy -> gateway -> per-node bench. Returns node -> failure."""
-    from spark_pipelines.definitions import build_definitions
-
-    defs = build_definitions(fleet_path)
+def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str = "INFO",
+              console: Console | None = None, run_timeout_s: float = 3600.0) -> dict[str, str]:
+    """Materialize build -> per-node deploy -> gateway -> per-node bench, each run submitted through
+    the code location (`console`; one is started on the instance's home for the call when none is
+    given) and followed to its end. Returns node -> failure ("*" for a failed unpartitioned job)."""
+    if console is None:
+        with Console(Path(instance.root_directory), fleet_path, log=log) as own:
+            return run_chain(fleet_path, instance, log, log_level, own, run_timeout_s)
+    if Path(console.fleet_path).resolve() != Path(fleet_path).resolve():
+        raise ConsoleError(f"the console's code location serves {console.fleet_path}, not {fleet_path}")
     fleet = load_fleet(fleet_path)
     nodes = [n.name for n in fleet.serve_nodes]
     failures: dict[str, str] = {}
+    # INFO keeps every remote command and its output line; DEBUG adds Dagster's engine chatter.
+    run_config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
 
     def run(job: str, partition: str | None = None) -> bool:
-        started = time.monotonic()
-        res = defs.resolve_job_def(job).execute_in_process(
-            instance=instance, partition_key=partition, raise_on_error=False,
-            # INFO keeps every remote command and its output line; DEBUG adds Dagster's engine chatter.
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}})
         where = f"{job}[{partition}]" if partition else job
-        if res.success:
-            log(f"  {where}: ok ({time.monotonic() - started:.0f} s)")
+        log(f"  {where}")
+        out = console.run(instance, job, partition, run_config, timeout_s=run_timeout_s, progress=log)
+        if out.success:
+            log(f"  {where}: ok ({out.seconds:.0f} s)")
             return True
-        why = "; ".join(
-            (e.step_failure_data.user_failure_data.description if e.step_failure_data and e.step_failure_data.user_failure_data
-             and e.step_failure_data.user_failure_data.description else
-             (e.step_failure_data.error.message.strip().splitlines()[0] if e.step_failure_data and e.step_failure_data.error else e.message))
-            for e in res.all_events if e.is_step_failure
-        ) or "run failed"
-        log(f"  {where}: FAILED ({time.monotonic() - started:.0f} s): {why}")
-        if partition:
-            failures[partition] = why
-        else:
-            failures["*"] = why
+        log(f"  {where}: FAILED ({out.seconds:.0f} s): {out.why}")
+        failures[partition or "*"] = out.why
         return False
 
     log("build host: model download, hybrid checkpoint, MTP weights, images")
@@ -101,37 +97,49 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
     return failures
 
 
-def prepare_instance_home() -> Path:
-    """DAGSTER_HOME (default ./.dagster-home) with a dagster.yaml that turns telemetry off (this
-    tool talks only to the fleet) and runs one run per node at a time: every per-node run carries
-    `dagster/partition` (its node), every bench run `spark/bench` (the gateway loses one node at
-    a time, never two). An operator's own dagster.yaml is left as it is."""
-    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster-home").resolve())))
+# Telemetry off (this tool talks only to the fleet); one run per node at a time: every per-node
+# run carries `dagster/partition` (its node), every bench run `spark/bench` (the gateway loses one
+# node at a time, never two).
+INSTANCE_CONFIG = (
+    "telemetry:\n"
+    "  enabled: false\n"
+    "run_queue:\n"
+    "  tag_concurrency_limits:\n"
+    "    - key: dagster/partition\n"
+    "      value:\n"
+    "        applyLimitPerUniqueValue: true\n"
+    "      limit: 1\n"
+    "    - key: spark/bench\n"
+    "      limit: 1\n"
+)
+
+
+def prepare_instance_home(home: Path | None = None) -> Path:
+    """DAGSTER_HOME (default ./.dagster-home), or `home`, with INSTANCE_CONFIG as its dagster.yaml.
+    An operator's own dagster.yaml is left as it is."""
+    if home is None:
+        home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster-home").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text(
-            "telemetry:\n"
-            "  enabled: false\n"
-            "run_queue:\n"
-            "  tag_concurrency_limits:\n"
-            "    - key: dagster/partition\n"
-            "      value:\n"
-            "        applyLimitPerUniqueValue: true\n"
-            "      limit: 1\n"
-            "    - key: spark/bench\n"
-            "      limit: 1\n"
-        )
+        config.write_text(INSTANCE_CONFIG)
     return home
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--fleet-out", default="sim-fleet.yaml")
+    ap.add_argument("--stop", action="store_true",
+                    help="only stop a Dagster console (webserver, daemon, code server) a killed demo left running")
 
 
 def demo_command(args: argparse.Namespace) -> int:
     """`spark-pipelines demo` (arguments parsed by spark_pipelines.cli)."""
+    if args.stop:
+        home = prepare_instance_home()
+        if not stop_leftovers(home):
+            print(f"no Dagster console running on {home}")
+        return 0
     if os.geteuid() != 0:
         print("spark-pipelines demo: the simulated fleet needs root (network namespaces, users, dockerd)", file=sys.stderr)
         return 2
@@ -161,10 +169,25 @@ def demo_command(args: argparse.Namespace) -> int:
     home = prepare_instance_home()
     print(f"Dagster instance: {home}")
     instance = dg.DagsterInstance.get()
-    failures = run_chain(fleet_path, instance)
+    # Stopped at the end (see README "What else"): `make ui` then serves the same code location, so
+    # the runs stay on their jobs' pages, and no daemon is left to compete with a second daemon or
+    # the test suite.
+    console = Console(home, fleet_path, log=print)
+    print(f"Dagster console: starting code server, webserver and daemon (logs: {console.logs}) ...")
+    try:
+        with console:
+            print(f"Dagster UI while the chain runs: {console.url}")
+            failures = run_chain(fleet_path, instance, console=console)
+    except ConsoleError as e:
+        print(f"spark-pipelines demo: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("spark-pipelines demo: interrupted; the Dagster console is stopped", file=sys.stderr)
+        return 130
     fleet = load_fleet(fleet_path)
     print()
     print(bench_table(instance, [n.name for n in fleet.serve_nodes], {k: v for k, v in failures.items() if k != "*"}))
     print()
-    print("Dagster UI on this instance: make ui   |   remove the simulated fleet: make sim-down")
+    print("The console is stopped. Dagster UI on this instance (these runs under their jobs): make ui"
+          "   |   remove the simulated fleet: make sim-down")
     return 1 if failures else 0

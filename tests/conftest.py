@@ -2,7 +2,8 @@
 
 import pytest
 
-pytest_plugins = ["tests.plugins.sim", "tests.plugins.servers", "tests.plugins.remote", "tests.plugins.faults"]
+pytest_plugins = ["tests.plugins.sim", "tests.plugins.servers", "tests.plugins.remote", "tests.plugins.faults",
+                  "tests.plugins.browser"]
 
 SEED = "fleets/seed.yaml"
 

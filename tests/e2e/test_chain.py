@@ -35,17 +35,14 @@ def is_heavy(argv) -> bool:
 
 
 @pytest.fixture(scope="module")
-def chain(sim_fleet, tmp_path_factory):
-    root = tmp_path_factory.mktemp("chain")
-    (root / "dagster").mkdir()
-    instance = dg.DagsterInstance.local_temp(str(root / "dagster"))
-    log = root / "commands.jsonl"
-    os.environ["SPARK_COMMAND_LOG"] = str(log)
+def chain(chain_console):
+    """The session's instance and console (tests/e2e/conftest.py); in-process runs here log their
+    commands to the same file as the runs the console launches."""
+    os.environ["SPARK_COMMAND_LOG"] = str(chain_console["log"])
     try:
-        yield {"instance": instance, "log": log, "fleet": str(sim_fleet.fleet_file), "root": root, "sim": sim_fleet}
+        yield chain_console
     finally:
         os.environ.pop("SPARK_COMMAND_LOG", None)
-        instance.dispose()
 
 
 def variant(chain, name, change) -> str:
@@ -102,9 +99,17 @@ def container_log(fleet, node: str) -> str:
 
 
 def test_materialize_all(chain):
-    failures = run_chain(chain["fleet"], chain["instance"], log=lambda *_: None)
+    failures = run_chain(chain["fleet"], chain["instance"], log=lambda *_: None, console=chain["console"])
     assert failures == {}
     inst = chain["instance"]
+    # Every run was launched through the code location: it names the job's location and repository
+    # (what the job page and the Overview timeline select on) and is not an in-process run.
+    runs = inst.get_runs(dg.RunsFilter(tags={"dagster/partition": "spark2"}), limit=2)
+    assert {r.job_name for r in runs} == {"bench_job", "deploy_node_job"}
+    for r in runs:
+        assert r.remote_job_origin is not None
+        assert r.remote_job_origin.location_name == "spark_pipelines"
+        assert r.remote_job_origin.repository_origin.repository_name == "__repository__"
     fleet = load_fleet(chain["fleet"])
     for node in ("spark1", "spark2"):
         dep = latest(inst, "node_deployment", node)
@@ -144,7 +149,7 @@ def test_materialize_all(chain):
 
 def test_second_run_does_no_heavy_work(chain):
     since = len(read_command_log(chain["log"]))
-    assert run_chain(chain["fleet"], chain["instance"], log=lambda *_: None) == {}
+    assert run_chain(chain["fleet"], chain["instance"], log=lambda *_: None, console=chain["console"]) == {}
     assert heavy_commands(chain["log"], since) == []
     assert latest(chain["instance"], "node_deployment", "spark1")["skipped"] is True
     # Same rotation, same config: the live proxy is not restarted under its users.

@@ -1,0 +1,115 @@
+"""The Dagster UI as the operator's console, in a real browser (Debian's chromium, headless, over
+the DevTools protocol: tests/plugins/browser.py), on the session's instance after the chain ran
+through the code location (tests/e2e/conftest.py).
+
+One page per test; each `.has(...)` / `.lacks(...)` is one assertion on what the page shows.
+Screenshots: test-artifacts/ui/<name>.png (printed at the end of the session).
+"""
+
+from __future__ import annotations
+
+import re
+
+import dagster as dg
+import pytest
+
+from spark_pipelines.demo import run_chain
+from tests.plugins.browser import only_loopback
+
+pytestmark = pytest.mark.slow
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+CHAIN = ("base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image", "node_artifacts",
+         "node_deployment", "gateway", "bench_results")
+
+
+@pytest.fixture(scope="module")
+def ui(chain_console, browser):
+    """The chain run once more through the console (every step skips what is verified), then the
+    console's URL, the run ids the UI must list, and the browser."""
+    assert run_chain(chain_console["fleet"], chain_console["instance"], log=lambda *_: None,
+                     console=chain_console["console"]) == {}
+    inst = chain_console["instance"]
+
+    def latest_run(asset: str, partition: str) -> str:
+        recs = inst.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset),
+                                                                 asset_partitions=[partition]), limit=1).records
+        return recs[0].run_id
+
+    def mean(partition: str) -> float:
+        recs = inst.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"),
+                                                                 asset_partitions=[partition]), limit=1).records
+        return float(recs[0].asset_materialization.metadata["mean_tok_s"].value)
+
+    bench_runs = inst.get_runs(dg.RunsFilter(job_name="bench_job"), limit=20)
+    yield {"url": chain_console["console"].url, "browser": browser, "instance": inst,
+           "bench_run": {n: latest_run("bench_results", n) for n in ("spark1", "spark2")},
+           "mean_tok_s": {n: mean(n) for n in ("spark1", "spark2")},
+           "launched_bench_runs": [r.run_id for r in bench_runs if r.remote_job_origin is not None]}
+    # Chromium asked nothing of any host but the console's.
+    assert only_loopback(browser.requested) == []
+
+
+def test_asset_graph_shows_the_chain(ui):
+    b = ui["browser"]
+    b.open(f"{ui['url']}/asset-groups", "asset-graph-groups", expect=["model", "images", "nodes", "gateway", "bench"])
+    b.key("e", "KeyE", alt=True)  # the graph's shortcut: expand every group
+    b.show("asset-graph", expect=list(CHAIN))
+
+
+def forms(x: float) -> set[str]:
+    """How the UI may print a figure: raw, or rounded (with or without a unit after it)."""
+    return {repr(x), f"{x:.1f}", f"{x:.2f}"}
+
+
+@pytest.mark.xfail(strict=True, reason="the asset Overview with ?partition=spark1 shows spark2's latest "
+                   "materialization (issue 12); the ui branch fixes it: remove this marker when it merges")
+def test_bench_results_for_spark1_shows_spark1s_values(ui):
+    mine, theirs = ui["mean_tok_s"]["spark1"], ui["mean_tok_s"]["spark2"]
+    shown = ui["browser"].open(f"{ui['url']}/assets/bench_results?partition=spark1", "bench-results-spark1",
+                               expect=["bench_results", "Latest materialization"])
+    assert forms(mine) & set(_numbers(shown.text)), f"spark1's mean {mine} not on {shown.screenshot}"
+    shown.lacks(*(forms(theirs) - forms(mine)))
+
+
+def test_check_history_lists_the_bench_runs(ui):
+    b = ui["browser"]
+    b.open(f"{ui['url']}/assets/bench_results?view=checks&checkDetail=above_floor", "check-above-floor",
+           expect=["above_floor", "Execution history"])
+    b.click_text("Execution history")
+    shown = b.show("check-above-floor-history", expect=["Passed"])
+    for node in ("spark1", "spark2"):  # each node's latest bench, with its figure
+        assert forms(ui["mean_tok_s"][node]) & set(_numbers(shown.text)), f"{node}'s bench not on {shown.screenshot}"
+
+
+@pytest.mark.xfail(strict=True, reason="check results carry no node yet (issue 12); the ui branch makes the "
+                   "checks per node: remove this marker when it merges")
+def test_check_history_names_the_node(ui):
+    b = ui["browser"]
+    b.open(f"{ui['url']}/assets/bench_results?view=checks&checkDetail=above_floor", "check-above-floor",
+           expect=["above_floor", "Execution history"])
+    b.click_text("Execution history")
+    b.show("check-above-floor-history-nodes", expect=["Passed"]).has("spark1", "spark2")
+
+
+def test_bench_job_page_lists_the_demo_runs(ui):
+    launched = ui["launched_bench_runs"]
+    assert len(launched) >= 2
+    shown = ui["browser"].open(f"{ui['url']}/locations/spark_pipelines/jobs/bench_job/runs", "bench-job-runs",
+                               expect=["bench_job"])
+    shown.has(*[r[:8] for r in launched[:4]])
+
+
+def test_overview_timeline_shows_the_demo_runs(ui):
+    shown = ui["browser"].open(f"{ui['url']}/overview/activity/timeline", "overview-timeline",
+                               expect=["build_job", "deploy_node_job", "gateway_job", "bench_job"])
+    shown.lacks("No runs or scheduled ticks in this time period")
+
+
+def test_node_health_sensor_page(ui):
+    shown = ui["browser"].open(f"{ui['url']}/locations/spark_pipelines/sensors/node_health", "sensor-node-health",
+                               expect=["node_health", "deploy_node_job"])
+    shown.has("/health")
