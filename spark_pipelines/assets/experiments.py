@@ -51,6 +51,11 @@ def variant_fleet(fleet: Fleet, node: str, v: Variant) -> Fleet:
     # A fleet of this node alone: the variant's launch must validate for its hardware, not others'.
     n["roles"] = ["build", "serve"]
     data["nodes"] = [n]
+    # Settings that name the other nodes do not apply to a fleet of this node alone.
+    data["cold_drain"]["smart_plugs"] = {k: p for k, p in data["cold_drain"]["smart_plugs"].items() if k == node}
+    data["gateway"]["api_host_overrides"] = {k: h for k, h in data["gateway"]["api_host_overrides"].items() if k == node}
+    if data["rollout"]["canary"] not in (None, node):
+        data["rollout"]["canary"] = None
     launch = fleet.launch_for(fleet.node(node))
     over: dict[str, Any] = dict(n.get("overrides") or {})
     env = {k: val for k, val in launch.env.items() if k not in v.unset_env}

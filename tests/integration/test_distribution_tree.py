@@ -98,10 +98,6 @@ class KillCopiesTo:
         self._thread.join()
 
 
-def _partial_bytes(session: FleetSession, node: str, directory: str) -> int:
-    r = session.run(node, ["du", "-sb", f"{directory}/{remote.RSYNC_PARTIAL_DIR}"], check=False, log=False)
-    return int(r.stdout.split()[0]) if r.ok else 0
-
 
 def test_a_receiver_killed_mid_copy_does_not_block_the_others_and_completes_on_rerun(fleet4, session, payload):
     f = session.fleet
@@ -133,7 +129,8 @@ def test_a_receiver_killed_mid_copy_does_not_block_the_others_and_completes_on_r
         assert NodeDocker(session).image_id(name, payload.image) == payload.image_id
         assert markers.matches(session, node, "node_artifacts", payload.signature)
     assert markers.matches(session, victim, "node_artifacts", payload.signature) is None
-    assert _partial_bytes(session, victim.name, layout.hybrid_dir(f, victim)) > 0  # kept for the rerun
+    # What the killed copy had received is kept for the rerun (--partial-dir); under load the kill can
+    # land before the first byte, so the resume is asserted by the rerun below, not by a byte count.
 
     rerun = distribute(session, f.serve_nodes, payload)
     assert sorted(rerun.already_holding) == others
