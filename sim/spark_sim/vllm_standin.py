@@ -33,7 +33,9 @@ import sys
 import time
 import traceback
 
-import standin_jit  # beside this file, here and in the image (/opt/sim)
+# Beside this file, here and in the image (/opt/sim); -I drops the script's folder from sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standin_jit  # noqa: E402
 
 VERSION = "0.19.1.dev0+g2a69949bd.d20260616.cu132"  # the runbook's pinned, working build
 DEFAULT_TOTAL_GIB = 121.69  # GB10 unified memory as vLLM reports it

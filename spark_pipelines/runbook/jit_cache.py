@@ -69,6 +69,7 @@ class Switch:
     retired: list[tuple[str, str]] = field(default_factory=list)  # (slot, where it went): a fresh cache
     linked: list[str] = field(default_factory=list)
     fresh: bool = False  # the operator asked for a fresh cache: the build host's archive of the key goes too
+    left: list[str] = field(default_factory=list)  # slots renamed aside on the way (node:path), for the operator
 
 
 def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *, fresh: bool = False) -> Switch:
@@ -95,14 +96,18 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
                                    f"caches): move one away (or sudo rm -rf it), then deploy again")
             s.run(n, ["mv", "-T", m, aside], log=False, timeout=_T)
             sw.set_aside.append((m, aside))
+        if plan.restore:  # an unsealed slot (a boot that never got healthy) holds root's files:
+            for st, slot in zip(states, sw.slots):  # rsync cannot replace them, so it goes aside
+                if st.slot_exists:
+                    _set_aside(s, n, slot, "unsealed", sw)
         for m, slot in zip(mounts, sw.slots):
             s.run(n, ["mkdir", "-p", slot], log=False, timeout=_T)
         if plan.restore:
             try:
                 restore(s, node, key, mounts, sw.slots)
             except Exception as e:  # a cache is an optimisation: a failed restore costs a cold boot
-                for slot in sw.slots:  # never boot on a half-restored cache (user-owned: rsync wrote it)
-                    s.run(n, ["rm", "-rf", "--", slot], log=False, timeout=_T * 4)
+                for slot in sw.slots:  # never boot on a half-restored cache
+                    _set_aside(s, n, slot, "failed", sw)
                     s.run(n, ["mkdir", "-p", slot], log=False, timeout=_T)
                 why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
                 plan = sw.plan = core.Plan(key, "cold", f"restoring key {key} from the build host failed ({why}): "
@@ -116,6 +121,16 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
         raise
     log.info(f"[{n}] JIT cache {plan.verdict}: {plan.why}")
     return sw
+
+
+def _set_aside(s: FleetSession, n: str, slot: str, why: str, sw: Switch) -> None:
+    """Rename a slot out of the way. Never `rm -rf`: the container wrote its files as root and
+    the node's user may not delete them, but renaming needs only the user's own parent folder."""
+    if not s.exists(n, slot):
+        return
+    aside = f"{slot}.{why}-{time.strftime('%Y%m%d%H%M%S')}"
+    s.run(n, ["mv", "-T", "--", slot, aside], log=False, timeout=_T)
+    sw.left.append(f"{n}:{aside}")
 
 
 def undo(s: FleetSession, sw: Switch, log: Any) -> None:
@@ -153,7 +168,7 @@ def seal(s: FleetSession, sw: Switch) -> list[str]:
     set aside and stays on disk (root's files: `sudo rm -rf` them when the node is fine)."""
     for slot in sw.slots:
         s.run(sw.node, ["touch", posixpath.join(slot, core.SEALED)], log=False, timeout=_T)
-    left = [f"{sw.node}:{aside}" for _, aside in sw.retired]
+    left = [f"{sw.node}:{aside}" for _, aside in sw.retired] + sw.left
     if sw.fresh and is_archived(s, sw.plan.key):
         build, src = s.fleet.build_node.name, archived_dir(s, sw.plan.key)
         aside = f"{src}.stale-{time.strftime('%Y%m%d%H%M%S')}"
