@@ -434,6 +434,17 @@ class BenchSettings(Strict):
     floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
 
 
+class HealthSettings(Strict):
+    """The node_health sensor's healing policy (core/healing.py)."""
+
+    restart_budget: Int = Field(default=3, ge=0, le=100, description="redeploys of one node per window; past it the node is quarantined")
+    restart_window_s: Int = Field(default=6 * 3600, ge=60, le=7 * 86400)
+    backoff_s: Int = Field(default=600, ge=0, le=86400, description="wait after a redeploy before the next one, doubled each time")
+    backoff_factor: Float = Field(default=2.0, ge=1, le=10)
+    failed_sweeps: Int = Field(default=2, ge=1, le=20, description="sweeps in a row a verdict must hold before a policy acts on it")
+    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
+
+
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -442,6 +453,7 @@ class Fleet(Strict):
     gateway: Gateway
     bench: BenchSettings = BenchSettings()
     preflight: PreflightSettings = PreflightSettings()
+    health: HealthSettings = HealthSettings()
 
     @field_validator("nodes")
     @classmethod
