@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from spark_pipelines.core import diagnosis as d
 from spark_pipelines.core.fleet import HealthSettings
 from spark_pipelines.core.health import NodeVerdict
 
@@ -224,6 +225,45 @@ def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSett
     return Decision(node, name, "recorded", m)
 
 
+# ------------------------------------------------------------------ figures for the record
+
+METRIC_KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # 0.19+ name, then the older one
+
+
+def engine_figures(metrics: Mapping[str, float] | None, earlier: Mapping[str, float] | None = None,
+                   seconds: float | None = None) -> dict[str, float]:
+    """The numbers one /metrics read gives (names with their units): requests running / waiting,
+    KV-cache usage 0-1, MTP acceptance 0-1 (since the last read when there is one, else lifetime)
+    and the generation rate in tok/s (only with an earlier read `seconds` ago: a counter alone
+    is no rate)."""
+    if not metrics:
+        return {}
+    out: dict[str, float] = {}
+    for key, metric in (("requests_running", d.METRIC_RUNNING), ("requests_waiting", d.METRIC_WAITING)):
+        if metric in metrics:
+            out[key] = float(metrics[metric])
+    kv = next((metrics[k] for k in METRIC_KV_CACHE if k in metrics), None)
+    if kv is not None:
+        out["kv_cache_usage"] = float(kv)
+
+    def delta(metric: str) -> float | None:
+        if metric not in metrics:
+            return None
+        if earlier and metric in earlier and metrics[metric] >= earlier[metric]:
+            return metrics[metric] - earlier[metric]
+        return None
+
+    drafted, accepted = delta(d.METRIC_DRAFTED), delta(d.METRIC_ACCEPTED)
+    if not drafted:
+        drafted, accepted = metrics.get(d.METRIC_DRAFTED), metrics.get(d.METRIC_ACCEPTED)
+    if drafted and accepted is not None:
+        out["mtp_acceptance"] = round(min(1.0, accepted / drafted), 4)
+    generated = delta(d.METRIC_GENERATION)
+    if generated is not None and seconds and seconds > 0:
+        out["generation tok/s"] = round(generated / seconds, 2)
+    return out
+
+
 # ------------------------------------------------------------------ the gateway's rotation
 
 
@@ -332,5 +372,5 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
 
 __all__ = [
     "Action", "Decision", "Move", "NodeMemory", "NodeState", "ReconcilePlan", "backoff_s", "decide",
-    "drained_at", "reconcile",
+    "drained_at", "engine_figures", "reconcile",
 ]
