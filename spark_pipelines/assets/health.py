@@ -121,15 +121,18 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
     def gateway_reconcile_job():
         reconcile_gateway()
 
-    @dg.asset_check(asset="node_deployment", name="health", partitions_def=partitions,
-                    description="The health sweep's verdict for the node (node_health reports it every sweep).")
+    @dg.asset_check(asset="node_deployment", name="health",
+                    description="The health sweep's verdict per node (node_health reports one result per node "
+                                "each sweep, the node named in its metadata); run here, it sweeps every serve node "
+                                "and passes when each is healthy or starting.")
     def health_check(context: dg.AssetCheckExecutionContext, ssh: FleetSSH) -> dg.AssetCheckResult:
-        node = ssh.session.fleet.node(context.partition_key)
-        with sweep.open_session(ssh.session.fleet, context.log) as s:
-            v = sweep.probe_and_judge(s, node).verdict
-        return dg.AssetCheckResult(passed=not v.needs_action, severity=dg.AssetCheckSeverity.WARN,
-                                   description=f"{node.name}: {v.verdict}; {'; '.join(v.evidence)[:300]} -> {v.advice}",
-                                   metadata={"node": node.name, "verdict": v.verdict})
+        fleet = ssh.session.fleet
+        with sweep.open_session(fleet, context.log) as s:
+            verdicts = {n: r.verdict for n, r in sweep.sweep(s).items()}
+        return dg.AssetCheckResult(
+            passed=not any(v.needs_action for v in verdicts.values()), severity=dg.AssetCheckSeverity.WARN,
+            description="; ".join(f"{n}: {v.verdict} -> {v.advice[:120]}" for n, v in verdicts.items()),
+            metadata={"nodes": ", ".join(verdicts), **{n: v.verdict for n, v in verdicts.items()}})
 
     return dg.Definitions(jobs=[quarantine_job, release_quarantine_job, gateway_reconcile_job],
                           asset_checks=[health_check])

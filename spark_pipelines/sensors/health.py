@@ -147,8 +147,11 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             meta = _metadata(v, d, name in rotation if view else None, held.summary() if held else "", figures)
             events.append(dg.AssetObservation(asset_key=ASSET, partition=name, metadata=meta,
                                               description=f"{v.verdict}: {d.note}"))
+            # Not partition=name: runless evaluations share run_id "", and a second one for the same
+            # partition violates asset_check_executions' unique (asset, check, run_id, partition) in
+            # Dagster 1.13. The node is in the description and the metadata instead.
             events.append(dg.AssetCheckEvaluation(
-                asset_key=ASSET, check_name=CHECK, partition=name, passed=not v.needs_action,
+                asset_key=ASSET, check_name=CHECK, passed=not v.needs_action,
                 severity=dg.AssetCheckSeverity.WARN,
                 description=f"{name}: {v.verdict}; {'; '.join(v.evidence)[:300]} -> {v.advice[:200]} ({d.note})",
                 metadata={"node": name, "verdict": v.verdict, "policy": d.note}))
@@ -165,7 +168,9 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                                      min_in_rotation=fleet.gateway.min_in_rotation, now=now)
             said.append(f"gateway: {plan.describe()}")
             if not plan.empty:
-                digest = hashlib.sha256(json.dumps(plan.to_config(), sort_keys=True).encode()).hexdigest()[:12]
+                # The moves, not their wording (a streak's count changes every sweep).
+                moves = [[m.node, m.dead] for m in plan.take_out], [m.node for m in plan.put_back]
+                digest = hashlib.sha256(json.dumps(moves).encode()).hexdigest()[:12]
                 again = last_reconcile.get("digest") != digest or now - float(last_reconcile.get("at", 0)) > RECONCILE_RETRY_S
                 if again:
                     last_reconcile = {"digest": digest, "at": int(now)}
