@@ -196,3 +196,38 @@ def test_a_recent_bench_drain_is_left_alone_an_old_one_undone():
     # Not healthy yet: stays out.
     p = plan({"spark1": OK, "spark2": NodeState("starting")}, ["spark1"], {"spark2": note("drained", 3600)})
     assert p.empty
+
+
+# ------------------------------------------------------------------ the residue quarantine's preflight
+
+def preflight_report(free_gib, baseline):
+    from spark_pipelines.core.preflight import Observations, evaluate
+
+    obs = Observations(free_gib=free_gib, total_gib=121.6, gpu_state="idle", gpu_holder_pids=[], persistenced_pids=[],
+                       earlyoom_installed=False, running_exporters=[], disk_free_gib=500, page_cache_flushed=True)
+    return evaluate("spark2", obs, gmu=0.75, max_gmu=0.87, profile_total_gib=121.6, min_disk_gib=100,
+                    residue_baseline_gib=baseline)
+
+
+def test_a_residue_quarantine_blocks_the_preflight_until_memory_is_back():
+    blocked = preflight_report(96.5, 106.0)
+    residue = [c for c in blocked.checks if c.name == "residue"]
+    assert not blocked.passed and residue[0].status == "fail"
+    assert "reboot the node" in residue[0].fix and "106.00 GiB" in residue[0].detail
+    back = preflight_report(105.5, 106.0)  # within one failed start's residue of the baseline: noise
+    assert back.passed and [c.status for c in back.checks if c.name == "residue"] == ["ok"]
+    # Not quarantined: no residue check (the memory gate alone decides, as before).
+    assert "residue" not in [c.name for c in preflight_report(96.5, None).checks]
+
+
+def test_engine_figures_from_two_reads():
+    m1 = {"vllm:num_requests_running": 2, "vllm:num_requests_waiting": 1, "vllm:kv_cache_usage_perc": 0.25,
+          "vllm:generation_tokens_total": 1000, "vllm:spec_decode_num_draft_tokens_total": 200,
+          "vllm:spec_decode_num_accepted_tokens_total": 180}
+    m2 = {**m1, "vllm:generation_tokens_total": 1600, "vllm:spec_decode_num_draft_tokens_total": 300,
+          "vllm:spec_decode_num_accepted_tokens_total": 260}
+    assert healing.engine_figures(m1) == {"requests_running": 2, "requests_waiting": 1, "kv_cache_usage": 0.25,
+                                          "mtp_acceptance": 0.9}
+    two = healing.engine_figures(m2, m1, 60.0)
+    assert two["generation tok/s"] == 10.0 and two["mtp_acceptance"] == 0.8
+    assert healing.engine_figures(None) == {}
