@@ -102,7 +102,8 @@ def test_healthy_fleet_is_recorded_with_figures_and_nothing_requested(env):
     meta = latest_observation(env, "spark2")
     assert meta["verdict"].value == "healthy" and meta["in_gateway"].value is True
     assert meta["quarantined"].value == "" and "/health 200" in meta["evidence"].value
-    assert meta["requests_running"].value == 0 and 0 <= meta["kv_cache_usage"].value <= 1
+    assert meta["requests_running"].value == 0 and meta["requests_waiting"].value == 0
+    assert 0 <= meta["mtp_acceptance"].value <= 1 or "mtp_acceptance" not in meta
     assert "generation tok/s" in meta  # a rate from two reads
 
 
