@@ -52,10 +52,12 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
     partitions = node_partitions(fleet)
 
     @dg.op(name="quarantine_node", description="Record the quarantine on the gateway host, then drain the node.")
-    def quarantine_node(context: dg.OpExecutionContext, config: QuarantineConfig, ssh: FleetSSH) -> None:
+    def quarantine_node(context: dg.OpExecutionContext, config: QuarantineConfig, ssh: FleetSSH,
+                        litellm: LiteLLMGateway) -> None:
         node = context.partition_key
         try:
-            out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context))
+            out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context),
+                                           gw=litellm.host())
         except RunbookError as e:
             fail(e)
         context.log.info(f"{node} quarantined ({out.record.summary()}); {out.note}")

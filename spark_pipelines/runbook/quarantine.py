@@ -133,7 +133,8 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def quarantine(s: FleetSession, node: str | Node, verdict: str, reason: str, by: str) -> Outcome:
+def quarantine(s: FleetSession, node: str | Node, verdict: str, reason: str, by: str,
+               gw: GatewayHost | None = None) -> Outcome:
     """Record the quarantine on the gateway host first (so no gateway step puts the node back even
     if the drain below fails), then take the node out of every pool: dead=True only when its
     vLLM does not answer (a serving node is never drained below gateway.min_in_rotation)."""
@@ -146,7 +147,7 @@ def quarantine(s: FleetSession, node: str | Node, verdict: str, reason: str, by:
         return data
 
     _change(s, edit)
-    gw = GatewayHost(s)
+    gw = gw or GatewayHost(s)  # the caller's carries the proxy's master key (its /model/info confirms the drain)
     if name not in gw.rotation():
         return Outcome(rec, False, f"{name} is not in the gateway")
     serving = engine.healthy(s.fleet, n)
