@@ -15,6 +15,7 @@ import dagster as dg
 from spark_pipelines.assets.bench import bench_definitions
 from spark_pipelines.assets.experiments import experiment_definitions
 from spark_pipelines.assets.gateway import gateway_definitions
+from spark_pipelines.assets.health import health_definitions
 from spark_pipelines.assets.images import image_definitions
 from spark_pipelines.assets.model import model_definitions
 from spark_pipelines.assets.jit_cache import jit_cache_definitions
@@ -47,17 +48,20 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     fleet_path = str(Path(fleet_path).resolve()) if fleet_path else fleet_path_from_env()
     fleet = load_fleet(fleet_path)
     ssh = FleetSSH(fleet_path=fleet_path, command_log_path=command_log_path or os.environ.get("SPARK_COMMAND_LOG"))
+    # node_health requests jobs of three phases: it is given the very job objects they define.
+    nodes, bench, healing = node_definitions(fleet), bench_definitions(fleet), health_definitions(fleet)
     return dg.Definitions.merge(
         model_definitions(fleet),
         image_definitions(fleet),
-        node_definitions(fleet),
+        nodes,
         jit_cache_definitions(fleet),
         gateway_definitions(fleet),
-        bench_definitions(fleet),
+        bench,
         wedge_definitions(fleet),
+        healing,
         experiment_definitions(),
         pins_sensors(fleet, fleet_path),
-        health_sensors(fleet),
+        health_sensors(fleet, jobs=[*nodes.jobs, *bench.jobs, *healing.jobs]),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
         dg.Definitions(resources={"ssh": ssh, "hub": model_hub(),

@@ -491,6 +491,17 @@ class DistributionSettings(Strict):
     max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
 
 
+class HealthSettings(Strict):
+    """The node_health sensor's healing policy (core/healing.py)."""
+
+    restart_budget: Int = Field(default=3, ge=0, le=100, description="redeploys of one node per window; past it the node is quarantined")
+    restart_window_s: Int = Field(default=6 * 3600, ge=60, le=7 * 86400)
+    backoff_s: Int = Field(default=600, ge=0, le=86400, description="wait after a redeploy before the next one, doubled each time")
+    backoff_factor: Float = Field(default=2.0, ge=1, le=10)
+    failed_sweeps: Int = Field(default=2, ge=1, le=20, description="sweeps in a row a verdict must hold before a policy acts on it")
+    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
+
+
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -502,6 +513,7 @@ class Fleet(Strict):
     cold_drain: ColdDrainSettings = ColdDrainSettings()
     rollout: RolloutSettings = RolloutSettings()
     distribution: DistributionSettings = DistributionSettings()
+    health: HealthSettings = HealthSettings()
 
     @field_validator("nodes")
     @classmethod

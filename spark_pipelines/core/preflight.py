@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from spark_pipelines.core.memory import MemoryGate, memory_gate
+from spark_pipelines.core.memory import RESIDUE_PER_FAILURE_GIB, MemoryGate, memory_gate
 
 # Exporters hold a CUDA context (~9 GiB for nvidia_gpu_exporter) and must be stopped before
 # launch so the memory check sees the real free memory; restarted once the node is healthy.
@@ -80,6 +80,8 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("page-cache", "page cache flushed (sync; echo 3 > /proc/sys/vm/drop_caches)"),
     ("memory", "free CUDA memory >= GMU x total"),
 )
+# Only for a node quarantined for residue (runbook/quarantine.py), after the checks above.
+RESIDUE_CHECK = ("residue", "free CUDA memory back at the profile's clean-boot baseline (a residue quarantine)")
 
 
 def evaluate(
@@ -90,7 +92,10 @@ def evaluate(
     max_gmu: float,
     profile_total_gib: float,
     min_disk_gib: float,
+    residue_baseline_gib: float | None = None,
 ) -> PreflightReport:
+    """`residue_baseline_gib`: the node is quarantined for residue; refuse until free memory is
+    back at this clean-boot baseline (less than one failed start's residue below it is noise)."""
     checks: list[Check] = []
 
     if obs.gpu_state == "wedged":
@@ -165,4 +170,15 @@ def evaluate(
         gate = memory_gate(obs.free_gib, total, gmu, max_gmu)
         status: Status = {"pass": "ok", "tight": "warn", "fail": "fail"}[gate.verdict]
         checks.append(Check("memory", status, gate.summary(), "; ".join(gate.advice)))
+    if residue_baseline_gib is not None and obs.free_gib is not None:
+        if obs.free_gib < residue_baseline_gib - RESIDUE_PER_FAILURE_GIB[0]:
+            checks.append(Check(
+                RESIDUE_CHECK[0], "fail",
+                f"quarantined for residue and free CUDA memory {obs.free_gib:.2f} GiB is still below the "
+                f"profile's clean-boot baseline {residue_baseline_gib:.2f} GiB",
+                "reboot the node (sudo reboot; cut AC power 90-120 s if free memory stays below the baseline), "
+                "flush the page cache, then redeploy"))
+        else:
+            checks.append(Check(RESIDUE_CHECK[0], "ok", f"free CUDA memory {obs.free_gib:.2f} GiB is back at the "
+                                                        f"clean-boot baseline {residue_baseline_gib:.2f} GiB"))
     return PreflightReport(node=node, checks=checks, memory=gate)

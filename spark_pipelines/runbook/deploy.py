@@ -33,7 +33,7 @@ from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, contain
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, jit_cache, markers, preflight
+from spark_pipelines.runbook import engine, jit_cache, markers, preflight, quarantine
 from spark_pipelines.runbook.errors import DeployFailed, RunbookError
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
@@ -270,11 +270,12 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id})
     txn = _Transaction(s, node, spec, log)
     try:
+        held = _quarantine_of(s, node, log)
         txn.set_aside()
         txn.prepare()
         assert txn.prepared is not None
         report = preflight.evaluate(s, node, preflight.observe(s, node, spec.image, txn.prepared),
-                                    spec.gpu_memory_utilization)
+                                    spec.gpu_memory_utilization, residue_quarantine=held == "residue")
         log.info(report.explain())
         if not report.passed:
             raise _NotServing(f"preflight blocked {node.name}: " + "; ".join(
@@ -304,6 +305,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
                 "log_tail": "```\n" + "\n".join(log_text.splitlines()[-40:]) + "\n```",
             })
         txn.commit()
+        _release_quarantine(s, node, log)
     except BaseException as e:
         if txn.committed:
             raise
@@ -331,6 +333,33 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         meta.update(jit_cache=txn.jit.plan.verdict, jit_cache_key=txn.jit.plan.key, jit_cache_why=txn.jit.plan.why)
     return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,
                     int(smoke.get("completion_tokens", 0)), image_id, spec)
+
+
+def _quarantine_of(s: FleetSession, node: Node, log: Any) -> str | None:
+    """The verdict the node is quarantined for (None: not quarantined, or the record unreadable:
+    the gateway host is not the node, and the deploy must not depend on it)."""
+    try:
+        rec = quarantine.quarantined(s).get(node.name)
+    except RunbookError as e:
+        log.warning(f"[{node.name}] quarantine record not read ({e}); deploying without it")
+        return None
+    if rec is not None:
+        log.info(f"[{node.name}] quarantined ({rec.summary()}): a committed deploy releases a "
+                 f"{'/'.join(sorted(quarantine.RELEASED_BY_DEPLOY))} quarantine")
+    return None if rec is None else rec.verdict
+
+
+def _release_quarantine(s: FleetSession, node: Node, log: Any) -> None:
+    """After the commit: the node serves, so a quarantine its deploy proves over ends (a failure
+    to say so is a warning: the deployment itself stands)."""
+    try:
+        said = quarantine.release_after_deploy(s, node)
+    except RunbookError as e:
+        log.warning(f"[{node.name}] healthy, but its quarantine record was not updated: {e}; "
+                    f"run release_quarantine_job for {node.name}")
+        return
+    if said:
+        log.info(f"[{node.name}] {said}")
 
 
 def _headline(why: str, outcome: str) -> str:

@@ -92,11 +92,15 @@ def observe(s: FleetSession, node: Node, image: str, prepared: Prepared) -> pref
     )
 
 
-def evaluate(s: FleetSession, node: Node, obs: preflight.Observations, gmu: float) -> preflight.PreflightReport:
+def evaluate(s: FleetSession, node: Node, obs: preflight.Observations, gmu: float,
+             residue_quarantine: bool = False) -> preflight.PreflightReport:
+    """`residue_quarantine`: the node is quarantined for residue: also refuse until free memory
+    is back at its profile's clean-boot baseline."""
     fleet = s.fleet
     prof = fleet.profile_of(node)
     return preflight.evaluate(
         node.name, obs, gmu=gmu, max_gmu=prof.max_gmu, profile_total_gib=prof.cuda_total_gib,
         min_disk_gib=(fleet.preflight.build_host_disk_gib if node.name == fleet.build_node.name
                       else fleet.preflight.serve_node_disk_gib),
+        residue_baseline_gib=prof.clean_boot_free_gib if residue_quarantine else None,
     )

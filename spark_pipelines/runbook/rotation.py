@@ -15,16 +15,22 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import engine, markers
 from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.quarantine import quarantined
 
 BENCH_GATE = "bench_gate"  # marker the bench step leaves on a node: promoted or held out, and why
 
 
 def promotion(s: FleetSession) -> tuple[list[str], dict[str, str]]:
-    """Nodes to put in rotation, and the reason each other node is left out."""
+    """Nodes to put in rotation, and the reason each other node is left out (a quarantined
+    node stays out until it is released)."""
     f = s.fleet
     rotation: list[str] = []
     out: dict[str, str] = {}
+    held = quarantined(s)
     for node in f.serve_nodes:
+        if node.name in held:
+            out[node.name] = f"quarantined: {held[node.name].summary()}"
+            continue
         if not engine.healthy(f, node):
             out[node.name] = "vLLM /health does not answer"
             continue

@@ -1,136 +1,188 @@
-"""Redeploy a node whose vLLM stopped answering, but not one that is still starting.
+"""node_health: the health sweep every minute, each verdict recorded, the runbook's policies applied.
 
-One failed probe can be a hiccup (SSH and HTTP go unresponsive during CUDA graph capture), so a
-node must fail FAILURES_BEFORE_REDEPLOY ticks in a row. Then, and only then, the node's container
-is inspected (one `docker inspect` over SSH, seconds): a running container younger than the
-runbook's start-up window is starting, not dead. A request carries a run key per failure episode
-(node + the time the episode's first failed probe was seen): one redeploy per episode, however
-many ticks, sensor restarts or daemons see it. The cursor keeps each node's episode.
+Each tick sweeps every serve node at once (runbook.sweep: read-only, short per-step timeouts,
+no connect retries, so a dead node costs seconds and the tick stays well inside Dagster's 60 s),
+then per node:
+
+- an `AssetObservation` on `node_deployment` (partition = node): verdict, evidence, advice,
+  in_gateway, quarantined, the policy's decision, and /metrics figures with their units;
+- an evaluation of the `health` asset check on `node_deployment` for that partition;
+- the policy's run request (core.healing.decide): redeploy, quarantine, bench, or the rollback
+  decision, each with a run key of node + episode start + action.
+
+Then the gateway reconcile plan (core.healing.reconcile) becomes a gateway_reconcile_job request
+when it changes anything. The cursor keeps each node's memory (episodes, budgets, what the last
+sweep saw) as JSON; the older cursor ({node: {"failures", "since", ...}}) is read and restarted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.core.fleet import Fleet, Node
-from spark_pipelines.core.launch import launch_spec
-from spark_pipelines.runbook.engine import healthy
+from spark_pipelines.core import health, healing
+from spark_pipelines.core.fleet import Fleet
+from spark_pipelines.resources.ssh import FleetSSH, RemoteError
+from spark_pipelines.runbook import reconcile, sweep
+from spark_pipelines.runbook.errors import RunbookError
 
-FAILURES_BEFORE_REDEPLOY = 3
-# Runbook: a first boot takes 25-45 min (weights load, torch.compile, CUDA graph capture), a warm
-# boot 7-10 min. A running container younger than the longest first boot is starting, not dead.
-STARTUP_WINDOW_S = 45 * 60
-# Runbook: SSH may stay unresponsive during graph capture for up to 30 min. A node whose container
-# cannot be inspected is redeployed only once its failure episode is older than that.
-SSH_SILENT_MAX_S = 30 * 60
-# Each inspection is a probe: seconds, never minutes. The tick stays inside Dagster's 60 s limit.
-INSPECT_CONNECT_TIMEOUT_S = 5.0
-INSPECT_TIMEOUT_S = 10.0
-TICK_BUDGET_S = 40.0
+ASSET = dg.AssetKey("node_deployment")
+CHECK = "health"
+# The same reconcile plan is asked again only after this long (its job may have failed meanwhile).
+RECONCILE_RETRY_S = 600
+OP_QUARANTINE, OP_RECONCILE = "quarantine_node", "reconcile_gateway"
 
 
-@dataclass(frozen=True)
-class ContainerState:
-    """What `docker inspect` said about the serving container (running None: could not ask)."""
-
-    running: bool | None
-    started_at: float | None = None  # epoch seconds
-    error: str = ""
-
-
-ContainerReader = Callable[[Fleet, Node], ContainerState]
-
-
-def parse_started_at(text: str) -> float | None:
-    """Docker's RFC 3339 StartedAt (nanoseconds, `Z`) -> epoch seconds; None for the zero time."""
-    text = text.strip()
-    if not text or text.startswith("0001-"):
+def _earlier(raw: dict[str, Any], node: str) -> health.Observation | None:
+    """What the last sweep saw, as core.health.with_earlier reads it."""
+    if not isinstance(raw.get("probed_at"), (int, float)):
         return None
-    head, _, frac = text.rstrip("Z").partition(".")
+    started, restarts = raw.get("started_at"), raw.get("restart_count")
+    container = (health.ContainerState(exists=True, started_at=started, restart_count=int(restarts or 0))
+                 if started is not None or restarts is not None else None)
+    return health.Observation(node=node, probed_at=float(raw["probed_at"]), ssh_ok=bool(raw.get("ssh_ok", True)),
+                              ssh_dead_since=raw.get("ssh_dead_since"), container=container,
+                              last_started_at=raw.get("last_started_at"),
+                              previous_restart_count=raw.get("previous_restart_count"))
+
+
+def _remember(obs: health.Observation) -> dict[str, Any]:
+    c = obs.container if obs.container is not None and obs.container.exists else None
+    keep = ("vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total")
+    return {"probed_at": obs.probed_at, "ssh_ok": obs.ssh_ok,
+            "ssh_dead_since": obs.ssh_dead_since if not obs.ssh_ok else None,
+            "started_at": c.started_at if c else None, "restart_count": c.restart_count if c else None,
+            "last_started_at": obs.last_started_at, "previous_restart_count": obs.previous_restart_count,
+            "metrics": {k: obs.metrics[k] for k in keep if obs.metrics and k in obs.metrics}}
+
+
+def read_cursor(text: str | None) -> tuple[dict[str, healing.NodeMemory], dict[str, Any]]:
+    """(each node's memory, the last reconcile request); tolerant of the older cursor and of junk."""
     try:
-        base = datetime.fromisoformat(head + "+00:00").timestamp()
+        data = json.loads(text) if text else {}
     except ValueError:
-        return None
-    digits = "".join(ch for ch in frac if ch.isdigit())[:6]
-    return base + (int(digits) / 10 ** len(digits) if digits else 0.0)
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    nodes = data.get("nodes") if isinstance(data.get("nodes"), dict) else {
+        k: v for k, v in data.items() if k != "reconcile"}  # the older cursor: {node: episode}
+    last = data.get("reconcile") if isinstance(data.get("reconcile"), dict) else {}
+    return {k: healing.NodeMemory.from_json(v) for k, v in nodes.items()}, last
 
 
-def inspect_container(fleet: Fleet, node: Node) -> ContainerState:
-    """One `docker inspect` of the node's serving container over SSH, with short timeouts."""
-    from spark_pipelines.resources.ssh import FleetSession, RemoteError, SshSettings
-
-    name = launch_spec(fleet, node).container_name
-    settings = SshSettings(connect_timeout_s=INSPECT_CONNECT_TIMEOUT_S, connect_retries=0,
-                           command_timeout_s=INSPECT_TIMEOUT_S)
-    try:
-        with FleetSession(fleet, settings) as s:
-            r = s.run(node.name, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.StartedAt}}", name],
-                      check=False, log=False, timeout=INSPECT_TIMEOUT_S)
-    except (RemoteError, OSError) as e:
-        return ContainerState(None, error=str(e).splitlines()[0][:200])
-    if r.exit_status != 0:
-        if "No such" in r.stderr:
-            return ContainerState(False)
-        return ContainerState(None, error=(r.stderr.strip() or f"exit {r.exit_status}")[:200])
-    running, _, started = r.stdout.strip().partition(" ")
-    return ContainerState(running == "true", parse_started_at(started))
+def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | None, quarantined: str,
+              figures: dict[str, float]) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "verdict": dg.MetadataValue.text(v.verdict),
+        "evidence": dg.MetadataValue.text("\n".join(v.evidence)),
+        "advice": dg.MetadataValue.text(v.advice),
+        "in_gateway": dg.MetadataValue.bool(bool(in_gateway)),
+        "quarantined": dg.MetadataValue.text(quarantined),
+        "policy": dg.MetadataValue.text(d.note),
+    }
+    for key, value in figures.items():
+        meta[key] = (dg.MetadataValue.int(int(value)) if key.startswith("requests_")
+                     else dg.MetadataValue.float(float(value)))
+    return meta
 
 
-def judge(state: ContainerState, episode_started: float, now: float) -> str | None:
-    """Why not to redeploy yet (None: redeploy)."""
-    if state.running and state.started_at is not None and now - state.started_at < STARTUP_WINDOW_S:
-        return (f"container started {(now - state.started_at) / 60:.0f} min ago: inside the "
-                f"{STARTUP_WINDOW_S // 60} min start-up window (first boot 25-45 min)")
-    if state.running is None and now - episode_started < SSH_SILENT_MAX_S:
-        return (f"container cannot be inspected ({state.error or 'no answer'}); SSH may be silent during "
-                f"graph capture for up to {SSH_SILENT_MAX_S // 60} min")
-    return None
+def _request(node: str, a: healing.Action, verdict: str) -> dg.RunRequest:
+    tags = {"reason": f"health-{verdict}", "spark/health-action": a.kind}
+    config = {"ops": {OP_QUARANTINE: {"config": dict(a.config)}}} if a.job == healing.QUARANTINE_JOB else None
+    return dg.RunRequest(run_key=a.run_key, job_name=a.job, partition_key=node, tags=tags, run_config=config)
 
 
-def _episode(raw: Any) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return dict(raw)
-    return {"failures": int(raw or 0)}  # the cursor of an older version: a bare count
+def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
+    """`fleet` is the one loaded with the code location; `jobs` the job definitions the policies
+    request (deploy_node_job, bench_job, quarantine_job, gateway_reconcile_job: definitions.py
+    passes the very objects the other factories made)."""
+    settings = fleet.health
 
-
-def health_sensors(fleet: Fleet, container_state: ContainerReader = inspect_container) -> dg.Definitions:
-    """`fleet` is the one loaded with the code location (the UI, the runs and this sensor agree)."""
-    @dg.sensor(name="node_health", job_name="deploy_node_job", minimum_interval_seconds=60,
+    @dg.sensor(name="node_health", minimum_interval_seconds=60, jobs=list(jobs) or None,
                default_status=dg.DefaultSensorStatus.STOPPED,
-               description="Redeploys a node after consecutive failed /health probes, outside its start-up window.")
-    def node_health(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        episodes = {k: _episode(v) for k, v in (json.loads(context.cursor) if context.cursor else {}).items()}
-        requests = []
-        tick_started = time.monotonic()
-        for node in fleet.serve_nodes:
-            now = time.time()
-            if healthy(fleet, node):
-                episodes[node.name] = {"failures": 0}
-                continue
-            ep = episodes.get(node.name) or {"failures": 0}
-            if not ep.get("failures"):
-                ep = {"failures": 0, "since": int(now)}
-            ep["failures"] += 1
-            episodes[node.name] = ep
-            if ep["failures"] < FAILURES_BEFORE_REDEPLOY or ep.get("requested"):
-                continue
-            if time.monotonic() - tick_started > TICK_BUDGET_S:
-                context.log.info(f"{node.name}: /health down; inspection left to the next tick (tick budget spent)")
-                continue
-            wait = judge(container_state(fleet, node), float(ep["since"]), now)
-            if wait:
-                context.log.info(f"{node.name}: /health down for {ep['failures']} probes, not redeployed: {wait}")
-                continue
-            ep["requested"] = True
-            requests.append(dg.RunRequest(run_key=f"health-{node.name}-{ep['since']}", partition_key=node.name,
-                                          tags={"reason": "health"}))
-        return dg.SensorResult(run_requests=requests, cursor=json.dumps(episodes, sort_keys=True))
+               description="The health sweep of every serve node, each verdict recorded on node_deployment. "
+                           "engine-down: redeploy, at most restart_budget times per window with backoff, then "
+                           "quarantine; crash-loop / residue: quarantine, never a relaunch; regressed: a confirming "
+                           "bench, then a redeploy, then the rollback decision; unreachable / wedged: recorded. "
+                           "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
+    def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
+        from spark_pipelines.doctor import bench_histories  # the one reader of a node's bench history
+
+        memory, last_reconcile = read_cursor(context.cursor)
+        names = [n.name for n in fleet.serve_nodes]
+        history = bench_histories(names, context.instance)
+        earlier = {n: e for n in names if (e := _earlier(memory.get(n, healing.NodeMemory()).earlier, n))}
+        events: list[Any] = []
+        requests: list[dg.RunRequest] = []
+        said: list[str] = []
+        with sweep.open_session(fleet, context.log, base=ssh) as s:
+            reports = sweep.sweep(s, bench=history, earlier=earlier)
+            healthy_names = [n for n, r in reports.items() if r.verdict.verdict == "healthy"]
+            try:
+                view: reconcile.View | None = reconcile.read_view(s, healthy_names)
+                gateway_note = ""
+            except (RunbookError, RemoteError, ValueError) as e:
+                view, gateway_note = None, f"gateway not read ({str(e).splitlines()[0][:200]}): no reconcile"
+        now = time.time()
+        rotation = set(view.snapshot.rotation) if view else set()
+        for name, report in reports.items():
+            v, obs = report.verdict, report.observation
+            held = view.quarantined.get(name) if view else None
+            c = obs.container
+            d = healing.decide(v, memory.get(name), settings, now=now,
+                               quarantined=held.summary() if held else None,
+                               benches=len(history[name].tok_s) if name in history else 0,
+                               started_at=c.started_at if c is not None and c.exists else None)
+            before = d.memory.earlier
+            seconds = obs.probed_at - before["probed_at"] if isinstance(before.get("probed_at"), (int, float)) else None
+            figures = healing.engine_figures(obs.metrics, before.get("metrics"), seconds)
+            d.memory.earlier = _remember(obs)
+            memory[name] = d.memory
+            meta = _metadata(v, d, name in rotation if view else None, held.summary() if held else "", figures)
+            events.append(dg.AssetObservation(asset_key=ASSET, partition=name, metadata=meta,
+                                              description=f"{v.verdict}: {d.note}"))
+            # Not partition=name: runless evaluations share run_id "", and a second one for the same
+            # partition violates asset_check_executions' unique (asset, check, run_id, partition) in
+            # Dagster 1.13. The node is in the description and the metadata instead.
+            events.append(dg.AssetCheckEvaluation(
+                asset_key=ASSET, check_name=CHECK, passed=not v.needs_action,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=f"{name}: {v.verdict}; {'; '.join(v.evidence)[:300]} -> {v.advice[:200]} ({d.note})",
+                metadata={"node": name, "verdict": v.verdict, "policy": d.note}))
+            said.append(f"{name}: {v.verdict} ({d.note})")
+            if d.action is not None:
+                requests.append(_request(name, d.action, v.verdict))
+                context.log.info(f"{name}: {v.verdict}: {d.action.reason} -> {d.action.job}")
+
+        if view is not None:
+            st = reconcile.states({n: r.verdict.verdict for n, r in reports.items()},
+                                  {n: m.failing for n, m in memory.items()},
+                                  {n: bool(r.observation.health_ok) for n, r in reports.items()}, view)
+            plan = healing.reconcile(st, view.snapshot.rotation, view.snapshot.drains, settings=settings,
+                                     min_in_rotation=fleet.gateway.min_in_rotation, now=now)
+            said.append(f"gateway: {plan.describe()}")
+            if not plan.empty:
+                # The moves, not their wording (a streak's count changes every sweep).
+                moves = [[m.node, m.dead] for m in plan.take_out], [m.node for m in plan.put_back]
+                digest = hashlib.sha256(json.dumps(moves).encode()).hexdigest()[:12]
+                again = last_reconcile.get("digest") != digest or now - float(last_reconcile.get("at", 0)) > RECONCILE_RETRY_S
+                if again:
+                    last_reconcile = {"digest": digest, "at": int(now)}
+                    requests.append(dg.RunRequest(
+                        run_key=f"reconcile-{digest}-{int(now)}", job_name=healing.RECONCILE_JOB,
+                        run_config={"ops": {OP_RECONCILE: {"config": plan.to_config()}}},
+                        tags={"reason": "health-reconcile"}))
+        else:
+            said.append(gateway_note)
+        cursor = json.dumps({"nodes": {n: m.to_json() for n, m in memory.items() if n in names},
+                             "reconcile": last_reconcile}, sort_keys=True)
+        return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cursor,
+                               skip_reason=None if requests else "; ".join(said) or "no serve node")
 
     return dg.Definitions(sensors=[node_health])

@@ -9,6 +9,7 @@ one fleet, one instance, one history.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -350,12 +351,19 @@ def test_deploy_of_a_node_held_by_another_run_is_one_clear_line(env, s):
 
 
 def test_health_sensor_reads_the_container_start_over_ssh(env):
-    """The sensor's one `docker inspect` on a node whose /health failed: a container deployed
-    minutes ago is inside the start-up window, so no redeploy would be requested."""
-    from spark_pipelines.sensors.health import inspect_container, judge
+    """node_health's sweep over real SSH: a node deployed minutes ago is healthy, its container's
+    start (read with `docker container inspect`) is remembered in the cursor, nothing is requested."""
+    import dagster as dg
 
-    fleet = env["fleet"]
-    state = inspect_container(fleet, fleet.node(NODE))
+    from spark_pipelines.definitions import build_definitions
+
+    defs = build_definitions(env["fleet_path"])
+    sensor = defs.get_repository_def().get_sensor_def("node_health")
+    with dg.build_sensor_context(instance=env["instance"], definitions=defs,
+                                 resources={"ssh": defs.resources["ssh"]}) as context:
+        res = sensor(context)
     now = time.time()
-    assert state.running is True and now - 3600 < state.started_at <= now + 5
-    assert "start-up window" in judge(state, now - 300, now)
+    memory = json.loads(res.cursor)["nodes"][NODE]
+    assert memory["verdict"] == "healthy" and now - 3600 < memory["earlier"]["started_at"] <= now + 5
+    assert not [r for r in res.run_requests if r.partition_key == NODE]
+    assert f"{NODE}: healthy" in str(res.skip_reason) or res.run_requests

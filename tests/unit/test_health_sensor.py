@@ -1,112 +1,175 @@
-"""node_health: one run key per failure episode, and no redeploy inside a node's start-up window.
+"""node_health: the sweep every tick, each verdict recorded in the instance (an observation and a
+partitioned `health` check per node), the policies' run requests once per episode, a cursor that
+survives its older format.
 
-/health is probed over real HTTP on loopback (the `vllm_health` server of test_sensors); the
-container's state, read over SSH in production, comes from the reader the test gives."""
+/health is a real HTTP server on loopback and SSH a real connect to a closed loopback port (the
+node is unreachable); the policy wiring is driven by sweep reports the test writes (the sim-fleet
+tests in tests/e2e/test_zz_healing.py drive the same sensor through real states)."""
 
 import json
-import time
+import socket
 
 import dagster as dg
+import paramiko
 import pytest
 import yaml
 
-from spark_pipelines.core.fleet import load_fleet
-from spark_pipelines.sensors import health
-from spark_pipelines.sensors.health import (FAILURES_BEFORE_REDEPLOY, SSH_SILENT_MAX_S, STARTUP_WINDOW_S,
-                                            ContainerState, health_sensors, judge, parse_started_at)
+from spark_pipelines.core import health
+from spark_pipelines.definitions import build_definitions
+from spark_pipelines.resources.gateway import Snapshot
+from spark_pipelines.runbook import reconcile, sweep
+from spark_pipelines.sensors import health as sensor_mod
 from tests.unit.test_sensors import vllm_health  # noqa: F401  (fixture)
+
+KEYS = {"verdict", "evidence", "advice", "in_gateway", "quarantined"}
 
 
 @pytest.fixture()
-def fleet_path(tmp_path, seed_data, vllm_health):  # noqa: F811
+def defs(tmp_path, seed_data, vllm_health):  # noqa: F811
     port, state = vllm_health
-    for n in seed_data["nodes"]:
-        n["host"] = "127.0.0.1"
+    so = socket.socket()
+    so.bind(("127.0.0.1", 0))
+    closed = so.getsockname()[1]
+    so.close()
+    key = tmp_path / "id_rsa"
+    paramiko.RSAKey.generate(1024).write_private_key_file(str(key))
+    (tmp_path / "known_hosts").write_text("")
+    for target in [*seed_data["nodes"], seed_data["gateway"]]:
+        target.update(host="127.0.0.1", port=closed, key_path=str(key), known_hosts=str(tmp_path / "known_hosts"))
     seed_data["launch"]["port"] = port
     p = tmp_path / "fleet.yaml"
     p.write_text(yaml.safe_dump(seed_data, sort_keys=False))
-    return str(p), state
+    return build_definitions(str(p)), state
 
 
-def ticks(sensor, n, cursor=None):
-    out = []
-    for _ in range(n):
-        res = sensor(dg.build_sensor_context(cursor=cursor))
-        cursor = res.cursor
-        out.append(res)
-    return out, cursor
+def tick(defs, instance, cursor=None):
+    """One evaluation, its asset events stored the way the sensor daemon stores them."""
+    s = defs.get_repository_def().get_sensor_def("node_health")
+    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                 resources={"ssh": defs.resources["ssh"]}) as context:
+        res = s(context)
+    for event in res.asset_events:
+        instance.report_runless_asset_event(event)
+    return res
 
 
-def the_sensor(path, reader):
-    return next(iter(health_sensors(load_fleet(path), container_state=reader).sensors))
+def observations(instance, node):
+    return [r.asset_observation.metadata for r in instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("node_deployment"), asset_partitions=[node]), limit=20).records]
 
 
-def test_run_key_is_per_episode(fleet_path, monkeypatch):
-    path, state = fleet_path
-    clock = [1_000_000.0]
-    monkeypatch.setattr(health.time, "time", lambda: clock[0])
-    s = the_sensor(path, lambda f, n: ContainerState(False))
-    state["up"] = False
-    results, cursor = ticks(s, FAILURES_BEFORE_REDEPLOY + 2)
-    requests = [r for res in results for r in res.run_requests]
-    assert sorted(r.partition_key for r in requests) == ["spark1", "spark2"]
-    first_keys = {r.run_key for r in requests}
-    assert first_keys == {"health-spark1-1000000", "health-spark2-1000000"}
-    # Recovery ends the episode; the next failure is a new episode with a new key.
-    state["up"] = True
-    _, cursor = ticks(s, 1, cursor)
-    clock[0] += 3600
-    state["up"] = False
-    results, cursor = ticks(s, FAILURES_BEFORE_REDEPLOY, cursor)
-    keys = {r.run_key for res in results for r in res.run_requests}
-    assert keys == {"health-spark1-1003600", "health-spark2-1003600"} and not keys & first_keys
+def test_unreachable_nodes_are_recorded_not_acted_on(defs):
+    defs, state = defs
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance)
+        assert not res.run_requests
+        skip = str(res.skip_reason)
+        assert "spark1: unreachable" in skip and "spark2: unreachable" in skip and "gateway not read" in skip
+        obs = observations(instance, "spark2")
+        assert len(obs) == 1 and KEYS <= set(obs[0])
+        assert obs[0]["verdict"].value == "unreachable" and obs[0]["evidence"].value.startswith("SSH: NodeConnectError")
+        assert obs[0]["quarantined"].value == "" and obs[0]["in_gateway"].value is False
+        state["up"] = False
+        res = tick(defs, instance, res.cursor)
+        cursor = json.loads(res.cursor)
+        assert cursor["nodes"]["spark2"]["failing"] == 2 and cursor["nodes"]["spark2"]["streak"] == 2
+        latest = observations(instance, "spark2")[0]
+        assert "SSH dead for" in latest["evidence"].value  # the first sweep's time carried over
+        history = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey("node_deployment"), "health"), limit=10)
+        nodes = [r.event.dagster_event.event_specific_data.metadata["node"].value for r in history]
+        assert sorted(nodes) == ["spark1", "spark1", "spark2", "spark2"]
+        assert all(r.event.dagster_event.event_specific_data.passed is False for r in history)
 
 
-def test_no_redeploy_inside_the_start_up_window(fleet_path):
-    path, state = fleet_path
-    asked = []
-
-    def starting(fleet, node):
-        asked.append(node.name)
-        return ContainerState(True, started_at=time.time() - 20 * 60)  # a first boot, 20 min in
-
-    s = the_sensor(path, starting)
-    state["up"] = False
-    results, cursor = ticks(s, FAILURES_BEFORE_REDEPLOY + 3)
-    assert not [r for res in results for r in res.run_requests]
-    # The container is inspected only once /health has failed N times.
-    assert asked and len(asked) == 2 * 4
-    # Past the window, the same (still silent) engine is redeployed.
-    s = the_sensor(path, lambda f, n: ContainerState(True, started_at=time.time() - STARTUP_WINDOW_S - 60))
-    res = s(dg.build_sensor_context(cursor=cursor))
-    assert sorted(r.partition_key for r in res.run_requests) == ["spark1", "spark2"]
-    assert all(json.loads(res.cursor)[n]["requested"] for n in ("spark1", "spark2"))
+def test_an_old_cursor_is_read(defs):
+    defs, _ = defs
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance, json.dumps({"spark1": {"failures": 2, "since": 1000, "requested": True}, "spark2": 3}))
+        assert set(json.loads(res.cursor)["nodes"]) == {"spark1", "spark2"}
+        res = tick(defs, instance, "not json")
+        assert json.loads(res.cursor)["nodes"]["spark1"]["streak"] == 1
 
 
-def test_healthy_nodes_are_never_inspected(fleet_path):
-    path, _ = fleet_path
-    s = the_sensor(path, lambda f, n: pytest.fail("inspected a healthy node"))
-    results, _ = ticks(s, FAILURES_BEFORE_REDEPLOY + 1)
-    assert not [r for res in results for r in res.run_requests]
+def report(node, verdict, health_ok=False):
+    obs = health.Observation(node=node, probed_at=0.0, ssh_ok=True, health_ok=health_ok,
+                             container=health.ContainerState(exists=True, status="exited"))
+    return sweep.NodeReport(obs, health.NodeVerdict(node, verdict, (f"{verdict} evidence",), health.ADVICE[verdict]))
 
 
-def test_an_old_cursor_is_read():
-    s_old = json.dumps({"spark1": 2, "spark2": 0})
-    assert health._episode(json.loads(s_old)["spark1"]) == {"failures": 2}
+@pytest.fixture()
+def scripted(monkeypatch):
+    """The sweep's verdicts and the gateway's state as the test says (the policy wiring under test)."""
+    verdicts = {"spark1": "healthy", "spark2": "engine-down"}
+    rotation = ["spark1", "spark2"]
+
+    def fake_sweep(s, nodes=None, **kw):
+        return {n: report(n, v, health_ok=v == "healthy") for n, v in verdicts.items()}
+
+    def fake_view(s, healthy):
+        cfg = {"model_list": [{"model_name": "fast", "model_info": {"spark_pipelines_node": n}} for n in rotation]}
+        return reconcile.View(Snapshot(cfg), {}, {n: True for n in healthy})
+
+    monkeypatch.setattr(sweep, "sweep", fake_sweep)
+    monkeypatch.setattr(reconcile, "read_view", fake_view)
+    return verdicts
 
 
-def test_judge_rules():
-    now = 10_000_000.0
-    assert judge(ContainerState(True, now - 60), now - 300, now).startswith("container started 1 min ago")
-    assert judge(ContainerState(True, now - STARTUP_WINDOW_S - 1), now - 300, now) is None
-    assert judge(ContainerState(False), now - 300, now) is None  # exited or gone: not starting
-    # SSH silent: wait while graph capture may still hold it, then redeploy.
-    assert "SSH may be silent" in judge(ContainerState(None, error="timeout"), now - 300, now)
-    assert judge(ContainerState(None, error="timeout"), now - SSH_SILENT_MAX_S - 1, now) is None
+def test_engine_down_is_redeployed_once_per_episode_and_the_gateway_reconciled(defs, scripted):
+    defs, _ = defs
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance)
+        assert not first.run_requests and "engine-down on 1 of 2 sweeps" in str(first.skip_reason)
+        second = tick(defs, instance, first.cursor)
+        by_job = {r.job_name: r for r in second.run_requests}
+        assert set(by_job) == {"deploy_node_job", "gateway_reconcile_job"}
+        redeploy = by_job["deploy_node_job"]
+        assert redeploy.partition_key == "spark2" and redeploy.run_key.startswith("heal-spark2-")
+        assert redeploy.run_key.endswith("-redeploy1") and redeploy.tags["reason"] == "health-engine-down"
+        plan = by_job["gateway_reconcile_job"].run_config["ops"]["reconcile_gateway"]["config"]
+        assert plan == {"take_out": [{"node": "spark2", "reason": "engine-down on 2 sweeps in a row", "dead": True}],
+                        "put_back": []}
+        job = defs.resolve_job_def("gateway_reconcile_job")
+        assert dg.validate_run_config(job, by_job["gateway_reconcile_job"].run_config)
+        # Later ticks of the same episode: no second redeploy (backoff), no second reconcile request.
+        cursor = second.cursor
+        for _ in range(3):
+            res = tick(defs, instance, cursor)
+            cursor = res.cursor
+            assert not res.run_requests, res.run_requests
+        assert "backoff" in str(res.skip_reason)
+        obs = observations(instance, "spark2")
+        assert len(obs) == 5 and obs[0]["policy"].value.startswith("engine-down on 5 sweeps: backoff")
 
 
-def test_parse_started_at():
-    assert parse_started_at("2026-12-03T11:20:01.5Z") == pytest.approx(1796296801.5)
-    assert parse_started_at("2026-12-03T11:20:01.123456789Z") == pytest.approx(1796296801.123457)
-    assert parse_started_at("0001-01-01T00:00:00Z") is None
-    assert parse_started_at("garbage") is None
+def test_crash_loop_requests_a_quarantine_with_a_valid_run_config(defs, scripted):
+    defs, _ = defs
+    scripted["spark2"] = "crash-loop"
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance, tick(defs, instance).cursor)
+        q = next(r for r in res.run_requests if r.job_name == "quarantine_job")
+        assert q.partition_key == "spark2" and q.run_key.endswith("-quarantine")
+        config = q.run_config["ops"]["quarantine_node"]["config"]
+        assert config["verdict"] == "crash-loop" and "relaunching cannot help" in config["reason"]
+        assert dg.validate_run_config(defs.resolve_job_def("quarantine_job"), q.run_config)
+        again = tick(defs, instance, res.cursor)
+        assert not [r for r in again.run_requests if r.job_name == "quarantine_job"]
+
+
+def test_recovery_ends_the_episode_and_the_next_one_has_its_own_key(defs, scripted, monkeypatch):
+    defs, _ = defs
+    clock = [2_000_000_000.0]
+    monkeypatch.setattr(sensor_mod.time, "time", lambda: clock[0])
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance, tick(defs, instance).cursor)
+        first = {r.run_key for r in res.run_requests if r.job_name == "deploy_node_job"}
+        assert first == {"heal-spark2-2000000000-redeploy1"}
+        scripted["spark2"] = "healthy"
+        res = tick(defs, instance, res.cursor)
+        assert json.loads(res.cursor)["nodes"]["spark2"]["since"] is None
+        clock[0] += 3600  # past the 10 min backoff
+        scripted["spark2"] = "engine-down"
+        res = tick(defs, instance, tick(defs, instance, res.cursor).cursor)
+        second = [r for r in res.run_requests if r.job_name == "deploy_node_job"]
+        assert [r.run_key for r in second] == ["heal-spark2-2000003600-redeploy1"]
+        assert json.loads(res.cursor)["nodes"]["spark2"]["redeploys"] == [2_000_000_000.0, 2_000_003_600.0]

@@ -1,6 +1,6 @@
 """Sensors: the pins sensor requests exactly the steps whose code version, as the instance recorded
-it, differs from the loaded fleet's; the health sensor redeploys a node only after consecutive
-failed probes (probed over real HTTP on loopback)."""
+it, differs from the loaded fleet's. (node_health: tests/unit/test_health_sensor.py, which uses
+this module's `vllm_health` server.)"""
 
 import http.server
 import json
@@ -12,7 +12,6 @@ import yaml
 
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.definitions import build_definitions
-from spark_pipelines.sensors.health import FAILURES_BEFORE_REDEPLOY, ContainerState, health_sensors
 
 
 def write(tmp_path, data, name="fleet.yaml"):
@@ -134,28 +133,3 @@ def vllm_health():
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv.server_address[1], state
     srv.shutdown()
-
-
-def test_health_sensor_redeploys_after_consecutive_failures(tmp_path, seed_data, vllm_health):
-    port, state = vllm_health
-    for n in seed_data["nodes"]:
-        n["host"] = "127.0.0.1"
-    seed_data["launch"]["port"] = port
-    # The container is gone (not starting): the redeploy is due at the Nth failed probe.
-    defs = health_sensors(load_fleet(write(tmp_path, seed_data)), container_state=lambda f, n: ContainerState(False))
-    s = next(iter(defs.sensors))
-    cursor = None
-    res = s(dg.build_sensor_context(cursor=cursor))
-    assert not res.run_requests
-    state["up"] = False
-    requested = []
-    for _ in range(FAILURES_BEFORE_REDEPLOY + 1):
-        res = s(dg.build_sensor_context(cursor=res.cursor))
-        requested.append(sorted(r.partition_key for r in res.run_requests))
-    # Nothing until the Nth failure, then exactly one request per node, then no storm.
-    assert requested[: FAILURES_BEFORE_REDEPLOY - 1] == [[]] * (FAILURES_BEFORE_REDEPLOY - 1)
-    assert requested[FAILURES_BEFORE_REDEPLOY - 1] == ["spark1", "spark2"]
-    assert requested[FAILURES_BEFORE_REDEPLOY] == []
-    state["up"] = True
-    res = s(dg.build_sensor_context(cursor=res.cursor))
-    assert json.loads(res.cursor) == {"spark1": {"failures": 0}, "spark2": {"failures": 0}}

@@ -1,0 +1,140 @@
+"""Keeping the fleet serving: quarantine a node, release it, reconcile the gateway's rotation, and
+the per-node `health` check on node_deployment (the node_health sensor reports it every sweep; run
+it from the UI for one node at any time).
+
+Short wiring around runbook.quarantine, runbook.reconcile and runbook.sweep."""
+
+
+import time
+
+import dagster as dg
+
+from spark_pipelines.assets import fail
+from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.core import healing
+from spark_pipelines.core.fleet import Fleet
+from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.runbook import quarantine as quarantine_rb
+from spark_pipelines.runbook import reconcile, sweep
+from spark_pipelines.runbook.errors import RunbookError
+
+
+class QuarantineConfig(dg.Config):
+    verdict: str = "manual"
+    reason: str = "quarantined by an operator"
+
+
+class MoveConfig(dg.Config):
+    node: str
+    reason: str = ""
+    dead: bool = False
+
+
+class ReconcileConfig(dg.Config):
+    take_out: list[MoveConfig] = []
+    put_back: list[MoveConfig] = []
+
+
+def _by(context: dg.OpExecutionContext) -> str:
+    reason = context.run.tags.get("reason")
+    return f"run {context.run_id[:8]}" + (f" ({reason})" if reason else "")
+
+
+def _record(context: dg.OpExecutionContext, node: str, quarantined: str, what: str) -> None:
+    """The health history per node shows quarantines and releases next to the sweeps' verdicts."""
+    context.log_event(dg.AssetObservation(asset_key="node_deployment", partition=node, description=what,
+                                          metadata={"quarantined": dg.MetadataValue.text(quarantined),
+                                                    "policy": dg.MetadataValue.text(what)}))
+
+
+def health_definitions(fleet: Fleet) -> dg.Definitions:
+    partitions = node_partitions(fleet)
+
+    @dg.op(name="quarantine_node", description="Record the quarantine on the gateway host, then drain the node.")
+    def quarantine_node(context: dg.OpExecutionContext, config: QuarantineConfig, ssh: FleetSSH,
+                        litellm: LiteLLMGateway) -> None:
+        node = context.partition_key
+        try:
+            out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context),
+                                           gw=litellm.host())
+        except RunbookError as e:
+            fail(e)
+        context.log.info(f"{node} quarantined ({out.record.summary()}); {out.note}")
+        _record(context, node, out.record.summary(), f"quarantined; {out.note}")
+
+    @dg.op(name="release_quarantine", description="End a node's quarantine (the gateway takes it back once healthy).")
+    def release_quarantine(context: dg.OpExecutionContext, ssh: FleetSSH) -> None:
+        node = context.partition_key
+        try:
+            was = quarantine_rb.release(ssh.session, node, by=_by(context))
+        except RunbookError as e:
+            fail(e)
+        what = (f"released (was {was.summary()}); gateway_job or the next reconcile puts it back once healthy"
+                if was else "was not quarantined")
+        context.log.info(f"{node}: {what}")
+        _record(context, node, "", what)
+
+    @dg.op(name="reconcile_gateway", description="Apply a reconcile plan (or plan one now), each move re-checked.")
+    def reconcile_gateway(context: dg.OpExecutionContext, config: ReconcileConfig, ssh: FleetSSH,
+                          litellm: LiteLLMGateway) -> None:
+        s = ssh.session
+        gw = litellm.host()
+        try:
+            if config.take_out or config.put_back:
+                plan = healing.ReconcilePlan(
+                    tuple(healing.Move(m.node, m.reason, m.dead) for m in config.take_out),
+                    tuple(healing.Move(m.node, m.reason, m.dead) for m in config.put_back))
+            else:  # launched by a person: plan from a sweep now (it counts as the confirming sweep)
+                with sweep.open_session(s.fleet, context.log) as probe:
+                    reports = sweep.sweep(probe)
+                    view = reconcile.read_view(probe, [n for n, r in reports.items() if r.verdict.verdict == "healthy"])
+                verdicts = {n: r.verdict.verdict for n, r in reports.items()}
+                failing = {n: s.fleet.health.failed_sweeps if v in healing.FAILING else 0 for n, v in verdicts.items()}
+                plan = healing.reconcile(
+                    reconcile.states(verdicts, failing, {n: bool(r.observation.health_ok) for n, r in reports.items()},
+                                     view),
+                    view.snapshot.rotation, view.snapshot.drains, settings=s.fleet.health,
+                    min_in_rotation=s.fleet.gateway.min_in_rotation, now=time.time())
+            context.log.info(f"plan: {plan.describe()}")
+            done = reconcile.apply(s, gw, plan)
+        except RunbookError as e:
+            fail(e)
+        for line in done:
+            context.log.info(line)
+
+    @dg.job(name=healing.QUARANTINE_JOB, partitions_def=partitions, tags={"spark/health": "quarantine"},
+            description="Quarantine one node (a partition): recorded off the node on the gateway host (verdict, "
+                        "reason, since, by) and drained from the gateway; no gateway step puts it back until it "
+                        "is released (release_quarantine_job, or a healthy deploy for residue / crash-loop / "
+                        "engine-down).")
+    def quarantine_job():
+        quarantine_node()
+
+    @dg.job(name="release_quarantine_job", partitions_def=partitions,
+            description="End one node's quarantine; gateway_job or the next reconcile puts it back once healthy.")
+    def release_quarantine_job():
+        release_quarantine()
+
+    @dg.job(name=healing.RECONCILE_JOB,
+            description="The gateway's rotation made exactly the healthy, promoted, not-quarantined nodes: a node "
+                        "failing two sweeps in a row out, a healthy node drained longer than a bench takes back, "
+                        "never below gateway.min_in_rotation (a dead node excepted).")
+    def gateway_reconcile_job():
+        reconcile_gateway()
+
+    @dg.asset_check(asset="node_deployment", name="health",
+                    description="The health sweep's verdict per node (node_health reports one result per node "
+                                "each sweep, the node named in its metadata); run here, it sweeps every serve node "
+                                "and passes when each is healthy or starting.")
+    def health_check(context: dg.AssetCheckExecutionContext, ssh: FleetSSH) -> dg.AssetCheckResult:
+        fleet = ssh.session.fleet
+        with sweep.open_session(fleet, context.log) as s:
+            verdicts = {n: r.verdict for n, r in sweep.sweep(s).items()}
+        return dg.AssetCheckResult(
+            passed=not any(v.needs_action for v in verdicts.values()), severity=dg.AssetCheckSeverity.WARN,
+            description="; ".join(f"{n}: {v.verdict} -> {v.advice[:120]}" for n, v in verdicts.items()),
+            metadata={"nodes": ", ".join(verdicts), **{n: v.verdict for n, v in verdicts.items()}})
+
+    return dg.Definitions(jobs=[quarantine_job, release_quarantine_job, gateway_reconcile_job],
+                          asset_checks=[health_check])

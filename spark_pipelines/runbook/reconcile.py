@@ -1,0 +1,76 @@
+"""Gateway reconcile: read what the rotation is and should be, and apply core.healing's plan.
+
+`read_view` gathers the plan's inputs besides the sweep's verdicts: the gateway config (its
+rotation and drain notes), the quarantine records and each healthy node's bench gate. `apply`
+makes the plan's changes one node at a time, each re-checked right before it is made (a put-back
+node must still answer /health and not be quarantined; a serving node is never drained below
+gateway.min_in_rotation: the gateway code refuses, and that refusal is reported, not raised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import healing
+from spark_pipelines.resources.gateway import GatewayHost, Snapshot
+from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.runbook import engine, markers
+from spark_pipelines.runbook.quarantine import Quarantined, quarantined
+from spark_pipelines.runbook.rotation import BENCH_GATE
+
+
+@dataclass(frozen=True)
+class View:
+    snapshot: Snapshot
+    quarantined: dict[str, Quarantined]
+    promoted: dict[str, bool]
+
+
+def read_view(s: FleetSession, healthy: list[str]) -> View:
+    """The gateway config, the quarantine records, and the bench gate of the `healthy` nodes
+    (the others are not put back whatever their gate says, so it is not read)."""
+    snap = GatewayHost(s).read()
+    held = quarantined(s)
+    promoted: dict[str, bool] = {}
+    for name in healthy:
+        try:
+            gate = markers.read(s, s.fleet.node(name), BENCH_GATE)
+        except RemoteError:
+            continue  # unread: no put-back on a guess (promoted defaults to False below)
+        promoted[name] = not gate or bool(gate.get("promoted", True))
+    return View(snap, held, promoted)
+
+
+def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Mapping[str, bool],
+           view: View) -> dict[str, healing.NodeState]:
+    return {name: healing.NodeState(
+        verdict=verdict, failing=failing.get(name, 0), serving=serving.get(name, False),
+        promoted=view.promoted.get(name, verdict != "healthy"),
+        quarantined=view.quarantined[name].summary() if name in view.quarantined else None)
+        for name, verdict in verdicts.items()}
+
+
+def apply(s: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list[str]:
+    """Make the plan's changes; returns one line per node saying what was done or why not."""
+    said: list[str] = []
+    held = quarantined(s) if plan.put_back else {}
+    for m in plan.take_out:
+        try:
+            gw.drain(m.node, reason=f"{healing.NOTE_PREFIX}{m.reason[:100]}", wait_s=0, dead=m.dead)
+            said.append(f"{m.node} taken out: {m.reason}")
+        except gateway_core.RotationRefused as e:
+            said.append(f"{m.node} stays in: {e}")
+    for m in plan.put_back:
+        if m.node in held:
+            said.append(f"{m.node} not put back: quarantined ({held[m.node].summary()})")
+        elif not engine.healthy(s.fleet, s.fleet.node(m.node)):
+            said.append(f"{m.node} not put back: /health no longer answers")
+        else:
+            gw.restore(m.node)
+            said.append(f"{m.node} put back: {m.reason}")
+    return said
+
+
+__all__ = ["View", "apply", "read_view", "states"]
