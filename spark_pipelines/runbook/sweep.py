@@ -2,7 +2,7 @@
 
 A probe of one node reads /health and /metrics (runbook/engine.py), then over SSH: reachability,
 nvidia-smi (preflight's GPU_QUERY), `docker inspect` of the serving container and the tail of
-its log. Over SSH it is one command per node (see _GATHER); every step has its own short timeout, so a dead node costs seconds, not the default
+its log. Over SSH it is one command per node (see GATHER_SCRIPT); every step has its own short timeout, so a dead node costs seconds, not the default
 connect retries. Nothing on a node is changed. Nodes are probed in parallel threads: a
 FleetSession opens one connection per node under a per-node lock and one channel per command,
 so threads probing different nodes never share a channel.
@@ -50,7 +50,7 @@ MAX_PARALLEL = 64
 # four: each channel is a session, a shell and a `timeout` on the node). A fixed script, its
 # inputs as positional arguments (never spliced into it); sections framed by a per-call nonce so
 # no log line can forge one.
-_GATHER = (
+GATHER_SCRIPT = (
     'n=$1; tg=$2; ti=$3; tl=$4; c=$5; lines=$6; shift 6; exec 3>&1; '
     'printf "%s begin gpu\n" "$n"; timeout -k 2 "$tg" "$@"; printf "\n%s end gpu %s\n" "$n" "$?"; '
     'printf "%s begin inspect\n" "$n"; e=$(timeout -k 2 "$ti" docker container inspect "$c" 2>&1 >&3); rc=$?; '
@@ -167,7 +167,7 @@ def sections(stdout: str, nonce: str) -> dict[str, tuple[str, int | None]]:
 
 def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any]) -> None:
     nonce = secrets.token_hex(8)
-    argv = ["sh", "-c", _GATHER, "sh", nonce, f"{GPU_TIMEOUT_S:g}", f"{INSPECT_TIMEOUT_S:g}", f"{LOG_TIMEOUT_S:g}",
+    argv = ["sh", "-c", GATHER_SCRIPT, "sh", nonce, f"{GPU_TIMEOUT_S:g}", f"{INSPECT_TIMEOUT_S:g}", f"{LOG_TIMEOUT_S:g}",
             container, str(LOG_TAIL_LINES), *GPU_QUERY]
     try:
         r = s.run(node.name, argv, check=False, log=False,
