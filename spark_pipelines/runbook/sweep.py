@@ -1,9 +1,9 @@
 """The health sweep: probe every serve node at once, read-only, and judge each with `core.health`.
 
-A probe of one node reads /health and /metrics (runbook/engine.py), then over SSH: reachability,
-nvidia-smi (preflight's GPU_QUERY), `docker inspect` of the serving container and the tail of
-its log. Over SSH it is one command per node (see GATHER_SCRIPT); every step has its own short timeout, so a dead node costs seconds, not the default
-connect retries. Nothing on a node is changed. Nodes are probed in parallel threads: a
+A probe of one node reads /health and /metrics (the engine's URLs, beside the SSH part), and over
+SSH: reachability, nvidia-smi (preflight's GPU_QUERY), `docker inspect` of the serving container
+and the tail of its log, in one command (GATHER_SCRIPT). Every step has its own short timeout, so
+a dead node costs one connect timeout, not the default connect retries. Nothing on a node is changed. Nodes are probed in parallel threads: a
 FleetSession opens one connection per node under a per-node lock and one channel per command,
 so threads probing different nodes never share a channel.
 """
