@@ -5,6 +5,7 @@
 #   scripts/bootstrap.sh litellm   a real LiteLLM proxy in .venvs/litellm
 #   scripts/bootstrap.sh vllm      a real vLLM (CPU build) in .venvs/vllm
 #   scripts/bootstrap.sh test      Debian packages only the tests need (chromium for the UI tests)
+#   scripts/bootstrap.sh ansible   ansible-core, the reference benchmarks/sweep_scale.py measures against
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -72,12 +73,27 @@ vllm_venv() {
   fi
 }
 
+ansible_venv() {
+  # A venv of its own: ansible is a CLI the benchmark runs, never imported, and its pins
+  # (jinja2, resolvelib, cryptography) must not steer the product's resolution.
+  local want="ansible-core==2.19.14" dir=${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}
+  if ! stamp_ok "$dir" "$want"; then
+    echo "bootstrap: ansible-core venv ($dir)"
+    mkdir -p "$(dirname "$dir")"
+    [[ -x "$dir/bin/python" ]] || "$PY" -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
+    "$dir/bin/pip" install -q "$want"
+    echo "$want" > "$dir/.stamp"
+  fi
+}
+
 for part in "${@:-base}"; do
   case "$part" in
     base) apt_packages; project_venv ;;
     litellm) litellm_venv ;;
     vllm) vllm_venv ;;
     test) apt_packages "${TEST_APT_PACKAGES[@]}" ;;
-    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test)" >&2; exit 2 ;;
+    ansible) ansible_venv ;;
+    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test | ansible)" >&2; exit 2 ;;
   esac
 done

@@ -1,9 +1,9 @@
 """The health sweep: probe every serve node at once, read-only, and judge each with `core.health`.
 
-A probe of one node reads /health and /metrics (runbook/engine.py), then over SSH: reachability,
-nvidia-smi (runbook/preflight.read_gpu), `docker inspect` of the serving container and the tail of
-its log. Every step has its own short timeout, so a dead node costs seconds, not the default
-connect retries. Nothing on a node is changed. Nodes are probed in parallel threads: a
+A probe of one node reads /health and /metrics (the engine's URLs, beside the SSH part), and over
+SSH: reachability, nvidia-smi (preflight's GPU_QUERY), `docker inspect` of the serving container
+and the tail of its log, in one command (GATHER_SCRIPT). Every step has its own short timeout, so
+a dead node costs one connect timeout, not the default connect retries. Nothing on a node is changed. Nodes are probed in parallel threads: a
 FleetSession opens one connection per node under a per-node lock and one channel per command,
 so threads probing different nodes never share a channel.
 """
@@ -11,11 +11,15 @@ so threads probing different nodes never share a channel.
 from __future__ import annotations
 
 import json
+import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 from spark_pipelines.core import diagnosis, gpu, health, remote
 from spark_pipelines.core.fleet import Fleet, Node
@@ -28,7 +32,7 @@ from spark_pipelines.resources.ssh import (
     SshSettings,
 )
 from spark_pipelines.runbook import engine
-from spark_pipelines.runbook.preflight import read_gpu
+from spark_pipelines.runbook.preflight import GPU_QUERY
 
 # Per-step limits: a probe is a glance, not a wait.
 SSH_CONNECT_TIMEOUT_S = 5.0
@@ -39,7 +43,21 @@ LOG_TIMEOUT_S = 20.0
 HEALTH_TIMEOUT_S = 5.0
 METRICS_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 400
-MAX_PARALLEL = 16
+# Threads of a sweep: sized so that 100 nodes with 10 of them dead (each holding a thread for the
+# connect timeout) still finish in one timeout or so; the work itself is CPU (SSH handshakes).
+MAX_PARALLEL = 64
+# One remote command per node reads the GPU, the container and its log tail (one channel, not
+# four: each channel is a session, a shell and a `timeout` on the node). A fixed script, its
+# inputs as positional arguments (never spliced into it); sections framed by a per-call nonce so
+# no log line can forge one.
+GATHER_SCRIPT = (
+    'n=$1; tg=$2; ti=$3; tl=$4; c=$5; lines=$6; shift 6; exec 3>&1; '
+    'printf "%s begin gpu\n" "$n"; timeout -k 2 "$tg" "$@"; printf "\n%s end gpu %s\n" "$n" "$?"; '
+    'printf "%s begin inspect\n" "$n"; e=$(timeout -k 2 "$ti" docker container inspect "$c" 2>&1 >&3); rc=$?; '
+    'printf "\n%s end inspect %s\n%s begin inspect-err\n%s\n%s end inspect-err %s\n" "$n" "$rc" "$n" "$e" "$n" "$rc"; '
+    'if [ "$rc" -eq 0 ]; then printf "%s begin logs\n" "$n"; '
+    'timeout -k 2 "$tl" docker logs --tail "$lines" "$c" 2>&1; printf "\n%s end logs %s\n" "$n" "$?"; fi'
+)
 
 _NO_SUCH = ("No such container", "No such object", "no such container")
 
@@ -56,16 +74,47 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
+_client: httpx.Client | None = None
+_client_lock = threading.Lock()
+
+
+def _http_client() -> httpx.Client:
+    """One client for every probe of the process: a new httpx client per request loads the CA
+    bundle each time (~0.1 s of CPU, the largest cost of a sweep before); the engine is plain http."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = httpx.Client(verify=False, limits=httpx.Limits(max_connections=256,
+                                                                     max_keepalive_connections=0))
+        return _client
+
+
+def interesting_metrics(text: str) -> str:
+    """Only the sample lines of the metrics the verdicts read: vLLM's /metrics is ~600 lines of
+    histograms and process gauges, and parsing all of it cost more CPU than the SSH probe.
+    Dropped comment lines leave those samples untyped, with the same names and values."""
+    keep = diagnosis.METRICS_OF_INTEREST
+    return "\n".join(line for line in text.splitlines()
+                     if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in keep) + "\n"
+
+
 def _http(fleet: Fleet, node: Node) -> dict[str, Any]:
-    ok = engine.healthy(fleet, node, timeout=HEALTH_TIMEOUT_S)
+    root, client = engine.api_root(fleet, node), _http_client()
+    try:
+        ok = client.get(f"{root}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        ok = False
     out: dict[str, Any] = {"health_ok": ok,
-                           "health_error": None if ok else f"no 200 from {engine.api_root(fleet, node)}/health "
-                                                           f"within {HEALTH_TIMEOUT_S:g} s"}
+                           "health_error": None if ok else f"no 200 from {root}/health within {HEALTH_TIMEOUT_S:g} s"}
     if ok:  # a dead engine's /metrics says nothing the container state does not
+        metrics = None
         try:
-            metrics = engine.engine_metrics(fleet, node, timeout=METRICS_TIMEOUT_S)
+            metrics = diagnosis.parse_metrics(interesting_metrics(
+                client.get(f"{root}/metrics", timeout=METRICS_TIMEOUT_S).text))
         except diagnosis.MetricsFormatError as e:
-            metrics, out["metrics_error"] = None, str(e)
+            out["metrics_error"] = str(e)
+        except httpx.HTTPError:
+            pass
         out["metrics"] = metrics
         if metrics is None and "metrics_error" not in out:
             out["metrics_error"] = f"/metrics did not answer within {METRICS_TIMEOUT_S:g} s"
@@ -78,7 +127,8 @@ def _warm_start(s: FleetSession, fleet: Fleet, node: Node) -> bool | None:
     if not mounts:
         return None
     path = expand_home(mounts[0], node.home_dir)
-    r = s.run(node.name, ["find", path, "-mindepth", "1", "-maxdepth", "1", "-print", "-quit"],
+    # -H: the mount is a symlink to its keyed slot (core/jit_cache.py); look inside the slot.
+    r = s.run(node.name, ["find", "-H", path, "-mindepth", "1", "-maxdepth", "1", "-print", "-quit"],
               check=False, log=False, timeout=INSPECT_TIMEOUT_S)
     return bool(r.stdout.strip()) if r.ok else False
 
@@ -98,50 +148,106 @@ def _inspect(s: FleetSession, node: Node, container: str) -> tuple[health.Contai
         return None, _one_line(e)
 
 
+def sections(stdout: str, nonce: str) -> dict[str, tuple[str, int | None]]:
+    """The gather script's output -> {section: (text, exit status)}."""
+    out: dict[str, tuple[str, int | None]] = {}
+    name, buf = None, []
+    for line in stdout.split("\n"):
+        words = line.split(" ")
+        if len(words) >= 3 and words[0] == nonce and words[1] == "begin":
+            name, buf = words[2], []
+        elif len(words) >= 4 and words[0] == nonce and words[1] == "end" and name == words[2]:
+            text = "\n".join(buf)
+            out[name] = (text[:-1] if text.endswith("\n") else text,
+                         int(words[3]) if words[3].lstrip("-").isdigit() else None)
+            name = None
+        elif name is not None:
+            buf.append(line)
+    return out
+
+
+def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any]) -> None:
+    nonce = secrets.token_hex(8)
+    argv = ["sh", "-c", GATHER_SCRIPT, "sh", nonce, f"{GPU_TIMEOUT_S:g}", f"{INSPECT_TIMEOUT_S:g}", f"{LOG_TIMEOUT_S:g}",
+            container, str(LOG_TAIL_LINES), *GPU_QUERY]
+    try:
+        r = s.run(node.name, argv, check=False, log=False,
+                  timeout=GPU_TIMEOUT_S + INSPECT_TIMEOUT_S + LOG_TIMEOUT_S + 10)
+    except RemoteError as e:
+        fields["gpu_error"] = fields["container_error"] = _one_line(e)
+        return
+    got = sections(r.stdout, nonce)
+    gpu_text, _ = got.get("gpu", ("", None))
+    try:
+        fields["gpu"] = gpu.parse_reading(gpu_text)
+    except gpu.GpuFormatError as e:
+        fields["gpu_error"] = _one_line(e)
+    text, rc = got.get("inspect", ("", None))
+    err, _ = got.get("inspect-err", ("", None))
+    if rc is None:
+        fields["container"], fields["container_error"] = None, (
+            f"docker inspect {container}: no answer (exit {r.exit_status}): {r.tail.strip()[-200:]}")
+    elif rc == 0:
+        try:
+            data = json.loads(text)
+            fields["container"], fields["container_error"] = health.container_state(data[0] if data else None), None
+        except ValueError as e:
+            fields["container"], fields["container_error"] = None, _one_line(e)
+    elif any(m in err for m in _NO_SUCH):
+        fields["container"], fields["container_error"] = health.container_state(None), None
+    else:
+        fields["container"], fields["container_error"] = None, (
+            f"docker inspect {container} exited {rc}: {err.strip()[-200:]}")
+    if "logs" in got:
+        fields["log_tail"] = got["logs"][0]
+
+
 def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,
           clock: Callable[[], float] = time.time) -> health.Observation:
-    """Read one node. Never raises for what the node does; the errors become observations."""
+    """Read one node. Never raises for what the node does; the errors become observations.
+
+    /health and /metrics run beside the SSH part (a dead node costs one timeout, not two)."""
     fleet = s.fleet
     container = fleet.launch_for(node).container_name
     fields: dict[str, Any] = {
         "node": node.name, "probed_at": clock(), "bench": bench,
         "clean_boot_free_gib": fleet.profile_of(node).clean_boot_free_gib,
     }
-    fields.update(_http(fleet, node))
+    http: dict[str, Any] = {}
+    side = threading.Thread(target=lambda: http.update(_http(fleet, node)), name=f"health-http-{node.name}",
+                            daemon=True)
+    side.start()
     try:
-        s.run(node.name, ["true"], log=False, timeout=SSH_REACH_TIMEOUT_S)
-    except (HostKeyError, NodeConnectError) as e:
-        # Only "cannot reach" is a node that does not answer; the rest is a key or credential problem.
-        refused = isinstance(e, HostKeyError) or "cannot reach" not in str(e)
-        return health.Observation(ssh_ok=False, ssh_error=_one_line(e), ssh_refused=refused, **fields)
-    except (RemoteError, OSError, EOFError) as e:
-        return health.Observation(ssh_ok=False, ssh_error=_one_line(e), **fields)
-    fields["ssh_ok"] = True
-
-    try:
-        fields["gpu"] = read_gpu(s, node.name, timeout=GPU_TIMEOUT_S)
-    except (RemoteError, gpu.GpuFormatError) as e:
-        fields["gpu_error"] = _one_line(e)
-
-    fields["container"], fields["container_error"] = _inspect(s, node, container)
-
-    state = fields.get("container")
-    if state is not None and not state.exists:
-        fields["previous_container"] = _inspect(s, node, remote.previous_container_name(container))[0]
-    if state is not None and state.exists:
         try:
-            r = s.run(node.name, ["docker", "logs", "--tail", str(LOG_TAIL_LINES), container], check=False,
-                      log=False, timeout=LOG_TIMEOUT_S)
-            fields["log_tail"] = r.stdout + r.stderr
-        except RemoteError as e:
-            fields["log_tail"] = None
-            fields.setdefault("container_error", f"docker logs: {_one_line(e)}")
-        if not state.running or not fields.get("health_ok"):
+            s.connection(node.name)  # reachability: a verified, authenticated session
+        except (HostKeyError, NodeConnectError) as e:
+            # Only "cannot reach" is a node that does not answer; the rest is a key or credential problem.
+            refused = isinstance(e, HostKeyError) or "cannot reach" not in str(e)
+            fields.update(ssh_ok=False, ssh_error=_one_line(e), ssh_refused=refused)
+            return _observation(fields, side, http)
+        except (RemoteError, OSError, EOFError) as e:
+            fields.update(ssh_ok=False, ssh_error=_one_line(e))
+            return _observation(fields, side, http)
+        fields["ssh_ok"] = True
+        _gather(s, node, container, fields)
+        side.join(HEALTH_TIMEOUT_S + METRICS_TIMEOUT_S + 5)
+        fields.update(http)
+        state = fields.get("container")
+        if state is not None and not state.exists:
+            fields["previous_container"] = _inspect(s, node, remote.previous_container_name(container))[0]
+        if state is not None and state.exists and (not state.running or not fields.get("health_ok")):
             try:
                 fields["warm_start"] = _warm_start(s, fleet, node)
             except RemoteError:
                 pass
-    return health.Observation(**fields)
+        return health.Observation(**fields)
+    finally:
+        side.join(HEALTH_TIMEOUT_S + METRICS_TIMEOUT_S + 5)
+
+
+def _observation(fields: dict[str, Any], side: threading.Thread, http: dict[str, Any]) -> health.Observation:
+    side.join(HEALTH_TIMEOUT_S + METRICS_TIMEOUT_S + 5)
+    return health.Observation(**{**fields, **http})
 
 
 @dataclass(frozen=True)

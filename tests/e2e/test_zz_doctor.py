@@ -28,7 +28,9 @@ from spark_pipelines.runbook import engine, sweep
 pytestmark = pytest.mark.slow
 
 # What a read-only probe may run on a node.
-READ_ONLY = {("true",), ("nvidia-smi",), ("docker", "container", "inspect"), ("docker", "logs"), ("find",)}
+# The sweep's one command per node is a fixed script of nvidia-smi, docker inspect and docker logs.
+READ_ONLY = {("true",), ("nvidia-smi",), ("docker", "container", "inspect"), ("docker", "logs"), ("find",),
+             ("sh", "-c", sweep.GATHER_SCRIPT)}
 
 
 @pytest.fixture(scope="module")

@@ -179,6 +179,29 @@ class Connection:
         self.client.close()
 
 
+_known_hosts_cache: dict[tuple[str, int, int], paramiko.HostKeys] = {}
+_known_hosts_lock = threading.Lock()
+
+
+def _load_known_hosts(client: paramiko.SSHClient, path: Path) -> None:
+    """client.load_host_keys, parsed once per file version: a sweep of N nodes sharing one
+    known_hosts file parsed it N times (N x N lines, ~2 s of CPU at 100 nodes)."""
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _known_hosts_lock:
+        parsed = _known_hosts_cache.get(key)
+        if parsed is None:
+            parsed = paramiko.HostKeys(str(path))
+            if len(_known_hosts_cache) > 16:
+                _known_hosts_cache.clear()
+            _known_hosts_cache[key] = parsed
+    client._host_keys_filename = str(path)  # what SSHClient.load_host_keys records (save_host_keys)
+    mine = client.get_host_keys()
+    for host, keys in parsed.items():
+        for kind, k in keys.items():
+            mine.add(host, kind, k)
+
+
 def _open_socket(t: SshTarget, timeout_s: float) -> _WatchedSocket:
     raw = socket.create_connection((t.host, t.port), timeout=timeout_s)
     sock = _WatchedSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
@@ -211,7 +234,7 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
     for attempt in range(s.connect_retries + 1):
         client = paramiko.SSHClient()
         if known_hosts.is_file():
-            client.load_host_keys(str(known_hosts))
+            _load_known_hosts(client, known_hosts)
         elif not s.trust_unknown_host_keys:
             raise HostKeyError(
                 f"node {key}: known_hosts file {known_hosts} does not exist; add the node's verified "
