@@ -14,6 +14,7 @@ import dagster as dg
 
 from spark_pipelines.assets.bench import bench_definitions
 from spark_pipelines.assets.experiments import experiment_definitions
+from spark_pipelines.assets.fleet_summary import fleet_summary_definitions
 from spark_pipelines.assets.gateway import gateway_definitions
 from spark_pipelines.assets.images import image_definitions
 from spark_pipelines.assets.model import model_definitions
@@ -45,14 +46,17 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     fleet_path = str(Path(fleet_path).resolve()) if fleet_path else fleet_path_from_env()
     fleet = load_fleet(fleet_path)
     ssh = FleetSSH(fleet_path=fleet_path, command_log_path=command_log_path or os.environ.get("SPARK_COMMAND_LOG"))
+    images, nodes = image_definitions(fleet), node_definitions(fleet)
     return dg.Definitions.merge(
         model_definitions(fleet),
-        image_definitions(fleet),
-        node_definitions(fleet),
+        images,
+        nodes,
         gateway_definitions(fleet),
         bench_definitions(fleet),
-        experiment_definitions(),
-        pins_sensors(fleet, fleet_path),
+        fleet_summary_definitions(fleet),
+        experiment_definitions(fleet),
+        # The sensor targets the very job objects the phases define (the UI shows them as its targets).
+        pins_sensors(fleet, fleet_path, jobs=[*(images.jobs or []), *(nodes.jobs or [])]),
         health_sensors(fleet),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
