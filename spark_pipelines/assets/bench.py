@@ -11,7 +11,7 @@ import dagster as dg
 
 from spark_pipelines.assets import fail, step_session
 from spark_pipelines.assets.metadata import bench_table, count, num, table
-from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
@@ -139,8 +139,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         # The bench drains the node through the gateway (and keeps a node below its floor out of it):
         # it needs the deployed node and a gateway that holds it.
         deps=["node_deployment", "gateway"],
-        check_specs=[dg.AssetCheckSpec("above_floor", asset="bench_results", blocking=True,
-                                       partitions_def=partitions, description=ABOVE_FLOOR_DESCRIPTION)],
+        check_specs=[node_check("above_floor", "bench_results", partitions, ABOVE_FLOOR_DESCRIPTION)],
         description="The recipe's suite (+ loaded phase) on one node in isolation: drained from the gateway, zero "
                     "requests in flight, nvidia-smi sampled under load, then restored; a node below its floor "
                     "stays out (above_floor says why).",

@@ -42,7 +42,7 @@ def test_definitions_shape():
     repo = defs.get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == {"base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image",
-                    "node_artifacts", "node_deployment", "gateway", "bench_results"}
+                    "node_artifacts", "node_deployment", "gateway", "bench_results", "fleet_summary"}
     node = repo.asset_graph.get(__import__("dagster").AssetKey("node_deployment"))
     assert node.partitions_def.get_partition_keys() == ["spark1", "spark2"]
     cv = code_versions(load_fleet("fleets/seed.yaml"))
