@@ -56,7 +56,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[node_check(
             "same_image_as_build_host", "node_artifacts", partitions,
             "Blocking, per node: the serving image id on the node is the one the build host built "
-                        "(docker save | docker load arrived whole); a failure stops that node's deployment only.")],
+            "(docker save | docker load arrived whole); a failure stops that node's deployment only.")],
         description="Checkpoint and serving image on the node, streamed node-to-node from the build host.",
     )
     def node_artifacts(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
@@ -118,8 +118,9 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[node_check(
             "serving", "node_deployment", partitions,
             "Blocking, per node: after Phase 4 the container runs the image node_artifacts recorded "
-                        "with the expected launch-spec label, answers /health and the smoke test.")],
-        description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure.",
+            "with the expected launch-spec label, answers /health and the smoke test.")],
+        description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure. "
+                    "Records the image id, container id and endpoint it serves.",
     )
     def node_deployment(context: dg.AssetExecutionContext, ssh: FleetSSH, node_artifacts: NodeArtifacts):
         s = step_session(context, ssh)
