@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import httpx
@@ -317,8 +317,11 @@ async def run_bench_async(
     require_isolation: bool = True,
     timeout_s: float = 600.0,
     reference_mean_tok_s: float = core.REFERENCE_MEAN_TOK_S,
+    on_progress: Callable[[str], None] | None = None,
 ) -> core.BenchReport:
-    """Run a suite; see `run_bench`."""
+    """Run a suite; see `run_bench`. `on_progress` gets one line per request (single stream) or
+    per concurrent phase, so a long bench is not silent."""
+    say = on_progress or (lambda _line: None)
     plan = core.plan_suite(
         suite,
         concurrency,
@@ -363,7 +366,9 @@ async def run_bench_async(
                     for p in prompts:
                         body = core.chat_body(model, p, stream=stream, ignore_eos=ignore_eos)
                         meta = (phase, p.name, repeat, p.max_tokens)
-                        samples.append(await send(body, meta))
+                        sample = await send(body, meta)
+                        samples.append(sample)
+                        say(f"{phase} run {repeat + 1}/{plan.repeats}: {p.name}: " + _progress(sample))
                 else:
                     gate = asyncio.Semaphore(conc)
 
@@ -372,7 +377,12 @@ async def run_bench_async(
                             body = core.chat_body(model, p, stream=stream, ignore_eos=ignore_eos)
                             return await send(body, (ph, p.name, r, p.max_tokens))
 
-                    samples.extend(await asyncio.gather(*(gated(p) for p in prompts)))
+                    say(f"{phase} run {repeat + 1}/{plan.repeats}: {len(prompts)} requests, {conc} at once ...")
+                    done = await asyncio.gather(*(gated(p) for p in prompts))
+                    samples.extend(done)
+                    ok = [s for s in done if s.ok]
+                    say(f"{phase} run {repeat + 1}/{plan.repeats}: {len(ok)}/{len(done)} ok, "
+                        f"{sum(s.completion_tokens for s in ok)} tokens")
         pool.close()
         counters = None
         if before is not None:
@@ -394,6 +404,12 @@ async def run_bench_async(
         started_at=started_at,
         reference_mean_tok_s=reference_mean_tok_s,
     )
+
+
+def _progress(sample: core.RequestSample) -> str:
+    if not sample.ok:
+        return f"failed ({sample.error or 'no completion tokens'})"
+    return f"{sample.completion_tokens} tokens at {core.request_figures(sample).tok_s:.1f} tok/s"
 
 
 def run_bench(

@@ -14,6 +14,7 @@ import dagster as dg
 
 from spark_pipelines.assets.bench import bench_definitions
 from spark_pipelines.assets.experiments import experiment_definitions
+from spark_pipelines.assets.fleet_summary import fleet_summary_definitions
 from spark_pipelines.assets.gateway import gateway_definitions
 from spark_pipelines.assets.health import health_definitions
 from spark_pipelines.assets.images import image_definitions
@@ -48,20 +49,23 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     fleet_path = str(Path(fleet_path).resolve()) if fleet_path else fleet_path_from_env()
     fleet = load_fleet(fleet_path)
     ssh = FleetSSH(fleet_path=fleet_path, command_log_path=command_log_path or os.environ.get("SPARK_COMMAND_LOG"))
-    # node_health requests jobs of three phases: it is given the very job objects they define.
-    nodes, bench, healing = node_definitions(fleet), bench_definitions(fleet), health_definitions(fleet)
+    # Sensors are given the very job objects the phases define (the UI shows them as targets).
+    images, nodes = image_definitions(fleet), node_definitions(fleet)
+    bench, healing = bench_definitions(fleet), health_definitions(fleet)
     return dg.Definitions.merge(
         model_definitions(fleet),
-        image_definitions(fleet),
+        images,
         nodes,
         jit_cache_definitions(fleet),
         gateway_definitions(fleet),
         bench,
         wedge_definitions(fleet),
         healing,
-        experiment_definitions(),
-        pins_sensors(fleet, fleet_path),
-        health_sensors(fleet, jobs=[*nodes.jobs, *bench.jobs, *healing.jobs]),
+        fleet_summary_definitions(fleet),
+        experiment_definitions(fleet),
+        pins_sensors(fleet, fleet_path, jobs=[j for j in [*(images.jobs or []), *(nodes.jobs or [])]
+                                              if j.name in ("build_job", "deploy_node_job")]),
+        health_sensors(fleet, jobs=[*(nodes.jobs or []), *(bench.jobs or []), *(healing.jobs or [])]),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
         dg.Definitions(resources={"ssh": ssh, "hub": model_hub(),

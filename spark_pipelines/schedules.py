@@ -22,8 +22,9 @@ def schedule_definitions(fleet: Fleet) -> dg.Definitions:
 
     @dg.schedule(name="nightly_bench", job_name="bench_job", cron_schedule="30 4 * * *",
                  default_status=dg.DefaultScheduleStatus.STOPPED,
-                 description="04:30 daily: an isolated bench of every serve node, one node at a time (each drained "
-                             "from the gateway while measured).")
+                 description=f"04:30 daily: benches every serve node ({', '.join(nodes)}), one bench_job run per "
+                             "node, one at a time: each drained from the gateway while measured, then restored or, "
+                             "below its floor, kept out.")
     def nightly_bench(context: dg.ScheduleEvaluationContext):
         stamp = context.scheduled_execution_time.strftime("%Y%m%d")
         for node in nodes:

@@ -5,13 +5,16 @@ node's floor, which keeps the node out of rotation and says why."""
 
 import base64
 import time
+from pathlib import Path
 
 import dagster as dg
 
-from spark_pipelines.assets import fail
-from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.assets import fail, step_session
+from spark_pipelines.assets.metadata import bench_table, count, num, table
+from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -28,77 +31,196 @@ from spark_pipelines.runbook.rotation import BENCH_GATE, drained
 BENCH_TAG = "spark/bench"
 
 
+GROUP = "5_bench"
+
+ABOVE_FLOOR_DESCRIPTION = (
+    "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor and its GPU "
+    "showed no PD-firmware wedge under load. A failed gate keeps the node out of the gateway and fails "
+    "the bench run for that node only; the check says why and what the runbook does next.")
+
+
+def bench_records(instance: dg.DagsterInstance, node: str, limit: int = 50) -> list:
+    """The node's bench materializations, newest first."""
+    return list(instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[node]), limit=limit
+    ).records)
+
+
 def history_points(context: dg.AssetExecutionContext, node: str) -> list[tuple[float, float]]:
-    records = context.instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[node]), limit=50
-    ).records
     points = []
-    for rec in records:
+    for rec in bench_records(context.instance, node):
         mat = rec.asset_materialization
         v = mat.metadata.get("mean_tok_s") if mat else None
-        if v is not None:
+        if v is not None and v.value is not None and float(v.value) > 0:
             points.append((rec.timestamp, float(v.value)))
     return points
 
 
+LATEST_COLUMNS = (
+    ("node", "string", "serve node"),
+    ("benched (UTC)", "string", "when its last bench was recorded"),
+    ("mean tok/s", "number", "recipe mean output tok/s"),
+    ("vs reference (x)", "number", "mean / the recipe's reference"),
+    ("floor tok/s", "number", "the node's promotion floor"),
+    ("promoted", "bool", "passed above_floor"),
+)
+
+
+def latest_by_node(context: dg.AssetExecutionContext, fleet: Fleet, this: dict) -> list[dict]:
+    """Every node's last bench, this one's from this run: the asset's Overview shows the latest
+    materialization of any partition, so each one carries every node's latest figures by name."""
+    rows = []
+    for n in fleet.serve_nodes:
+        if n.name == this["node"]:
+            rows.append(this)
+            continue
+        recs = bench_records(context.instance, n.name, limit=1)
+        mat = recs[0].asset_materialization if recs else None
+        if mat is None:
+            rows.append({"node": n.name, "benched (UTC)": summary.MISSING})
+            continue
+        m = {k: v.value for k, v in mat.metadata.items()}
+        rows.append({"node": n.name, "benched (UTC)": summary.when(recs[0].timestamp),
+                     "mean tok/s": summary.rounded(m.get("mean_tok_s"), 2),
+                     "vs reference (x)": summary.rounded(m.get("vs_reference"), 2),
+                     "floor tok/s": summary.rounded(m.get("floor_tok_s")), "promoted": m.get("promoted")})
+    return rows
+
+
+def chart_metadata(context: dg.AssetExecutionContext, fleet: Fleet, node: str, mean: float) -> dict:
+    """The fleet's bench history: a PNG file (path, inline) and the same image as markdown."""
+    from spark_pipelines.bench_chart import render_fleet_history_png
+
+    series = {n.name: history_points(context, n.name) for n in fleet.serve_nodes}
+    series[node] = series.get(node, []) + ([(time.time(), mean)] if mean > 0 else [])
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return {}
+    png = render_fleet_history_png(series, floors={n.name: fleet.bench_floor(n) for n in fleet.serve_nodes
+                                                    if n.name in series},
+                                   reference=fleet.bench.reference_tok_s)
+    meta: dict = {"history_chart": dg.MetadataValue.md(
+        f"![bench history](data:image/png;base64,{base64.b64encode(png).decode()})")}
+    try:
+        directory = Path(context.instance.storage_directory()) / "bench-charts"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"bench-history-{time.strftime('%Y%m%dT%H%M%S')}-{node}.png"
+        path.write_bytes(png)
+        meta["history_chart_png"] = dg.MetadataValue.path(str(path))
+    except OSError as e:
+        context.log.warning(f"bench history chart not saved to a file: {e}")
+    return meta
+
+
+def record_rotation(context: dg.AssetExecutionContext, gw: LiteLLMGateway | object, event: str,
+                    left_out: dict[str, str]) -> None:
+    """An observation on `gateway`: its rotation after a bench's drain or restore (the gateway's
+    own materialization shows the rotation it wrote, not what benches did since)."""
+    try:
+        rotation = gw.rotation()  # type: ignore[attr-defined]
+    except Exception as e:  # the observation must never fail a bench
+        context.log.warning(f"gateway rotation not read after '{event}': {e}")
+        return
+    context.log_event(dg.AssetObservation(
+        asset_key="gateway", description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
+        metadata={"event": event, "rotation": ", ".join(rotation), "nodes_in_rotation": len(rotation),
+                  "left_out_by_node": dg.MetadataValue.json(left_out)}))
+
+
 def bench_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
+    partitions = node_partitions(fleet)
 
     @dg.asset(
-        group_name="bench",
+        group_name=GROUP,
         kinds={"vllm"},
-        partitions_def=node_partitions(fleet),
+        partitions_def=partitions,
         code_version=cv["bench_results"],
+        # The bench drains the node through the gateway (and keeps a node below its floor out of it):
+        # it needs the deployed node and a gateway that holds it.
         deps=["node_deployment", "gateway"],
-        check_specs=[dg.AssetCheckSpec("above_floor", asset="bench_results")],
-        description="The recipe's suite (+ loaded phase) on one node in isolation; gates the node's promotion.",
+        check_specs=[node_check("above_floor", "bench_results", partitions, ABOVE_FLOOR_DESCRIPTION)],
+        description="The recipe's suite (+ loaded phase) on one node in isolation: drained from the gateway, zero "
+                    "requests in flight, nvidia-smi sampled under load, then restored; a node below its floor "
+                    "stays out (above_floor says why).",
     )
     def bench_results(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
-        s = ssh.session
+        s = step_session(context, ssh, litellm)
         f = s.fleet
         node = f.node(context.partition_key)
         launch = f.launch_for(node)
         floor = f.bench_floor(node)
         gw = litellm.host()
+        log = context.log
+        drain = None
         try:
-            with node_lease(s, node.name, "bench", run_id=context.run.run_id), drained(gw, node.name) as drain:
-                waited = wait_idle(f, node)
-                with GpuSampler(s, node) as sampler:
-                    report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
-                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
-                                       reference_mean_tok_s=f.bench.reference_tok_s)
-                mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
-                loaded = next((p.aggregate_tok_s.median for p in report.phases
-                               if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
-                gpu_verdict = sampler.verdict()
-                promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict)
-                markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
-                drain.keep_out = not promoted
+            with node_lease(s, node.name, "bench", run_id=context.run.run_id):
+                log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
+                with drained(gw, node.name) as drain:
+                    if drain.was_in:
+                        record_rotation(context, gw, f"drain {node.name}", {node.name: "drained for its bench"})
+                    else:
+                        log.info(f"drain {node.name}: it was not in the gateway; it stays out unless it passes")
+                    log.info(f"drain {node.name}: out of rotation; waiting for zero requests in flight")
+                    waited = wait_idle(f, node)
+                    log.info(f"bench {node.name}: suite {f.bench.suite}, {f.bench.repeats} run(s) per phase "
+                             f"(+ warm-up), loaded phase {f.bench.loaded_concurrency} at once; nvidia-smi every 2 s")
+                    with GpuSampler(s, node) as sampler:
+                        report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
+                                           concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
+                                           reference_mean_tok_s=f.bench.reference_tok_s,
+                                           on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
+                    mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
+                    loaded = next((p.aggregate_tok_s.median for p in report.phases
+                                   if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+                    gpu_verdict = sampler.verdict()
+                    promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict)
+                    markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
+                    drain.keep_out = not promoted
+                    log.info(f"{'restore' if promoted else 'keep out'} {node.name}: {reason}")
+                if promoted:
+                    record_rotation(context, gw, f"restore {node.name}", {})
+                else:
+                    record_rotation(context, gw, f"keep out {node.name}", {node.name: reason})
         except RunbookError as e:
+            if drain is not None and drain.was_in:
+                record_rotation(context, gw, f"restore {node.name} after a failed bench", {})
             fail(e)
+        except Exception:
+            if drain is not None and drain.was_in:
+                record_rotation(context, gw, f"restore {node.name} after a failed bench", {})
+            raise
+        mean_v = float(mean or 0.0)
+        vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
+        acceptance = (report.counters.acceptance_rate if report.counters is not None else None)
         meta: dict = {
-            "mean_tok_s": float(mean or 0.0),
-            "reference_tok_s": f.bench.reference_tok_s,
-            "vs_reference": round((mean or 0.0) / f.bench.reference_tok_s, 3),
-            "floor_tok_s": floor,
-            "drain_wait_s": waited,
+            # mean_tok_s, vs_reference, loaded_aggregate_tok_s, spec_acceptance_rate, promoted and
+            # gpu_under_load are read back (demo table, doctor, history chart): keep the keys.
+            "mean_tok_s": num(mean_v, 2),
+            "vs_reference": num(vs_ref, 2),
+            "reference_tok_s": num(f.bench.reference_tok_s, 1),
+            "floor_tok_s": num(floor, 1),
             "promoted": promoted,
+            "gate": reason,
+            "drain_wait_s": num(waited, 1),
             "gpu_under_load": gpu_verdict.state,
-            "gpu_samples": len(sampler.readings),
-            "gpu_verdict": "; ".join(gpu_verdict.reasons),
+            "gpu_samples": count(len(sampler.readings)),
+            "gpu_verdict": "; ".join(gpu_verdict.reasons) or "-",
             "isolation": report.isolation,
-            "table": dg.MetadataValue.md(bench_core.render_markdown(report)),
+            "endpoint": dg.MetadataValue.url(api_root(f, node)),
+            "table": bench_table(report),
+            "report": dg.MetadataValue.md(bench_core.render_markdown(report)),
         }
         if loaded is not None:
-            meta["loaded_aggregate_tok_s"] = float(loaded)
-        if report.counters is not None and report.counters.acceptance_rate is not None:
-            meta["spec_acceptance_rate"] = float(report.counters.acceptance_rate)
+            meta["loaded_aggregate_tok_s"] = num(loaded, 2)
+        if acceptance is not None:
+            meta["spec_acceptance_rate"] = num(acceptance, 3)
+            meta["mtp_acceptance_pct"] = num(acceptance * 100, 1)
+        this = {"node": node.name, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
+                "vs reference (x)": vs_ref, "floor tok/s": floor, "promoted": promoted}
+        meta["latest_by_node"] = table(LATEST_COLUMNS, latest_by_node(context, f, this))
         try:
-            from spark_pipelines.bench_chart import render_history_png
-
-            png = render_history_png(history_points(context, node.name) + [(time.time(), float(mean or 0.0))],
-                                     title=f"{node.name} bench history", reference=f.bench.reference_tok_s)
-            meta["history"] = dg.MetadataValue.md(f"![history](data:image/png;base64,{base64.b64encode(png).decode()})")
+            meta.update(chart_metadata(context, f, node.name, mean_v))
         except Exception as e:  # a chart must never fail a bench
             context.log.warning(f"bench history chart not rendered: {e}")
         yield dg.Output(report.to_dict(), metadata=meta)
@@ -106,11 +228,14 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
             check_name="above_floor",
             passed=promoted,
             severity=dg.AssetCheckSeverity.ERROR,
-            description=reason,
-            metadata={"mean_tok_s": float(mean or 0.0), "floor_tok_s": floor, "gpu_under_load": gpu_verdict.state},
+            description=f"{node.name}: {reason}",
+            metadata={"node": node.name, "mean_tok_s": num(mean_v, 2), "floor_tok_s": num(floor, 1),
+                      "gpu_under_load": gpu_verdict.state},
         )
 
-    bench_job = dg.define_asset_job("bench_job", selection=dg.AssetSelection.groups("bench"), tags={BENCH_TAG: "bench"},
-                                    description="Isolated bench of one node (a partition): drained from the gateway, "
-                                                "zero requests in flight, recipe suite + loaded phase, then restored.")
+    bench_job = dg.define_asset_job(
+        "bench_job", selection=dg.AssetSelection.assets("bench_results"), tags={BENCH_TAG: "bench"},
+        description="Isolated bench of one node (a partition): drain it from the gateway, wait for zero requests in "
+                    "flight, run the recipe suite + loaded phase with nvidia-smi sampled, restore it (or keep it out "
+                    "below its floor: the above_floor gate fails the run for that node only).")
     return dg.Definitions(assets=[bench_results], jobs=[bench_job])

@@ -36,7 +36,7 @@ class Variant(dg.Config):
 
 
 class ABConfig(dg.Config):
-    node: str
+    node: str | None = Field(default=None, description="serve node to experiment on (default: the first serve node)")
     a: Variant = Variant(name="mtp2", num_speculative_tokens=2)
     b: Variant = Variant(name="mtp3", num_speculative_tokens=3)
     repeats: int = Field(default=3, ge=2, le=20, description="measured repeats per variant (+1 warm-up)")
@@ -83,13 +83,16 @@ def comparison_md(node: str, reports: dict[str, bench_core.BenchReport], verdict
     return "\n".join(lines)
 
 
-@dg.op(description="Deploy variant A, bench, deploy variant B, bench, compare; production launch restored.")
+@dg.op(description="Drain the node, deploy variant A and bench it, deploy variant B and bench it, compare the "
+                   "two honestly, then put the production launch back and restore the node.")
 def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSSH, litellm: LiteLLMGateway) -> dict:
     s = ssh.session
+    s.log = context.log  # the session's lines attached to this step
     fleet = s.fleet
+    name = config.node or fleet.serve_nodes[0].name
     try:
-        node = fleet.node(config.node)
-        variants = {v.name: variant_fleet(fleet, config.node, v) for v in (config.a, config.b)}
+        node = fleet.node(name)
+        variants = {v.name: variant_fleet(fleet, name, v) for v in (config.a, config.b)}
     except FleetError as e:
         raise dg.Failure(description=f"A/B config refused: {e}") from None
     if len(variants) != 2:
@@ -128,10 +131,29 @@ def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSS
     return {"node": node.name, "verdicts": verdicts}
 
 
-@dg.job(description="A/B two launch-profile variants on one node (e.g. MTP-2 vs MTP-3) in isolation.")
-def ab_experiment_job():
-    ab_experiment()
+AB_JOB_DESCRIPTION = ("A/B two launch-profile variants on one node (default MTP-2 vs MTP-3) in isolation: the node "
+                      "leaves the gateway, each variant is deployed with rollback and benched, the comparison names "
+                      "a winner only when the spreads do not overlap, and production is put back.")
 
 
-def experiment_definitions() -> dg.Definitions:
-    return dg.Definitions(jobs=[ab_experiment_job])
+def ab_job(fleet: Fleet | None = None) -> dg.JobDefinition:
+    """The A/B job; with a fleet its launchpad starts from the first serve node and names the others."""
+    config = None
+    description = AB_JOB_DESCRIPTION
+    if fleet is not None and fleet.serve_nodes:
+        names = [n.name for n in fleet.serve_nodes]
+        config = {"ops": {"ab_experiment": {"config": {"node": names[0]}}}}
+        description += f" Nodes: {', '.join(names)} (config ops.ab_experiment.config.node)."
+
+    @dg.job(name="ab_experiment_job", description=description, config=config)
+    def ab_experiment_job():
+        ab_experiment()
+
+    return ab_experiment_job
+
+
+ab_experiment_job = ab_job()
+
+
+def experiment_definitions(fleet: Fleet | None = None) -> dg.Definitions:
+    return dg.Definitions(jobs=[ab_job(fleet)])

@@ -8,6 +8,8 @@ proxy keeps its current config."""
 import dagster as dg
 import httpx
 
+from spark_pipelines.assets import step_session
+from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
@@ -18,18 +20,45 @@ from spark_pipelines.runbook.errors import RunbookError
 from spark_pipelines.runbook.rotation import promotion
 
 
+POOL_COLUMNS = (
+    ("pool", "string", "LiteLLM model name clients ask for"),
+    ("node", "string", "the serve node behind this entry"),
+    ("api_base", "string", "the node's vLLM endpoint"),
+    ("model", "string", "what LiteLLM calls upstream"),
+)
+
+
+def pool_rows(config: dict) -> list[dict]:
+    """The entries spark-pipelines owns, one row each: the gateway config readable inline."""
+    rows = []
+    for entry in gateway_core.owned_view(config).get("model_list", []) or []:
+        params = entry.get("litellm_params") or {}
+        rows.append({"pool": entry.get("model_name"), "node": gateway_core.owner(entry),
+                     "api_base": params.get("api_base"), "model": params.get("model")})
+    return rows
+
+
 def gateway_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
 
     @dg.asset(
-        group_name="gateway",
+        group_name="4_gateway",
         kinds={"litellm"},
         code_version=cv["gateway"],
         deps=["node_deployment"],
-        check_specs=[dg.AssetCheckSpec("routes_through_proxy", asset="gateway")],
-        description="LiteLLM pools (fast / reasoning / code) over every healthy node that passed its bench floor.",
+        check_specs=[dg.AssetCheckSpec(
+            "routes_through_proxy", asset="gateway",
+            description="One streamed chat request through the first LiteLLM pool reaches a live vLLM backend "
+                        "(HTTP 200 with SSE data): the proxy routes after its reload.")],
+        # bench_results comes after the gateway (it drains its node through it); its gate reaches
+        # the gateway through the bench marker on the node, read by promotion() on the next write.
+        description="Phase 5: LiteLLM pools (fast / reasoning / code) over every node whose vLLM answers /health "
+                    "and whose last bench did not hold it out (a node never benched is in; bench_results, "
+                    "downstream, drains each node and keeps one below its floor out). Each bench's drain and "
+                    "restore is recorded here as an observation with the rotation after it.",
     )
     def gateway(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
+        step_session(context, ssh, litellm)
         host = litellm.host()
         f = host.fleet
         rotation, left_out = promotion(ssh.session)
@@ -69,12 +98,16 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
             {"rotation": rotation, "left_out": left_out},
             data_version=dg.DataVersion(markers.signature(config)),
             metadata={
-                "nodes_in_rotation": len(rotation),
+                "nodes_in_rotation": dg.MetadataValue.int(len(rotation)),
                 "reloaded": reloaded,
                 "rotation": ", ".join(rotation),
-                "left_out": dg.MetadataValue.md("\n".join(f"- {k}: {v}" for k, v in left_out.items()) or "none"),
+                "left_out": "; ".join(f"{k}: {v}" for k, v in left_out.items()) or "none",
+                "left_out_by_node": dg.MetadataValue.json(left_out),
+                "proxy": dg.MetadataValue.url(host.base_url),
+                "config_path": dg.MetadataValue.path(host.config_path),
                 # Only what spark-pipelines owns: an operator's entries may carry literal api keys.
                 "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(gateway_core.owned_view(config)) + "```"),
+                "pools": table(POOL_COLUMNS, pool_rows(config)),
                 "operator_entries_kept": len(gateway_core.owned_view(config)["operator_entries"]),
                 "settings_drift": dg.MetadataValue.md("\n".join(f"- {d}" for d in drift) or "none"),
             },
@@ -84,10 +117,11 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
             passed=routed,
             severity=dg.AssetCheckSeverity.ERROR,
             description=f"streamed request to pool {pool!r}: {detail}",
+            metadata={"pool": pool, "route": detail},
         )
 
     gateway_job = dg.define_asset_job(
-        "gateway_job", selection=dg.AssetSelection.groups("gateway"),
+        "gateway_job", selection=dg.AssetSelection.assets("gateway"),
         description="Phase 5: write the LiteLLM pools (fast / reasoning / code) over every healthy, promoted "
                     "node to the gateway host, reload the proxy, and prove it routes.")
     return dg.Definitions(assets=[gateway], jobs=[gateway_job])

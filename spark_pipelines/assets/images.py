@@ -7,6 +7,7 @@ The Dockerfile edits come from core/dockerfile.py, each refusing to go on when i
 
 import dagster as dg
 
+from spark_pipelines.assets import step_session
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage
@@ -38,14 +39,17 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
     base_tag = f"{fleet.pins.build.base_tag}:latest"
 
     @dg.asset(
-        group_name="images",
+        group_name="2_images",
         kinds={"docker", "ssh"},
         code_version=cv["base_image"],
-        check_specs=[dg.AssetCheckSpec("torch_is_pinned_cuda_build", asset="base_image", blocking=True)],
+        check_specs=[dg.AssetCheckSpec(
+            "torch_is_pinned_cuda_build", asset="base_image", blocking=True,
+            description="Blocking: torch in the base image is the pinned +cu build (uv did not swap it, which fails "
+                        "at serve time with the libtorch_cuda.so ImportError); a failure stops the serving image.")],
         description="Step 3: vLLM base image (spark-vllm-docker at its pin, edited Dockerfile, pinned vLLM ref).",
     )
     def base_image(context: dg.AssetExecutionContext, ssh: FleetSSH):
-        s = ssh.session
+        s = step_session(context, ssh)
         f = s.fleet
         node = f.build_node
         docker = NodeDocker(s)
@@ -110,14 +114,17 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         )
 
     @dg.asset(
-        group_name="images",
+        group_name="2_images",
         kinds={"docker", "ssh"},
         code_version=cv["serving_image"],
-        check_specs=[dg.AssetCheckSpec("int8_lm_head_present", asset="serving_image", blocking=True)],
+        check_specs=[dg.AssetCheckSpec(
+            "int8_lm_head_present", asset="serving_image", blocking=True,
+            description="Blocking: patch 03's INT8 LM head v2 marker is in the serving image's vLLM "
+                        "logits_processor.py; a failure stops the copies to the nodes.")],
         description="Step 4: the serving image (recipe's Dockerfile.v2 + the starlette/fastapi pin).",
     )
     def serving_image(context: dg.AssetExecutionContext, ssh: FleetSSH, base_image: BuiltImage):
-        s = ssh.session
+        s = step_session(context, ssh)
         f = s.fleet
         node = f.build_node
         docker = NodeDocker(s)
@@ -158,7 +165,9 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         )
 
     build_job = dg.define_asset_job(
-        "build_job", selection=dg.AssetSelection.groups("model", "images"),
+        "build_job",
+        selection=dg.AssetSelection.assets("base_model", "hybrid_checkpoint", "mtp_weights", "base_image",
+                                           "serving_image"),
         description="Steps 0-4 on the build host: base model, hybrid checkpoint, MTP weights, base and serving "
                     "images. Each step re-verifies its output and skips the heavy work when nothing changed.")
     return dg.Definitions(assets=[base_image, serving_image], jobs=[build_job])

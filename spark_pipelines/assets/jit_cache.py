@@ -21,7 +21,7 @@ from spark_pipelines.runbook.errors import RunbookError
 
 def jit_cache_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
-        group_name="nodes",
+        group_name="3_nodes",
         kinds={"ssh"},
         partitions_def=node_partitions(fleet),
         ins={"node_artifacts": dg.AssetIn(), "node_deployment": dg.AssetIn()},

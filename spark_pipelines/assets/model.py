@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 
+from spark_pipelines.assets import step_session
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
@@ -29,9 +30,9 @@ MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"
 
 def report_metadata(report: checkpoint_core.CheckpointReport) -> dict[str, Any]:
     return {
-        "directory": report.directory,
+        "directory": dg.MetadataValue.path(report.directory),
         "shards": len(report.shards),
-        "size_gib": round(report.total_bytes / 2**30, 3),
+        "size_gib": dg.MetadataValue.float(round(report.total_bytes / 2**30, 2)),
         "tensors": report.tensor_count,
         "fp8_tensors": report.fp8_count,
         "fp8_scales": report.scale_count,
@@ -44,13 +45,13 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
 
     @dg.asset(
-        group_name="model",
+        group_name="1_model",
         kinds={"huggingface", "ssh"},
         code_version=cv["base_model"],
         description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision.",
     )
     def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[ModelSnapshot]:
-        s = ssh.session
+        s = step_session(context, ssh)
         node = s.fleet.build_node
         pin = s.fleet.pins.base_model
         sha = hub.resolve(pin.repo, pin.revision)
@@ -78,14 +79,17 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         )
 
     @dg.asset(
-        group_name="model",
+        group_name="1_model",
         kinds={"python", "ssh"},
         code_version=cv["hybrid_checkpoint"],
-        check_specs=[dg.AssetCheckSpec("checkpoint_consistent", asset="hybrid_checkpoint", blocking=True)],
+        check_specs=[dg.AssetCheckSpec(
+            "checkpoint_consistent", asset="hybrid_checkpoint", blocking=True,
+            description="Blocking: the safetensors index, the shard headers and the 144 FP8 scales agree (no stale "
+                        "index of a half-built run); a failure stops the MTP step and every node copy.")],
         description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), verified from headers.",
     )
     def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot):
-        s = ssh.session
+        s = step_session(context, ssh)
         f = s.fleet
         node = f.build_node
         recipe = layout.recipe_dir(node)
@@ -122,15 +126,18 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         )
 
     @dg.asset(
-        group_name="model",
+        group_name="1_model",
         kinds={"python", "ssh"},
         code_version=cv["mtp_weights"],
-        check_specs=[dg.AssetCheckSpec("mtp_keys_mapped", asset="mtp_weights", blocking=True)],
+        check_specs=[dg.AssetCheckSpec(
+            "mtp_keys_mapped", asset="mtp_weights", blocking=True,
+            description="Blocking: the MTP head's mtp.* keys are in the checkpoint index, so MTP-2 speculative "
+                        "decoding loads them; a failure stops the copies to the nodes.")],
         description="Step 2: MTP head weights added to the hybrid checkpoint (for MTP-2 speculative decoding).",
     )
     def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: ModelSnapshot,
                     hybrid_checkpoint: Checkpoint):
-        s = ssh.session
+        s = step_session(context, ssh)
         node = s.fleet.build_node
         out = hybrid_checkpoint.path
         # Not the step-1 manifest: a rebuilt step 1 has a new index digest already, and adding it

@@ -5,12 +5,14 @@ Short wiring around `runbook.deploy` (preflight, launch, readiness, smoke test, 
 """
 
 import shlex
+import warnings
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail
+from spark_pipelines.assets import fail, step_session
+from spark_pipelines.assets.metadata import readable
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
@@ -41,23 +43,36 @@ def node_partitions(fleet: Fleet) -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition([n.name for n in fleet.serve_nodes])
 
 
+def node_check(name: str, asset: str, partitions: dg.PartitionsDefinition, description: str,
+               blocking: bool = True) -> dg.AssetCheckSpec:
+    """A check evaluated per node: its results carry the partition, so the UI's check history
+    names the node. Partitioned checks are a 1.13 preview; the warning is said once, here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+        return dg.AssetCheckSpec(name, asset=asset, blocking=blocking, partitions_def=partitions,
+                                 description=description)
+
+
 def node_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     partitions = node_partitions(fleet)
 
     @dg.asset(
-        group_name="nodes",
+        group_name="3_nodes",
         kinds={"ssh", "docker"},
         partitions_def=partitions,
         code_version=cv["node_artifacts"],
         # A new checkpoint or image rolls out to every node once the build host has it.
         automation_condition=dg.AutomationCondition.eager(),
-        check_specs=[dg.AssetCheckSpec("same_image_as_build_host", asset="node_artifacts", blocking=True)],
+        check_specs=[node_check(
+            "same_image_as_build_host", "node_artifacts", partitions,
+            "Blocking, per node: the serving image id on the node is the one the build host built "
+            "(docker save | docker load arrived whole); a failure stops that node's deployment only.")],
         description="Checkpoint and serving image on the node, streamed node-to-node from the build host.",
     )
     def node_artifacts(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
                        serving_image: BuiltImage):
-        s = ssh.session
+        s = step_session(context, ssh)
         f = s.fleet
         node = f.node(context.partition_key)
         build = f.build_node
@@ -92,19 +107,21 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             NodeArtifacts(node=node.name, path=dst_dir, image=image, image_id=node_image, index=mtp_weights.index,
                           manifest=manifest),
             data_version=dg.DataVersion(f"{mtp_weights.index}-{(manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"),
-            metadata={"image_id": node_image or "missing", **meta},
+            metadata=readable({"image_id": node_image or "missing", "checkpoint": (mtp_weights.index or "none")[:12],
+                               "path": dg.MetadataValue.path(dst_dir), **meta}),
         )
         yield dg.AssetCheckResult(
             check_name="same_image_as_build_host",
             passed=same,
             severity=dg.AssetCheckSeverity.ERROR,
-            description=("image id identical to the build host's" if same else
+            metadata={"node": node.name, "image_id": node_image or "missing"},
+            description=(f"{node.name}: image id identical to the build host's" if same else
                          f"{node.name} holds {node_image} but the build host built {serving_image.image_id}; "
                          "rerun node_artifacts for this node"),
         )
 
     @dg.asset(
-        group_name="distribution",
+        group_name="3_nodes",
         kinds={"ssh", "docker"},
         code_version=cv["node_artifacts"],
         description="The checkpoint and serving image fanned out along a tree: every verified holder serves the "
@@ -128,17 +145,21 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         })
 
     @dg.asset(
-        group_name="nodes",
+        group_name="3_nodes",
         kinds={"docker", "vllm"},
         partitions_def=partitions,
         code_version=cv["node_deployment"],
         automation_condition=dg.AutomationCondition.eager(),
-        check_specs=[dg.AssetCheckSpec("serving", asset="node_deployment", blocking=True)],
-        description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure.",
+        check_specs=[node_check(
+            "serving", "node_deployment", partitions,
+            "Blocking, per node: after Phase 4 the container runs the image node_artifacts recorded "
+            "with the expected launch-spec label, answers /health and the smoke test.")],
+        description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure. "
+                    "Records the image id, container id and endpoint it serves.",
     )
     def node_deployment(context: dg.AssetExecutionContext, config: DeployConfig, ssh: FleetSSH,
                         node_artifacts: NodeArtifacts):
-        s = ssh.session
+        s = step_session(context, ssh)
         f = s.fleet
         node = f.node(context.partition_key)
         docker = NodeDocker(s)
@@ -148,6 +169,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             """What runs: image id, container id, endpoint."""
             c = container or {}
             return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
+                    "container": spec.container_name,
                     "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
 
         recorded = node_artifacts.image_id
@@ -161,9 +183,10 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
                 data_version=dg.DataVersion(sig),
-                metadata={"skipped": True, **marker.get("metadata", {}), **_where(f, node, current)},
+                metadata=readable({"skipped": True, **marker.get("metadata", {}), **_where(f, node, current)}),
             )
-            yield dg.AssetCheckResult(check_name="serving", passed=True, description="already serving this launch spec")
+            yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
+                                      description=f"{node.name}: already serving this launch spec")
             return
 
         tagged = docker.image_id(node.name, spec.image)
@@ -178,7 +201,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                 metadata={"skipped": False, "deployed": False, **_where(f, node, current)},
             )
             yield dg.AssetCheckResult(check_name="serving", passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                      description=why)
+                                      metadata={"node": node.name}, description=why)
             return
 
         try:
@@ -194,7 +217,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         yield dg.Output(
             Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
             data_version=dg.DataVersion(sig if mismatch is None else f"mismatch-{sig}"),
-            metadata={
+            metadata=readable({
                 "skipped": False,
                 **meta,
                 **_where(f, node, running),
@@ -202,14 +225,15 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                 "preflight": dg.MetadataValue.md(done.preflight),
                 "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
                 "smoke_completion_tokens": done.smoke_tokens,
-            },
+            }),
         )
         yield dg.AssetCheckResult(check_name="serving", passed=mismatch is None,
-                                  severity=dg.AssetCheckSeverity.ERROR,
-                                  description=mismatch or f"healthy; smoke test answered {done.smoke_tokens} tokens")
+                                  severity=dg.AssetCheckSeverity.ERROR, metadata={"node": node.name},
+                                  description=mismatch or f"{node.name}: healthy; smoke test answered "
+                                                          f"{done.smoke_tokens} tokens")
 
     deploy_node_job = dg.define_asset_job(
-        "deploy_node_job", selection=dg.AssetSelection.groups("nodes"),
+        "deploy_node_job", selection=dg.AssetSelection.assets("node_artifacts", "node_deployment"),
         description="Artifacts and deployment on one node (a partition): copy, preflight, launch, verify, "
                     "or roll back to the previous deployment.")
     distribute_job = dg.define_asset_job(

@@ -40,7 +40,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
     partitions = node_partitions(fleet)
 
     @dg.asset(
-        group_name="wedge",
+        group_name="6_wedge",
         kinds={"ssh", "nvidia"},
         partitions_def=partitions,
         description="The runbook's pre-drain capture of a node suspected of the PD-firmware wedge: the node is "
@@ -66,7 +66,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         return dg.MaterializeResult(metadata=_capture_metadata(capture))
 
     @dg.asset(
-        group_name="wedge",
+        group_name="6_wedge",
         kinds={"ssh", "nvidia"},
         partitions_def=partitions,
         deps=[wedge_evidence],

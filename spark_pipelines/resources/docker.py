@@ -133,10 +133,14 @@ class NodeDocker:
         self._docker(node, ["stop", "-t", str(timeout_s), name])
 
     def remove(self, node: str, name: str, *, force: bool = False) -> bool:
-        """Remove a container; False when there was none."""
-        r = self._docker(node, ["rm", *(["-f"] if force else []), name], check=False)
+        """Remove a container; False when there was none. An absent container is the expected
+        case (no rollback point yet), so it is a debug line, not docker's "Error response" on stderr."""
+        r = self._docker(node, ["rm", *(["-f"] if force else []), name], check=False, log=False)
         if self._missing(r):
+            self.session.log.debug(f"[{node}] no container {name} to remove")
             return False
+        if r.exit_status == 0:
+            self.session.log.info(f"[{node}] removed container {name}")
         if r.exit_status != 0:
             raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
         return True

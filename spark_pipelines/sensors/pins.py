@@ -13,6 +13,9 @@ Until then the sensor keeps to the loaded fleet and says in its skip reason that
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import dagster as dg
 
 from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
@@ -50,11 +53,17 @@ def stale_steps(instance: dg.DagsterInstance, loaded: dict[str, str],
 RELOAD_NOTE = "the fleet file changed since the code location loaded: reload it (UI Reload) to apply the edit"
 
 
-def pins_sensors(fleet: Fleet, fleet_path: str) -> dg.Definitions:
+def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.Definitions:
+    """`jobs`: build_job and deploy_node_job (the same objects the asset modules define), so the UI
+    shows the sensor's targets and its runs on those jobs' pages."""
     loaded = code_versions(fleet)
+    build_job = "build_job" if any(j.name == "build_job" for j in jobs) else None
 
     @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
-               description="Requests the steps whose recorded code version differs from the loaded fleet's pins.")
+               jobs=list(jobs) or None,
+               description="Compares the loaded fleet's pins (code versions) with those recorded on each step's "
+                           "latest materialization and requests exactly the stale steps: build_job from the "
+                           "earliest stale build step, deploy_node_job per node once the build is current.")
     def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         # The file is read only to tell the operator; what is requested follows the loaded fleet.
         try:
@@ -70,7 +79,7 @@ def pins_sensors(fleet: Fleet, fleet_path: str) -> dg.Definitions:
             key = "-".join(f"{s}:{loaded[s]}" for s in after)
             # The run key holds the code versions: a request is made once per pin change, not per tick.
             requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=[dg.AssetKey(s) for s in after],
-                                          tags={"pins": ",".join(build)}))
+                                          job_name=build_job, tags={"pins": ",".join(build)}))
         else:
             # A node step is requested only once the build is current: it consumes the build's output.
             key = "-".join(f"{s}:{loaded[s]}" for s in PER_NODE)
@@ -83,7 +92,7 @@ def pins_sensors(fleet: Fleet, fleet_path: str) -> dg.Definitions:
 
     # Carries a rebuilt checkpoint or image to every node (eager conditions on the node steps).
     rollout = dg.AutomationConditionSensorDefinition(
-        "rollout", target=dg.AssetSelection.groups("nodes"), default_status=dg.DefaultSensorStatus.STOPPED,
+        "rollout", target=dg.AssetSelection.assets("node_artifacts", "node_deployment"), default_status=dg.DefaultSensorStatus.STOPPED,
         description="Declarative automation of the node steps: once the build host holds a new checkpoint or "
                     "image, node_artifacts and node_deployment follow on every node (eager conditions).")
     return dg.Definitions(sensors=[pins_changed, rollout])

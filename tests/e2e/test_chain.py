@@ -116,7 +116,33 @@ def test_materialize_all(chain):
         assert dep["kv_cache_tokens"] == 268224 and dep["max_concurrency"] == pytest.approx(3.81)
         bench = latest(inst, "bench_results", node)
         assert bench["mean_tok_s"] >= fleet.bench_floor(fleet.node(node))
-        assert "| Q&A" in bench["table"] or "Q&A" in bench["table"]
+        assert "Q&A" in bench["report"]
+        # The bench table shows inline (a table, not markdown); every number rounded.
+        prompts = [r.data["prompt"] for r in bench["table"].records]
+        assert "Q&A" in prompts and "mean" in prompts
+        assert bench["mean_tok_s"] == round(bench["mean_tok_s"], 2)
+        assert bench["endpoint"].startswith("http://") and bench["history_chart_png"].endswith(".png")
+    # The check history of the gate holds one row per node, each naming its node.
+    history = inst.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(dg.AssetKey("bench_results"), "above_floor"), limit=10)
+    by_node = {r.partition: r for r in history}
+    assert {"spark1", "spark2"} <= set(by_node)
+    for node in ("spark1", "spark2"):
+        evaluation = by_node[node].event.dagster_event.event_specific_data
+        assert evaluation.passed and evaluation.description.startswith(f"{node}: ")
+    # After the benches the gateway carries each drain and restore, with the rotation after it.
+    obs = inst.fetch_observations(dg.AssetKey("gateway"), limit=10).records
+    events = [r.event_log_entry.asset_observation.metadata["event"].value for r in obs]
+    assert any(e == "drain spark1" for e in events) and any(e == "restore spark2" for e in events)
+    newest = obs[0].event_log_entry.asset_observation.metadata
+    assert set(newest["rotation"].value.split(", ")) == {"spark1", "spark2"}
+    # A successful deploy does not log docker's "No such container" for the absent rollback point.
+    for run in inst.get_runs():
+        if run.is_success:
+            assert not [e.user_message for e in inst.all_logs(run.run_id)
+                        if "No such container" in (e.user_message or "")], run.job_name
+    dep = latest(inst, "node_deployment", "spark1")
+    assert dep["endpoint"].startswith("http://") and dep["container_id"] != "none" and dep["image_id"].startswith("sha256:")
     assert latest(inst, "mtp_weights")["fp8_scales"] == EXPECTED_FP8_SCALES
     # The build host was already built by the previous test: every step reused its verified output.
     assert all(latest(inst, a)["skipped"] is True for a in ("base_model", "hybrid_checkpoint", "mtp_weights",
@@ -272,6 +298,15 @@ def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gp
     sim_gpu("spark2", "wedged")
     check, meta, rotation = bench_spark2()
     assert meta["gpu_under_load"] == "wedged" and meta["gpu_samples"] >= 2
+    # The gate blocks: the run fails for spark2 alone, its check recorded for spark2.
+    run = chain["instance"].get_runs(limit=1)[0]
+    assert not run.is_success and check.partition == "spark2"
+    # The bench is not silent: drain, progress and keep-out lines, and the ssh lines, on the step.
+    on_step = [e.user_message for e in chain["instance"].all_logs(run.run_id) if e.step_key == "bench_results"]
+    assert any(m.startswith("drain spark2") for m in on_step)
+    assert any(m.startswith("bench spark2: recipe run") for m in on_step)
+    assert any(m.startswith("keep out spark2") for m in on_step)
+    assert any(m.startswith("[spark2]") for m in on_step)
     assert not check.passed and "PD-firmware wedge" in check.description and "90-120 s" in check.description
     assert "spark2" not in rotation and "spark1" in rotation
 

@@ -65,8 +65,6 @@ def forms(x: float) -> set[str]:
     return {repr(x), f"{x:.1f}", f"{x:.2f}"}
 
 
-@pytest.mark.xfail(strict=True, reason="the asset Overview with ?partition=spark1 shows spark2's latest "
-                   "materialization (issue 12); the ui branch fixes it: remove this marker when it merges")
 def test_bench_results_for_spark1_shows_spark1s_values(ui):
     mine, theirs = ui["mean_tok_s"]["spark1"], ui["mean_tok_s"]["spark2"]
     shown = ui["browser"].open(f"{ui['url']}/assets/bench_results?partition=spark1", "bench-results-spark1",
@@ -85,8 +83,6 @@ def test_check_history_lists_the_bench_runs(ui):
         assert forms(ui["mean_tok_s"][node]) & set(_numbers(shown.text)), f"{node}'s bench not on {shown.screenshot}"
 
 
-@pytest.mark.xfail(strict=True, reason="check results carry no node yet (issue 12); the ui branch makes the "
-                   "checks per node: remove this marker when it merges")
 def test_check_history_names_the_node(ui):
     b = ui["browser"]
     b.open(f"{ui['url']}/assets/bench_results?view=checks&checkDetail=above_floor", "check-above-floor",

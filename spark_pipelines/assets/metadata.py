@@ -1,0 +1,97 @@
+"""How numbers reach the UI: rounded, typed, the unit in the key or the column name.
+
+Markdown metadata hides behind "[Show Markdown]" in the UI; tables, urls, paths, ints and floats
+show inline. So what an operator reads first is a `table` (with a schema), the rest md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+
+from spark_pipelines.core import bench as bench_core
+
+
+def num(value: float | int | None, digits: int = 2) -> dg.MetadataValue:
+    """A float rounded for reading (a 15-digit float says nothing more); None reads as null."""
+    if value is None:
+        return dg.MetadataValue.null()
+    return dg.MetadataValue.float(round(float(value), digits))
+
+
+def count(value: int | None) -> dg.MetadataValue:
+    return dg.MetadataValue.null() if value is None else dg.MetadataValue.int(int(value))
+
+
+def table(columns: Sequence[tuple[str, str, str]], rows: Sequence[Mapping[str, Any]]) -> dg.MetadataValue:
+    """Rows as an inline table; columns are (name, type, description) with type string|number|bool."""
+    schema = dg.TableSchema(columns=[dg.TableColumn(name, type=kind, description=desc)
+                                     for name, kind, desc in columns])
+    records = [dg.TableRecord({name: _cell(row.get(name)) for name, _, _ in columns}) for row in rows]
+    return dg.MetadataValue.table(records=records, schema=schema)
+
+
+def _cell(value: Any) -> str | int | float | bool | None:
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, float):
+        return round(value, 2)
+    return str(value)
+
+
+BENCH_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("phase", "string", "recipe (single stream) or loaded (concurrent)"),
+    ("prompt", "string", "the recipe's prompt, or the loaded phase's request count x concurrency"),
+    ("max tokens", "number", "max_tokens asked"),
+    ("measured", "number", "requests that count (warm-up and failures excluded)"),
+    ("tok/s", "number", "output tokens per second per request (median); loaded: aggregate"),
+    ("reference tok/s", "number", "the recipe's figure for this prompt"),
+    ("vs reference (x)", "number", "tok/s / reference"),
+    ("TTFT ms", "number", "time to first token (median)"),
+    ("TPOT ms", "number", "time per output token (median)"),
+    ("failures", "number", "requests that failed"),
+)
+
+
+def _ms(spread: bench_core.Spread | None) -> float | None:
+    return None if spread is None else round(spread.median * 1000, 1)
+
+
+def _median(spread: bench_core.Spread | None, digits: int = 1) -> float | None:
+    return None if spread is None else round(spread.median, digits)
+
+
+def bench_rows(report: bench_core.BenchReport) -> list[dict[str, Any]]:
+    """One row per recipe prompt, a mean row, one row per loaded phase: the bench table, inline."""
+    rows: list[dict[str, Any]] = []
+    for p in report.prompts:
+        if p.phase != bench_core.PHASE_RECIPE:
+            continue
+        tok = _median(p.tok_s)
+        rows.append({"phase": p.phase, "prompt": p.prompt, "max tokens": p.max_tokens, "measured": p.measured,
+                     "tok/s": tok, "reference tok/s": p.reference_tok_s,
+                     "vs reference (x)": round(tok / p.reference_tok_s, 2) if tok and p.reference_tok_s else None,
+                     "TTFT ms": _ms(p.ttft_s), "TPOT ms": _ms(p.tpot_s), "failures": p.failures})
+    mean = report.recipe_mean_tok_s
+    if mean is not None:
+        ref = report.reference_mean_tok_s
+        rows.append({"phase": bench_core.PHASE_RECIPE, "prompt": "mean", "tok/s": _median(mean),
+                     "reference tok/s": ref, "vs reference (x)": round(mean.median / ref, 2) if ref else None})
+    for ph in report.phases:
+        if ph.phase == bench_core.PHASE_RECIPE:
+            continue
+        rows.append({"phase": ph.phase, "prompt": f"{ph.requests_per_repeat} requests, {ph.concurrency} at once",
+                     "measured": ph.requests_per_repeat, "tok/s": _median(ph.aggregate_tok_s),
+                     "TTFT ms": _ms(ph.ttft_s), "TPOT ms": _ms(ph.tpot_s)})
+    return rows
+
+
+def bench_table(report: bench_core.BenchReport) -> dg.MetadataValue:
+    return table(BENCH_COLUMNS, bench_rows(report))
+
+
+def readable(meta: Mapping[str, Any], digits: int = 2) -> dict[str, Any]:
+    """The same metadata with every plain float rounded (keys unchanged: readers keep working)."""
+    return {k: num(v, digits) if isinstance(v, float) else v for k, v in meta.items()}

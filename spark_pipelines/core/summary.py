@@ -1,0 +1,138 @@
+"""The fleet summary an operator opens first: one row per node, from what the steps recorded.
+
+Pure: the shell hands in each node's latest recorded facts (deployment, artifacts, bench, health
+sweep, gateway rotation) as plain values; this decides the row. A fact never recorded reads "-".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MISSING = "-"
+
+# (column, type, what it says): the table schema the UI shows under the column headers.
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("node", "string", "serve node (partition)"),
+    ("health", "string", "latest health sweep verdict (healthy, starting, engine-down, crash-loop, residue, "
+                         "wedged, regressed, unreachable, unknown)"),
+    ("evidence", "string", "what decided the verdict, and the runbook's advice"),
+    ("gateway", "string", "in or out of the LiteLLM rotation, and why out"),
+    ("image id", "string", "serving image id the node runs (sha256, first 12)"),
+    ("checkpoint", "string", "checkpoint version on the node (safetensors index digest, first 12)"),
+    ("mean tok/s", "number", "last bench: recipe mean output tok/s (single stream)"),
+    ("vs reference (x)", "number", "last bench mean / the recipe's reference"),
+    ("floor tok/s", "number", "the node's promotion floor"),
+    ("MTP acceptance (%)", "number", "last bench: speculative-token acceptance"),
+    ("last bench (UTC)", "string", "when the last bench was recorded"),
+    ("last deploy (UTC)", "string", "when node_deployment was last recorded"),
+)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """The latest recorded facts about one node; None where nothing was recorded yet."""
+
+    node: str
+    deployment: Mapping[str, Any] | None = None
+    deployed_at: float | None = None
+    artifacts: Mapping[str, Any] | None = None
+    bench: Mapping[str, Any] | None = None
+    benched_at: float | None = None
+    health: Mapping[str, Any] | None = None
+    floor_tok_s: float | None = None
+    reference_tok_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """The gateway's rotation as last recorded (its materialization or a later drain/restore)."""
+
+    nodes: Sequence[str] = ()
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    known: bool = False
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return MISSING
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def short_id(value: Any) -> str:
+    """An image id or digest as the UI shows it: 12 hex digits (sha256: prefix dropped)."""
+    if not value or str(value) in ("none", "missing"):
+        return MISSING
+    text = str(value)
+    return (text.split(":", 1)[1] if text.startswith("sha256:") else text)[:12]
+
+
+def rounded(value: Any, digits: int = 1) -> float | None:
+    try:
+        return None if value is None else round(float(value), digits)
+    except (TypeError, ValueError):
+        return None
+
+
+def gateway_state(facts: NodeFacts, rotation: Rotation) -> str:
+    """'in' or 'out: why'. The health sweep's quarantine and the bench gate say why a node is out
+    when the gateway did not record a reason itself."""
+    health = facts.health or {}
+    if rotation.known:
+        if facts.node in rotation.nodes:
+            return "in"
+        why = rotation.left_out.get(facts.node)
+    else:
+        in_gw = health.get("in_gateway")
+        if in_gw is None:
+            return MISSING
+        if in_gw in (True, "true", "True", "yes"):
+            return "in"
+        why = None
+    if not why and health.get("quarantined") not in (None, False, "false", "False", "no", ""):
+        why = f"quarantined: {health.get('quarantined')}" if isinstance(health.get("quarantined"), str) \
+            else "quarantined by the health sweep"
+    if not why and facts.bench and facts.bench.get("promoted") is False:
+        why = str(facts.bench.get("gate") or "below its bench floor")
+    return f"out: {why}" if why else "out"
+
+
+def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
+    """One node's row, keyed by the COLUMNS names."""
+    dep = facts.deployment or {}
+    art = facts.artifacts or {}
+    bench = facts.bench or {}
+    health = facts.health or {}
+    evidence = "; ".join(str(health[k]) for k in ("evidence", "advice") if health.get(k)) or MISSING
+    mean = rounded(bench.get("mean_tok_s"), 1) if bench else None
+    reference = facts.reference_tok_s or rounded(bench.get("reference_tok_s"))
+    floor = facts.floor_tok_s if facts.floor_tok_s is not None else rounded(bench.get("floor_tok_s"))
+    acceptance = bench.get("spec_acceptance_rate")
+    return {
+        "node": facts.node,
+        "health": str(health.get("verdict") or MISSING),
+        "evidence": evidence,
+        "gateway": gateway_state(facts, rotation),
+        "image id": short_id(dep.get("image_id") or art.get("image_id")),
+        "checkpoint": short_id(art.get("checkpoint")),
+        "mean tok/s": mean,
+        "vs reference (x)": round(mean / reference, 2) if mean is not None and reference else None,
+        "floor tok/s": rounded(floor),
+        "MTP acceptance (%)": rounded(float(acceptance) * 100, 1) if acceptance is not None else None,
+        "last bench (UTC)": when(facts.benched_at),
+        "last deploy (UTC)": when(facts.deployed_at),
+    }
+
+
+def summary_rows(facts: Sequence[NodeFacts], rotation: Rotation) -> list[dict[str, Any]]:
+    return [summary_row(f, rotation) for f in facts]
+
+
+def headline(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line for the asset's description of this materialization: how many serve, who is out."""
+    inside = [r["node"] for r in rows if r["gateway"] == "in"]
+    out = [f"{r['node']} ({r['gateway']})" for r in rows if r["gateway"] not in ("in", MISSING)]
+    text = f"{len(inside)} of {len(rows)} node(s) in the gateway"
+    return text + (f"; out: {', '.join(out)}" if out else "")

@@ -1,0 +1,90 @@
+"""fleet_summary on a real Dagster instance: it reads what the steps recorded (materializations,
+a health sweep's observation, a bench's drain/restore observation on gateway), and its sensor
+requests it once per new observation."""
+
+import dagster as dg
+import pytest
+
+from spark_pipelines.assets.fleet_summary import fleet_summary_definitions
+from spark_pipelines.core.fleet import load_fleet
+
+
+@pytest.fixture
+def instance(tmp_path):
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
+        yield inst
+
+
+@pytest.fixture(scope="module")
+def defs():
+    return fleet_summary_definitions(load_fleet("fleets/seed.yaml"))
+
+
+def record(instance, event):
+    instance.report_runless_asset_event(event)
+
+
+def seed(instance):
+    for node in ("spark1", "spark2"):
+        record(instance, dg.AssetMaterialization("node_artifacts", partition=node,
+                                                 metadata={"image_id": "sha256:aaaabbbbccccdddd", "checkpoint": "1234567890ab"}))
+        record(instance, dg.AssetMaterialization("node_deployment", partition=node,
+                                                 metadata={"image_id": "sha256:aaaabbbbccccdddd", "container_id": f"{node}c0ffee00"}))
+    record(instance, dg.AssetMaterialization("bench_results", partition="spark1",
+                                             metadata={"mean_tok_s": 51.64, "promoted": True,
+                                                       "spec_acceptance_rate": 0.9465}))
+    record(instance, dg.AssetMaterialization("bench_results", partition="spark2",
+                                             metadata={"mean_tok_s": 30.2, "promoted": False,
+                                                       "gate": "bench 30.2 tok/s < floor 45"}))
+    record(instance, dg.AssetMaterialization("gateway", metadata={"rotation": "spark1, spark2"}))
+    # spark2's bench kept it out after the gateway's own write: the observation is newer.
+    record(instance, dg.AssetObservation("gateway", metadata={
+        "event": "keep out spark2", "rotation": "spark1",
+        "left_out_by_node": dg.MetadataValue.json({"spark2": "bench 30.2 tok/s < floor 45"})}))
+
+
+def summary_rows(instance, defs):
+    (asset,) = defs.assets
+    res = dg.materialize([asset], instance=instance)
+    assert res.success
+    (mat,) = [e.materialization for e in res.get_asset_materialization_events()]
+    table = mat.metadata["nodes"]
+    assert isinstance(table, dg.TableMetadataValue)
+    return {r.data["node"]: r.data for r in table.records}, mat.metadata
+
+
+def test_summary_rows_come_from_the_latest_records(instance, defs):
+    seed(instance)
+    record(instance, dg.AssetObservation("node_deployment", partition="spark1", metadata={
+        "verdict": "healthy", "evidence": "/health 200", "advice": "none", "in_gateway": True, "quarantined": False}))
+    rows, meta = summary_rows(instance, defs)
+    s1, s2 = rows["spark1"], rows["spark2"]
+    assert s1["health"] == "healthy" and s1["gateway"] == "in" and s1["mean tok/s"] == 51.6
+    assert s1["MTP acceptance (%)"] == 94.7 and s1["image id"] == "aaaabbbbcccc" and s1["checkpoint"] == "1234567890ab"
+    assert s1["floor tok/s"] is not None and s1["vs reference (x)"] is not None
+    assert s2["health"] == "-"  # no sweep recorded for spark2
+    assert s2["gateway"] == "out: bench 30.2 tok/s < floor 45"
+    assert meta["nodes_in_gateway"].value == 1 and meta["nodes_total"].value == 2
+    assert meta["headline"].value.startswith("1 of 2 node(s) in the gateway")
+
+
+def test_refresh_sensor_requests_once_per_new_observation(instance, defs):
+    sensor = next(s for s in defs.sensors if s.name == "fleet_summary_refresh")
+
+    def tick(cursor):
+        with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs) as ctx:
+            return sensor(ctx)
+
+    empty = tick(None)
+    assert not empty.run_requests and "no new" in empty.skip_reason.skip_message
+    seed(instance)  # materializations are declarative automation's job; one gateway observation here
+    first = tick(None)
+    (req,) = first.run_requests
+    assert req.asset_selection == [dg.AssetKey("fleet_summary")]
+    again = tick(first.cursor)
+    assert not again.run_requests
+    record(instance, dg.AssetObservation("node_deployment", partition="spark2",
+                                         metadata={"verdict": "wedged", "quarantined": True}))
+    later = tick(again.cursor or first.cursor)
+    (req2,) = later.run_requests
+    assert req2.run_key != req.run_key and int(later.cursor) > int(first.cursor)

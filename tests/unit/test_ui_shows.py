@@ -1,0 +1,220 @@
+"""What the Dagster UI shows an operator: the fleet summary rows, the bench chart's axes, rounded
+typed metadata, per-node checks, and a description on every definition."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+
+import dagster as dg
+import pytest
+
+from spark_pipelines.assets.metadata import bench_rows, bench_table, num, readable, table
+from spark_pipelines.bench_chart import render_fleet_history_png, x_range, y_range
+from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core import summary
+
+# -- fleet summary rows (pure) --
+
+
+def _facts(**kw) -> summary.NodeFacts:
+    base = dict(
+        node="spark1",
+        deployment={"image_id": "sha256:0123456789abcdef0123", "container_id": "c0ffee000000"},
+        deployed_at=dt.datetime(2026, 12, 3, 9, 30, tzinfo=dt.timezone.utc).timestamp(),
+        artifacts={"image_id": "sha256:0123456789abcdef0123", "checkpoint": "9f8e7d6c5b4a3210"},
+        bench={"mean_tok_s": 51.60761915408371, "promoted": True, "spec_acceptance_rate": 0.9465020576131687},
+        benched_at=dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.timezone.utc).timestamp(),
+        health={"verdict": "healthy", "evidence": "/health 200 in 0.01 s", "advice": "none",
+                "in_gateway": True, "quarantined": False},
+        floor_tok_s=45.0,
+        reference_tok_s=51.6,
+    )
+    base.update(kw)
+    return summary.NodeFacts(**base)
+
+
+def test_summary_row_reads_rounded_with_units():
+    row = summary.summary_row(_facts(), summary.Rotation(nodes=["spark1"], known=True))
+    assert [c[0] for c in summary.COLUMNS] == list(row)
+    assert row["health"] == "healthy" and row["evidence"] == "/health 200 in 0.01 s; none"
+    assert row["gateway"] == "in"
+    assert row["image id"] == "0123456789ab" and row["checkpoint"] == "9f8e7d6c5b4a"
+    assert row["mean tok/s"] == 51.6 and row["vs reference (x)"] == 1.0 and row["floor tok/s"] == 45.0
+    assert row["MTP acceptance (%)"] == 94.7
+    assert row["last bench (UTC)"] == "2026-12-03 10:00" and row["last deploy (UTC)"] == "2026-12-03 09:30"
+
+
+def test_summary_row_says_why_a_node_is_out():
+    gate = "bench 30.1 tok/s < floor 45"
+    benched_out = _facts(node="spark2", bench={"mean_tok_s": 30.1, "promoted": False, "gate": gate})
+    # The gateway's own reason wins; else the bench gate; else the health sweep's quarantine.
+    rot = summary.Rotation(nodes=["spark1"], left_out={"spark2": "vLLM /health does not answer"}, known=True)
+    assert summary.summary_row(benched_out, rot)["gateway"] == "out: vLLM /health does not answer"
+    rot = summary.Rotation(nodes=["spark1"], known=True)
+    assert summary.summary_row(benched_out, rot)["gateway"] == f"out: {gate}"
+    quarantined = _facts(node="spark2", health={"verdict": "wedged", "quarantined": True})
+    assert summary.summary_row(quarantined, rot)["gateway"] == "out: quarantined by the health sweep"
+    rows = summary.summary_rows([_facts(), benched_out], rot)
+    assert summary.headline(rows) == f"1 of 2 node(s) in the gateway; out: spark2 (out: {gate})"
+
+
+def test_summary_row_of_a_node_never_seen_is_dashes():
+    row = summary.summary_row(summary.NodeFacts(node="spark9"), summary.Rotation())
+    assert row["health"] == row["gateway"] == row["image id"] == row["last deploy (UTC)"] == "-"
+    assert row["mean tok/s"] is None and row["MTP acceptance (%)"] is None
+
+
+# -- chart --
+
+
+def test_chart_axis_is_dated_and_a_lone_point_is_not_years_wide():
+    t = dt.datetime(2026, 12, 3, 4, 30, tzinfo=dt.timezone.utc)
+    lo, hi = x_range([t])
+    assert lo < t < hi and dt.timedelta(hours=12) <= hi - lo <= dt.timedelta(days=1)
+    lo, hi = x_range([t, t + dt.timedelta(days=30)])
+    assert lo < t and hi > t + dt.timedelta(days=30) and hi - lo < dt.timedelta(days=34)
+
+
+def test_chart_y_axis_starts_at_zero_so_a_small_wobble_is_flat():
+    lo, hi = y_range([51.60, 51.61], [51.6, 45.0])
+    assert lo == 0.0 and hi == pytest.approx(51.61 * 1.15)
+    assert (51.61 - 51.60) / (hi - lo) < 0.001  # a 0.01 tok/s difference is a hair, not a drop
+    assert y_range([], []) == (0.0, 1.0)
+
+
+def test_fleet_chart_draws_one_series_per_node_with_floor_and_reference(monkeypatch):
+    import matplotlib.axes
+
+    drawn: dict[str, list] = {"plot": [], "axhline": []}
+    real_plot, real_hline = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.axhline
+
+    def plot(self, *a, **kw):
+        drawn["plot"].append(kw.get("label"))
+        return real_plot(self, *a, **kw)
+
+    def axhline(self, *a, **kw):
+        drawn["axhline"].append(kw.get("label"))
+        return real_hline(self, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", axhline)
+    t0 = dt.datetime(2026, 12, 1, 4, 30, tzinfo=dt.timezone.utc)
+    png = render_fleet_history_png(
+        {"spark1": [(t0, 51.6), (t0 + dt.timedelta(days=1), 51.61)], "spark2": [(t0, 50.9)]},
+        floors={"spark1": 45.0, "spark2": 40.0}, reference=51.6)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn["plot"] == ["spark1 mean tok/s", "spark2 mean tok/s"]
+    assert drawn["axhline"] == ["spark1 floor 45 tok/s", "spark2 floor 40 tok/s", "reference 51.6 tok/s"]
+    import matplotlib.image as mpimg
+
+    assert mpimg.imread(io.BytesIO(png), format="png").shape[1] > 400
+
+
+def test_chart_ticks_carry_the_year():
+    from spark_pipelines import bench_chart
+
+    assert "%Y" in bench_chart.DATE_FORMAT
+
+
+# -- metadata formatting --
+
+
+def _report() -> bench_core.BenchReport:
+    plan = bench_core.plan_suite("all", concurrency=2, repeats=2)
+    samples = []
+    t = 0.0
+    for repeat in range(plan.repeats):
+        for phase, prompts, _ in plan.phases:
+            for p in prompts:
+                samples.append(bench_core.RequestSample(phase, p.name, repeat, p.max_tokens, started=t,
+                                                        finished=t + 3.0, chunk_times=(t + 0.1, t + 2.9),
+                                                        completion_tokens=155))
+                t += 3.0
+    return bench_core.build_report(samples, plan, base_url="http://n:8000/v1", model="m", suite="all",
+                                   concurrency=2, reference_mean_tok_s=51.6)
+
+
+def test_bench_rows_are_rounded_and_carry_units_in_their_columns():
+    rows = bench_rows(_report())
+    recipe = [r for r in rows if r["phase"] == bench_core.PHASE_RECIPE]
+    assert len(recipe) == len(bench_core.RECIPE_PROMPTS) + 1 and recipe[-1]["prompt"] == "mean"
+    assert recipe[0]["tok/s"] == round(155 / 3.0, 1) and recipe[0]["TTFT ms"] == 100.0
+    loaded = [r for r in rows if r["phase"] == bench_core.PHASE_LOADED]
+    assert loaded and loaded[0]["prompt"] == "2 requests, 2 at once"
+    value = bench_table(_report())
+    assert isinstance(value, dg.TableMetadataValue)
+    assert [c.name for c in value.schema.columns][:5] == ["phase", "prompt", "max tokens", "measured", "tok/s"]
+    # Every number in the table is short: no 15-digit floats.
+    for rec in value.records:
+        for v in rec.data.values():
+            if isinstance(v, float):
+                assert len(repr(v).split(".")[1]) <= 2
+
+
+def test_num_and_readable_round_floats_and_keep_keys():
+    assert num(51.60761915408371).value == 51.61
+    assert num(None).value is None
+    meta = readable({"startup_seconds": 431.123456, "kv_cache_tokens": 268224, "skipped": False})
+    assert meta["startup_seconds"].value == 431.12 and meta["kv_cache_tokens"] == 268224
+    t = table((("a", "number", "x"),), [{"a": 0.123456}])
+    assert t.records[0].data == {"a": 0.12}
+
+
+# -- definitions as the UI lists them --
+
+
+@pytest.fixture(scope="module")
+def repo():
+    from spark_pipelines.definitions import build_definitions
+
+    return build_definitions("fleets/seed.yaml").get_repository_def()
+
+
+def test_every_definition_is_described(repo):
+    missing = []
+    for key in repo.asset_graph.get_all_asset_keys():
+        node = repo.asset_graph.get(key)
+        if not (node.description or "").strip():
+            missing.append(f"asset {key.to_user_string()}")
+    for checks in repo.asset_graph.asset_check_keys:
+        spec = repo.asset_graph.get_check_spec(checks)
+        if not (spec.description or "").strip():
+            missing.append(f"check {checks.to_user_string()}")
+    for job in repo.get_all_jobs():
+        if not job.name.startswith("__") and not (job.description or "").strip():
+            missing.append(f"job {job.name}")
+    missing += [f"schedule {s.name}" for s in repo.schedule_defs if not (s.description or "").strip()]
+    missing += [f"sensor {s.name}" for s in repo.sensor_defs if not (s.description or "").strip()]
+    assert not missing, missing
+
+
+def test_node_checks_are_per_node_and_the_gate_blocks(repo):
+    for asset, check in (("node_artifacts", "same_image_as_build_host"), ("node_deployment", "serving"),
+                         ("bench_results", "above_floor")):
+        spec = repo.asset_graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey(asset), check))
+        assert spec.blocking, check
+        assert spec.partitions_def is not None and spec.partitions_def.get_partition_keys() == ["spark1", "spark2"]
+    gate = repo.asset_graph.get_check_spec(dg.AssetCheckKey(dg.AssetKey("bench_results"), "above_floor"))
+    assert "promotion gate" in gate.description
+
+
+def test_catalog_groups_read_in_pipeline_order(repo):
+    order = ["base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image", "node_artifacts",
+             "node_deployment", "gateway", "bench_results"]
+    groups = [repo.asset_graph.get(dg.AssetKey(k)).group_name for k in order]
+    assert groups == sorted(groups)
+    assert repo.asset_graph.get(dg.AssetKey("fleet_summary")).group_name < groups[0]  # opened first
+
+
+def test_pins_changed_shows_its_target_jobs(repo):
+    sensor = repo.get_sensor_def("pins_changed")
+    assert {t.job_name for t in sensor.targets} == {"build_job", "deploy_node_job"}
+
+
+def test_ab_experiment_launches_with_a_node_by_default(repo):
+    job = repo.get_job("ab_experiment_job")
+    assert "spark1" in job.description and "spark2" in job.description
+    from spark_pipelines.assets.experiments import ABConfig
+
+    assert ABConfig().node is None  # the op takes the first serve node
