@@ -233,9 +233,10 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                                                           f"{done.smoke_tokens} tokens")
 
     deploy_node_job = dg.define_asset_job(
-        "deploy_node_job", selection=dg.AssetSelection.assets("node_artifacts", "node_deployment"),
+        "deploy_node_job", selection=dg.AssetSelection.assets("node_artifacts", "node_deployment", "jit_cache"),
         description="Artifacts and deployment on one node (a partition): copy, preflight, launch, verify, "
-                    "or roll back to the previous deployment.")
+                    "or roll back to the previous deployment; after a healthy boot, the node's compiled kernels "
+                    "are archived on the build host (jit_cache).")
     distribute_job = dg.define_asset_job(
         "distribute_job", selection=dg.AssetSelection.assets("artifact_distribution"),
         description="Fan the checkpoint and image out to every serve node along a tree (run before deploy_node_job).")

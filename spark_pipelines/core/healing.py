@@ -34,6 +34,7 @@ from spark_pipelines.core.health import NodeVerdict
 # The Dagster jobs the actions run (defined in assets/nodes.py, assets/bench.py, assets/health.py).
 DEPLOY_JOB, BENCH_JOB, QUARANTINE_JOB, RECONCILE_JOB = (
     "deploy_node_job", "bench_job", "quarantine_job", "gateway_reconcile_job")
+FRESH_JIT_CACHE = "fresh_jit_cache"  # node_deployment's config field (assets/nodes.py DeployConfig)
 # Verdicts that quarantine: relaunching cannot help (a reboot or an operator must).
 QUARANTINE_VERDICTS = frozenset({"crash-loop", "residue"})
 # Verdicts that count as a failed sweep for the gateway (the node does not serve, or cannot be
@@ -53,7 +54,7 @@ class Action:
     job: str
     run_key: str
     reason: str
-    config: Mapping[str, Any] = field(default_factory=dict)  # the quarantine job's verdict and reason
+    config: Mapping[str, Any] = field(default_factory=dict)  # the job's op config (quarantine: verdict, reason)
 
 
 @dataclass
@@ -130,8 +131,9 @@ def _act(node: str, verdict: str, m: NodeMemory, kind: ActionKind, job: str, nam
 
 
 def _redeploy_or_quarantine(node: str, verdict: str, m: NodeMemory, settings: HealthSettings, now: float,
-                            why: str) -> Decision:
-    """The budgeted redeploy: within the budget and past the backoff, redeploy; past the budget, quarantine."""
+                            why: str, deploy_config: Mapping[str, Any] | None = None) -> Decision:
+    """The budgeted redeploy: within the budget and past the backoff, redeploy; past the budget, quarantine.
+    `deploy_config`: the node_deployment config the redeploy runs with."""
     window = [t for t in m.redeploys if now - t < settings.restart_window_s]
     m.redeploys = window
     hours = f"{settings.restart_window_s / 3600:g} h"
@@ -148,7 +150,7 @@ def _redeploy_or_quarantine(node: str, verdict: str, m: NodeMemory, settings: He
     m.redeploys = [*window, now]
     n = sum(1 for a in m.done if a.startswith("redeploy")) + 1
     return _act(node, verdict, m, "redeploy", DEPLOY_JOB, f"redeploy{n}",
-                f"{why}: redeploy {len(m.redeploys)} of {settings.restart_budget} in {hours}")
+                f"{why}: redeploy {len(m.redeploys)} of {settings.restart_budget} in {hours}", deploy_config)
 
 
 def _regressed(node: str, m: NodeMemory, settings: HealthSettings, now: float, benches: int,
@@ -161,7 +163,11 @@ def _regressed(node: str, m: NodeMemory, settings: HealthSettings, now: float, b
     if m.stage == "confirm":
         if benches <= m.benches_at:
             return Decision(node, v, "waiting for the confirming bench", m)
-        d = _redeploy_or_quarantine(node, v, m, settings, now, "the confirming bench is slow too")
+        # A node that still serves would skip a plain redeploy (marker, container and /health all
+        # match): the runbook's fix for a slow node at full clocks is a relaunch on a fresh JIT
+        # cache (a stale ~/.cache/vllm), which the deploy does even when nothing else changed.
+        d = _redeploy_or_quarantine(node, v, m, settings, now, "the confirming bench is slow too",
+                                    {FRESH_JIT_CACHE: True})
         if d.action is not None and d.action.kind == "redeploy":
             m.stage, m.stage_at = "redeployed", now
         return d

@@ -430,6 +430,22 @@ def compare_trees(src: Mapping[str, int], dst: Mapping[str, int]) -> list[str]:
     return problems
 
 
+# rsync writes each file as `.NAME.XXXXXX` beside NAME and renames it at the end; a receiver killed
+# hard (SIGKILL, an OOM, a power cut) leaves that temp file behind, and no later rsync removes it.
+_RSYNC_TEMP = re.compile(r"^(?P<dir>(?:.*/)?)\.(?P<name>[^/]+)\.[A-Za-z0-9]{6}$")
+
+
+def rsync_leftovers(dst: Mapping[str, int]) -> list[str]:
+    """Files of a {relative path: size} listing that are a killed rsync's temp copies of a file the
+    listing also holds (`dir/.NAME.XXXXXX` beside `dir/NAME`): safe to remove once NAME is whole."""
+    out = []
+    for path in dst:
+        m = _RSYNC_TEMP.match(path)
+        if m and f"{m['dir']}{m['name']}" in dst:
+            out.append(path)
+    return sorted(out)
+
+
 def check_index(index_text: str, sizes: Mapping[str, int], index_name: str) -> tuple[int, list[str]]:
     """(number of keys, problems): every shard the safetensors index names must exist, non-empty."""
     try:

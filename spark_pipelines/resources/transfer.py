@@ -239,6 +239,7 @@ class NodeStreams:
             raise RemoteCommandError(src, r.command, r.exit_status, r.tail, copy_failure(
                 src, dst, dst_abs, r.exit_status, r.stderr + r.tail, free_mib=self._free_mib(dst, dst_abs)))
         stats = remote.parse_rsync_stats(r.stdout)
+        self._remove_rsync_leftovers(dst, dst_abs)
         verification = self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest) if verify else TreeVerification()
         repaired: list[str] = []
         repair_stats: dict[str, int] = {}
@@ -260,6 +261,17 @@ class NodeStreams:
             verification=verification, rsync_stats=stats,
             repaired=repaired, repair_bytes_sent=repair_stats.get("total_bytes_sent", 0),
         )
+
+    def _remove_rsync_leftovers(self, dst: str, dst_abs: str) -> None:
+        """A receiver killed mid-copy leaves rsync's temp file beside the shard it was writing; the
+        rerun completes the shard but never removes that file, which then fails the verification
+        (and holds up to a shard's size of disk). Only exact temp names of files present go."""
+        s = self.session
+        listing = remote.parse_file_sizes(s.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
+        stale = remote.rsync_leftovers(listing)
+        if stale:
+            s.log.info(f"[{dst}] removing {len(stale)} temp file(s) a killed copy left: {', '.join(stale[:5])}")
+            s.run(dst, ["rm", "-f", "--", *(f"{dst_abs}/{p}" for p in stale)], log=False)
 
     def resend_files(
         self, src: str, dst: str, src_dir: str, dst_dir: str, files: list[str], *,

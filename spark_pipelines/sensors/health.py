@@ -35,7 +35,7 @@ ASSET = dg.AssetKey("node_deployment")
 CHECK = "health"
 # The same reconcile plan is asked again only after this long (its job may have failed meanwhile).
 RECONCILE_RETRY_S = 600
-OP_QUARANTINE, OP_RECONCILE = "quarantine_node", "reconcile_gateway"
+OP_QUARANTINE, OP_RECONCILE, OP_DEPLOY = "quarantine_node", "reconcile_gateway", "node_deployment"
 
 
 def _earlier(raw: dict[str, Any], node: str) -> health.Observation | None:
@@ -94,7 +94,8 @@ def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | Non
 
 def _request(node: str, a: healing.Action, verdict: str) -> dg.RunRequest:
     tags = {"reason": f"health-{verdict}", "spark/health-action": a.kind}
-    config = {"ops": {OP_QUARANTINE: {"config": dict(a.config)}}} if a.job == healing.QUARANTINE_JOB else None
+    op = {healing.QUARANTINE_JOB: OP_QUARANTINE, healing.DEPLOY_JOB: OP_DEPLOY}.get(a.job)
+    config = {"ops": {op: {"config": dict(a.config)}}} if op and a.config else None
     return dg.RunRequest(run_key=a.run_key, job_name=a.job, partition_key=node, tags=tags, run_config=config)
 
 

@@ -225,7 +225,7 @@ def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):
         frontier = {c.to_user_string() for k in frontier for c in graph.get(dg.AssetKey(k)).child_keys} - follow
         follow |= frontier
     assert roots | follow == {"base_image", "serving_image", "node_artifacts", "artifact_distribution",
-                              "node_deployment", "jit_cache", "gateway", "bench_results"}
+                              "node_deployment", "jit_cache", "gateway", "bench_results", "fleet_summary"}
     assert status["base_model"] == status["hybrid_checkpoint"] == status["mtp_weights"] == {StaleStatus.FRESH}
 
 
@@ -293,13 +293,14 @@ def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gp
         (check,) = res.get_asset_check_evaluations()
         with FleetSession(fleet) as s:
             rotation = GatewayHost(s).rotation()
-        return check, latest(chain["instance"], "bench_results", "spark2"), rotation
+        return check, latest(chain["instance"], "bench_results", "spark2"), rotation, res
 
     sim_gpu("spark2", "wedged")
-    check, meta, rotation = bench_spark2()
+    check, meta, rotation, res = bench_spark2()
     assert meta["gpu_under_load"] == "wedged" and meta["gpu_samples"] >= 2
-    # The gate blocks: the run fails for spark2 alone, its check recorded for spark2.
-    run = chain["instance"].get_runs(limit=1)[0]
+    # The gate blocks: the run fails for spark2 alone, its check recorded for spark2. (This run, not
+    # the instance's newest: the console's daemon launches fleet_summary refreshes meanwhile.)
+    run = chain["instance"].get_run_by_id(res.run_id)
     assert not run.is_success and check.partition == "spark2"
     # The bench is not silent: drain, progress and keep-out lines, and the ssh lines, on the step.
     on_step = [e.user_message for e in chain["instance"].all_logs(run.run_id) if e.step_key == "bench_results"]
@@ -311,7 +312,7 @@ def test_wedged_gx10_is_kept_out_of_the_gateway_until_cold_drained(chain, sim_gp
     assert "spark2" not in rotation and "spark1" in rotation
 
     sim_gpu("spark2", "healthy")  # after the cold drain
-    check, meta, rotation = bench_spark2()
+    check, meta, rotation, _ = bench_spark2()
     assert meta["gpu_under_load"] == "healthy" and check.passed
     assert "spark2" in rotation
 

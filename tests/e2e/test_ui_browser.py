@@ -9,6 +9,7 @@ Screenshots: test-artifacts/ui/<name>.png (printed at the end of the session).
 from __future__ import annotations
 
 import re
+import time
 
 import dagster as dg
 import pytest
@@ -109,3 +110,26 @@ def test_node_health_sensor_page(ui):
     shown = ui["browser"].open(f"{ui['url']}/locations/spark_pipelines/sensors/node_health", "sensor-node-health",
                                expect=["node_health", "deploy_node_job"])
     shown.has("/health")
+
+
+def test_fleet_summary_shows_one_row_per_node(ui):
+    """The page an operator opens first: the daemon's automation refreshes fleet_summary after the
+    benches; its table names every node with its bench figure and the column units."""
+    inst = ui["instance"]
+    after = max(r.storage_id for r in inst.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results")), limit=1).records)
+    deadline = time.monotonic() + 240  # the automation sensor ticks every 30 s; a run then starts
+    while time.monotonic() < deadline:
+        recs = inst.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("fleet_summary"),
+                                                                 after_storage_id=after), limit=1).records
+        if recs:
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError("the daemon did not refresh fleet_summary within 240 s of the last bench")
+    shown = ui["browser"].open(f"{ui['url']}/assets/fleet_summary", "fleet-summary",
+                               expect=["fleet_summary", "spark1", "spark2"])
+    shown.has("mean tok/s", "floor tok/s", "MTP acceptance (%)")
+    for node in ("spark1", "spark2"):
+        mean = round(ui["mean_tok_s"][node], 1)
+        assert forms(mean) & set(_numbers(shown.text)), f"{node}'s mean {mean} not on {shown.screenshot}"

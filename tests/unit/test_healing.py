@@ -114,7 +114,10 @@ def test_regressed_confirm_redeploy_verify_rollback():
     assert [a.kind for a in acts] == ["bench"] and acts[0].job == "bench_job"
     assert acts[0].run_key.endswith("-bench-confirm") and "waiting for the confirming bench" in ds[-1].note
     ds, m = sweeps("regressed", m, start=T0 + 600, n=2, benches=5)  # the confirming bench is slow too
-    assert [a.kind for a in actions(ds)] == ["redeploy"] and m.stage == "redeployed"
+    acts = actions(ds)
+    assert [a.kind for a in acts] == ["redeploy"] and m.stage == "redeployed"
+    # A serving node's plain redeploy would skip: this one relaunches on a fresh JIT cache.
+    assert acts[0].config == {"fresh_jit_cache": True}
     ds, m = sweeps("regressed", m, start=T0 + 700, benches=5, started_at=T0 + 100)  # not the new container yet
     assert not actions(ds) and "waiting for the redeploy" in ds[-1].note
     ds, m = sweeps("regressed", m, start=T0 + 1500, n=2, benches=5, started_at=T0 + 1000)

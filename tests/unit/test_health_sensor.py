@@ -173,3 +173,21 @@ def test_recovery_ends_the_episode_and_the_next_one_has_its_own_key(defs, script
         second = [r for r in res.run_requests if r.job_name == "deploy_node_job"]
         assert [r.run_key for r in second] == ["heal-spark2-2000003600-redeploy1"]
         assert json.loads(res.cursor)["nodes"]["spark2"]["redeploys"] == [2_000_000_000.0, 2_000_003_600.0]
+
+
+def test_a_regressed_redeploy_runs_with_a_fresh_jit_cache(defs):
+    """The request the regressed flow issues carries the deploy's config, valid for deploy_node_job
+    (a plain redeploy of a serving node would skip)."""
+    defs, _ = defs
+    action = health_core_action("deploy_node_job", {"fresh_jit_cache": True})
+    req = sensor_mod._request("spark2", action, "regressed")
+    assert req.run_config == {"ops": {"node_deployment": {"config": {"fresh_jit_cache": True}}}}
+    assert dg.validate_run_config(defs.resolve_job_def("deploy_node_job"), req.run_config)
+    plain = sensor_mod._request("spark2", health_core_action("deploy_node_job", {}), "engine-down")
+    assert not plain.run_config
+
+
+def health_core_action(job, config):
+    from spark_pipelines.core.healing import Action
+
+    return Action("redeploy", job, "heal-spark2-1-redeploy1", "test", config)

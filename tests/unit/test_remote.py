@@ -278,3 +278,17 @@ def test_copy_failure_on_a_file_io_error_says_where_and_how_much_is_free():
 
     msg = copy_failure("spark1", "spark2", "/m/x", 11, "model-00001.safetensors\n", free_mib=0)
     assert "spark2 could not write under /m/x" in msg and "0 MiB free there" in msg and "df -h /m/x" in msg
+
+
+def test_rsync_leftovers_are_temp_copies_of_present_files_only():
+    listing = {
+        "model-00001-of-00002.safetensors": 10,
+        ".model-00001-of-00002.safetensors.GS6pKr": 4,  # a killed receiver's temp copy
+        "sub/config.json": 1,
+        "sub/.config.json.a1B2c3": 1,
+        ".orphan.bin.Zz9Yy8": 3,  # its file is not there (yet): not ours to remove
+        ".hidden-but-legit": 2,
+        ".model-00001-of-00002.safetensors.toolong7": 1,
+    }
+    assert remote.rsync_leftovers(listing) == [".model-00001-of-00002.safetensors.GS6pKr", "sub/.config.json.a1B2c3"]
+    assert remote.rsync_leftovers({"a": 1}) == []
