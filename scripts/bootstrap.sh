@@ -45,10 +45,12 @@ project_venv() {
   fi
 }
 
-litellm_venv() {
-  local want="litellm[proxy]" dir=${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}
+# A CLI in a venv of its own, reinstalled when its requirement changes: run, never imported, so its
+# pins (jinja2, resolvelib, cryptography, ...) never steer the product's resolution.
+tool_venv() {
+  local dir=$1 want=$2 what=$3
   if ! stamp_ok "$dir" "$want"; then
-    echo "bootstrap: LiteLLM proxy venv ($dir, ~2 min)"
+    echo "bootstrap: $what venv ($dir)"
     mkdir -p "$(dirname "$dir")"
     [[ -x "$dir/bin/python" ]] || "$PY" -m venv "$dir"
     "$dir/bin/pip" install -q --upgrade pip
@@ -56,6 +58,8 @@ litellm_venv() {
     echo "$want" > "$dir/.stamp"
   fi
 }
+
+litellm_venv() { tool_venv "${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}" "litellm[proxy]" "LiteLLM proxy (~2 min)"; }
 
 vllm_venv() {
   # torch 2.13.0 CPU comes from a file already on these machines; a bare `torch` would pull CUDA.
@@ -73,19 +77,8 @@ vllm_venv() {
   fi
 }
 
-ansible_venv() {
-  # A venv of its own: ansible is a CLI the benchmark runs, never imported, and its pins
-  # (jinja2, resolvelib, cryptography) must not steer the product's resolution.
-  local want="ansible-core==2.19.14" dir=${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}
-  if ! stamp_ok "$dir" "$want"; then
-    echo "bootstrap: ansible-core venv ($dir)"
-    mkdir -p "$(dirname "$dir")"
-    [[ -x "$dir/bin/python" ]] || "$PY" -m venv "$dir"
-    "$dir/bin/pip" install -q --upgrade pip
-    "$dir/bin/pip" install -q "$want"
-    echo "$want" > "$dir/.stamp"
-  fi
-}
+# The reference benchmarks/sweep_scale.py measures against.
+ansible_venv() { tool_venv "${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}" "ansible-core==2.19.14" "ansible-core"; }
 
 for part in "${@:-base}"; do
   case "$part" in

@@ -11,6 +11,7 @@ import dagster as dg
 
 from spark_pipelines.assets import fail, step_session
 from spark_pipelines.assets.metadata import bench_table, count, num, table
+from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
@@ -112,21 +113,6 @@ def chart_metadata(context: dg.AssetExecutionContext, fleet: Fleet, node: str, m
     return meta
 
 
-def record_rotation(context: dg.AssetExecutionContext, gw: LiteLLMGateway | object, event: str,
-                    left_out: dict[str, str]) -> None:
-    """An observation on `gateway`: its rotation after a bench's drain or restore (the gateway's
-    own materialization shows the rotation it wrote, not what benches did since)."""
-    try:
-        rotation = gw.rotation()  # type: ignore[attr-defined]
-    except Exception as e:  # the observation must never fail a bench
-        context.log.warning(f"gateway rotation not read after '{event}': {e}")
-        return
-    context.log_event(dg.AssetObservation(
-        asset_key="gateway", description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
-        metadata={"event": event, "rotation": ", ".join(rotation), "nodes_in_rotation": len(rotation),
-                  "left_out_by_node": dg.MetadataValue.json(left_out)}))
-
-
 def bench_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     partitions = node_partitions(fleet)
@@ -174,7 +160,9 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
                     loaded = next((p.aggregate_tok_s.median for p in report.phases
                                    if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
                     gpu_verdict = sampler.verdict()
-                    promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict)
+                    acceptance = report.counters.acceptance_rate if report.counters is not None else None
+                    promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict, acceptance=acceptance,
+                                                                 acceptance_floor=f.bench.floor_mtp_acceptance)
                     markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
                     drain.keep_out = not promoted
                     log.info(f"{'restore' if promoted else 'keep out'} {node.name}: {reason}")
@@ -192,7 +180,6 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
             raise
         mean_v = float(mean or 0.0)
         vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
-        acceptance = (report.counters.acceptance_rate if report.counters is not None else None)
         meta: dict = {
             # mean_tok_s, vs_reference, loaded_aggregate_tok_s, spec_acceptance_rate, promoted and
             # gpu_under_load are read back (demo table, doctor, history chart): keep the keys.
@@ -218,7 +205,9 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
             meta["mtp_acceptance_pct"] = num(acceptance * 100, 1)
         this = {"node": node.name, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
                 "vs reference (x)": vs_ref, "floor tok/s": floor, "promoted": promoted}
-        meta["latest_by_node"] = table(LATEST_COLUMNS, latest_by_node(context, f, this))
+        # First: the asset's Overview shows the newest materialization of any node, so every node's
+        # latest figures head it (one node's own page is the Partitions tab with that node selected).
+        meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this)), **meta}
         try:
             meta.update(chart_metadata(context, f, node.name, mean_v))
         except Exception as e:  # a chart must never fail a bench

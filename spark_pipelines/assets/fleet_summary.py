@@ -45,13 +45,25 @@ def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True)
 
 
+def _health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> dict[str, Any] | None:
+    """The newest sweep's verdict and evidence, with the newest quarantine state over it: a
+    quarantine or release observation (no verdict of its own) must not blank the health column."""
+    records = instance.fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey("node_deployment"), asset_partitions=[node]), limit=look_back).records
+    seen = [_values(r.event_log_entry.asset_observation) for r in records]
+    if not seen:
+        return None
+    swept = next((v for v in seen if "verdict" in v), {})
+    return {**swept, **{k: seen[0][k] for k in ("quarantined",) if k in seen[0]}}
+
+
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
     facts = []
     for node in fleet.serve_nodes:
         dep = _latest(instance, "node_deployment", node.name)
         art = _latest(instance, "node_artifacts", node.name)
         bench = _latest(instance, "bench_results", node.name)
-        health = _latest(instance, "node_deployment", node.name, observation=True)
+        health = _health(instance, node.name)
         facts.append(summary.NodeFacts(
             node=node.name,
             deployment=_values(dep.asset_materialization) if dep else None,
@@ -59,7 +71,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             artifacts=_values(art.asset_materialization) if art else None,
             bench=_values(bench.asset_materialization) if bench else None,
             benched_at=bench.timestamp if bench else None,
-            health=_values(health.event_log_entry.asset_observation) if health else None,
+            health=health,
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,
         ))

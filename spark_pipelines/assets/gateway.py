@@ -28,6 +28,23 @@ POOL_COLUMNS = (
 )
 
 
+
+def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, gw: object, event: str,
+                    left_out: dict[str, str]) -> None:
+    """An observation on `gateway`: its rotation after a drain or restore by a bench, a quarantine,
+    a release or a reconcile (the gateway's own materialization shows the rotation it wrote, not
+    what happened since; the fleet summary reads the newest of both). Never fails the caller."""
+    try:
+        rotation = gw.rotation()  # type: ignore[attr-defined]
+    except Exception as e:  # a record must never fail the step it records
+        context.log.warning(f"gateway rotation not read after '{event}': {e}")
+        return
+    context.log_event(dg.AssetObservation(
+        asset_key="gateway", description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
+        metadata={"event": event, "rotation": ", ".join(rotation), "nodes_in_rotation": len(rotation),
+                  "left_out_by_node": dg.MetadataValue.json(left_out)}))
+
+
 def pool_rows(config: dict) -> list[dict]:
     """The entries spark-pipelines owns, one row each: the gateway config readable inline."""
     rows = []

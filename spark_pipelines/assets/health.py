@@ -10,6 +10,7 @@ import time
 import dagster as dg
 
 from spark_pipelines.assets import fail
+from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core import healing
 from spark_pipelines.core.fleet import Fleet
@@ -62,6 +63,7 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
             fail(e)
         context.log.info(f"{node} quarantined ({out.record.summary()}); {out.note}")
         _record(context, node, out.record.summary(), f"quarantined; {out.note}")
+        record_rotation(context, litellm.host(), f"quarantine {node}", {node: f"quarantined: {out.record.summary()}"})
 
     @dg.op(name="release_quarantine", description="End a node's quarantine (the gateway takes it back once healthy).")
     def release_quarantine(context: dg.OpExecutionContext, ssh: FleetSSH) -> None:
@@ -102,6 +104,9 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
             fail(e)
         for line in done:
             context.log.info(line)
+        if done:
+            record_rotation(context, gw, f"reconcile: {plan.describe()}",
+                            {m.node: m.reason for m in plan.take_out})
 
     @dg.job(name=healing.QUARANTINE_JOB, partitions_def=partitions, tags={"spark/health": "quarantine"},
             description="Quarantine one node (a partition): recorded off the node on the gateway host (verdict, "

@@ -7,6 +7,7 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.assets import fail
+from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -99,10 +100,10 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
             "gateway": v.gateway,
             "verdict_file": dg.MetadataValue.path(v.verdict_path),
             "post_drain_tarball": dg.MetadataValue.path(v.capture.path),
-            "bench_mean_tok_s": float(v.bench_mean_tok_s or 0.0),
-            "floor_tok_s": v.floor_tok_s,
+            "bench_mean_tok_s": num(v.bench_mean_tok_s),  # null: no bench could run after the drain
+            "floor_tok_s": num(v.floor_tok_s),
             "steps": dg.MetadataValue.md("\n".join(f"1. {step}" for step in drained.steps)),
-            "drain_seconds": drained.seconds,
+            "drain_seconds": num(drained.seconds, 1),
         })
 
     capture_job = dg.define_asset_job(

@@ -178,19 +178,5 @@ def history(records: Iterable[BenchRecord], node: str) -> BenchHistory:
     )
 
 
-def acceptance_gate(acceptance: float | None, floor: float | None) -> tuple[bool, str]:
-    """(passes, why) for the MTP acceptance floor; no floor set passes, an unreadable rate with a
-    floor set fails (a gate that cannot read its figure does not open)."""
-    if floor is None:
-        return True, "no MTP acceptance floor set"
-    if acceptance is None:
-        return False, (f"MTP acceptance could not be read (no spec-decode counters on /metrics) and the fleet "
-                       f"sets a floor of {floor:.0%}: check that the launch has --speculative-config (MTP-2)")
-    if acceptance >= floor:
-        return True, f"MTP acceptance {acceptance:.1%} >= floor {floor:.0%}"
-    return False, (f"MTP acceptance {acceptance:.1%} < floor {floor:.0%}: the runbook's MTP-2 gives ~95%; check the "
-                   f"MTP weights step (add-mtp-weights.py, mtp_keys_mapped) and the launch's speculative config")
-
-
 def _short(v: str) -> str:
     return v.split(":", 1)[-1][:12] if v.startswith("sha256:") else v[:24]

@@ -626,9 +626,36 @@ def render_markdown(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def promotion_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict) -> tuple[bool, str]:
+def promotion_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict, *,
+                   acceptance: float | None = None, acceptance_floor: float | None = None) -> tuple[bool, str]:
     """(promoted, why) for a benched node. A wedged GPU never goes back into the gateway, even
-    above the floor (it only gets worse); a slow one gets the runbook's two checks in order."""
+    above the floor (it only gets worse); a slow one gets the runbook's two checks in order. With
+    an MTP acceptance floor set (bench.floor_mtp_acceptance), a node fast enough but accepting far
+    fewer drafts than MTP-2's ~95% (wrong MTP weights or spec config) is held out too."""
+    promoted, why = _tok_s_gate(mean, floor, gpu_verdict)
+    if not promoted:
+        return promoted, why
+    ok, acc_why = acceptance_gate(acceptance, acceptance_floor)
+    if not ok:
+        return False, f"{why}, but {acc_why}: kept out of the gateway"
+    return True, why if acceptance_floor is None else f"{why}; {acc_why}"
+
+
+def acceptance_gate(acceptance: float | None, floor: float | None) -> tuple[bool, str]:
+    """(passes, why) for the MTP acceptance floor; no floor set passes, an unreadable rate with a
+    floor set fails (a gate that cannot read its figure does not open)."""
+    if floor is None:
+        return True, "no MTP acceptance floor set"
+    if acceptance is None:
+        return False, (f"MTP acceptance could not be read (no spec-decode counters on /metrics) and the fleet "
+                       f"sets a floor of {floor:.0%}: check that the launch has --speculative-config (MTP-2)")
+    if acceptance >= floor:
+        return True, f"MTP acceptance {acceptance:.1%} >= floor {floor:.0%}"
+    return False, (f"MTP acceptance {acceptance:.1%} < floor {floor:.0%}: the runbook's MTP-2 gives ~95%; check the "
+                   f"MTP weights step (add-mtp-weights.py, mtp_keys_mapped) and the launch's speculative config")
+
+
+def _tok_s_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict) -> tuple[bool, str]:
     if gpu_verdict.state == "wedged":
         return False, ("PD-firmware wedge under load (" + "; ".join(gpu_verdict.reasons) + "); kept out of the "
                        "gateway. Runbook Known Firmware Issues: capture evidence, stop vLLM, sudo poweroff, "

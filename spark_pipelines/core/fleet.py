@@ -478,6 +478,9 @@ class RolloutSettings(Strict):
     """How a new image or checkpoint reaches the serving nodes (core/rollout.py)."""
 
     max_unavailable: Int = Field(default=1, ge=1, le=64, description="nodes out of the gateway at once during a rollout")
+    deploy_wait_s: Float = Field(default=1800, ge=0, le=86400,
+                                 description="how long a deploy waits for its turn out of the gateway (other nodes "
+                                             "deploying or benched) before it is refused, nothing changed")
     canary: NodeName | None = Field(default=None, description="the node that goes first, alone (default: the first serving one)")
     max_regression: Float = Field(default=0.05, ge=0, le=1,
                                   description="slower than the fleet's baseline on the previous version by more than this "

@@ -187,6 +187,21 @@ def rotation_refusal(fleet: Fleet, before: list[str], after: list[str],
             + (f"; {why}" if why else "") + f"; {hint}")
 
 
+DEPLOY_DRAIN = "deploying"  # the drain note a deploy writes: how rollout.max_unavailable is counted
+
+
+def deploy_refusal(fleet: Fleet, node: str, drains: dict[str, str]) -> str | None:
+    """Why `node` must not be drained for a deploy now, or None: at most rollout.max_unavailable
+    nodes are out of the gateway for a deploy at once (each drain note says who is)."""
+    others = sorted(n for n, note in drains.items() if n != node and note.startswith(DEPLOY_DRAIN))
+    limit = fleet.rollout.max_unavailable
+    if len(others) < limit:
+        return None
+    return (f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} out of the gateway for a deploy already "
+            f"(rollout.max_unavailable={limit}): {node} waits for {'it' if len(others) == 1 else 'them'} to finish; "
+            f"raise rollout.max_unavailable in the fleet file to deploy more nodes at once")
+
+
 def check_rotation(fleet: Fleet, before: list[str], after: list[str], drains: dict[str, str] | None = None) -> None:
     reason = rotation_refusal(fleet, before, after, drains)
     if reason:

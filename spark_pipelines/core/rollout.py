@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from spark_pipelines.core import bench as bench_core
-from spark_pipelines.core.baseline import Baseline, acceptance_gate
+from spark_pipelines.core.baseline import Baseline
+from spark_pipelines.core.bench import acceptance_gate
 from spark_pipelines.core.gpu import GpuVerdict
 
 

@@ -14,6 +14,7 @@ temp file into place (atomic), and reloads with a timeout. Reads are a command w
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,7 +112,9 @@ class GatewayHost:
         self.fleet = session.fleet
         self.gw = session.fleet.gateway
         self.ready_timeout_s = ready_timeout_s
-        self._master_key = master_key or None
+        # The procedures (a deploy's drain, a quarantine) build their own host: the key comes
+        # from the same environment variable the litellm resource binds (never from a file or argv).
+        self._master_key = master_key or os.environ.get(self.gw.master_key_env) or None
         self.lock_wait_s = lock_wait_s
         self.reload_timeout_s = reload_timeout_s
         self.rotation_wait_s = rotation_wait_s
@@ -245,32 +248,44 @@ class GatewayHost:
         return config, reloaded
 
     def drain(self, node: str, reason: str = "drained", wait_s: float | None = None, *,
-              dead: bool = False) -> list[str]:
+              dead: bool = False, deploying: bool = False) -> list[str]:
         """Take one node out of every pool, once the rotation can spare it: waits up to `wait_s`
         (default rotation_wait_s) for other nodes to come back, then refuses naming who is out.
         `dead=True` (the node does not serve) skips the floor: a dead backend is no backend, and
-        waiting would only keep clients routed to it.
+        waiting would only keep clients routed to it. `deploying=True` (a serving node about to be
+        redeployed) also waits while rollout.max_unavailable other nodes are out for a deploy.
         Confirmed: returns once the reloaded proxy no longer lists the node. Returns the rotation before."""
         deadline = time.monotonic() + (self.rotation_wait_s if wait_s is None else wait_s)
         note = f"{reason} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
         while True:
             refusal: list[str] = []
             written: list[dict] = []
+            stuck: list[bool] = []
 
             def compute(snap: Snapshot):
                 if snap.config is None or node not in snap.rotation:
                     return None
                 after = gateway_core.drain(snap.config, node)
                 written[:] = [after]
-                why = None if dead else gateway_core.rotation_refusal(
-                    self.fleet, snap.rotation, gateway_core.nodes_in_rotation(after), snap.drains)
+                if dead:
+                    return after, {**snap.drains, node: note}
+                left = gateway_core.nodes_in_rotation(after)
+                why = gateway_core.rotation_refusal(self.fleet, snap.rotation, left, snap.drains)
+                if why:
+                    # Only a drained node comes back by itself (its bench or deploy ends); a node
+                    # the gateway step left out does not: if those cannot lift the floor, waiting
+                    # cannot help.
+                    back = [n for n in snap.drains if n != node and n not in left]
+                    stuck[:] = [len(left) + len(back) < self.gw.min_in_rotation]
+                elif deploying:
+                    why = gateway_core.deploy_refusal(self.fleet, node, snap.drains)
                 if why:
                     refusal.append(why)
                     return None
                 return after, {**snap.drains, node: note}
 
             snap, _, _ = self.change(compute, rollback=True)
-            hopeless = len(self.fleet.serve_nodes) <= self.gw.min_in_rotation  # waiting cannot help
+            hopeless = len(self.fleet.serve_nodes) <= self.gw.min_in_rotation or any(stuck)
             if refusal and hopeless:
                 raise gateway_core.RotationRefused(refusal[-1])
             if not refusal:
@@ -286,6 +301,18 @@ class GatewayHost:
                 raise gateway_core.RotationRefused(refusal[-1])
             self.session.log.info(f"[{GATEWAY_KEY}] waiting to drain {node}: {refusal[-1]}")
             time.sleep(self.poll_s)
+
+    def note(self, node: str, reason: str) -> None:
+        """Replace a drained node's drain note. The notes live in the config file, so the proxy is
+        reloaded though its pools stay: used only when a failed deploy keeps its node out."""
+        text = f"{reason} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+
+        def compute(snap: Snapshot):
+            if snap.config is None or node not in snap.drains:
+                return None
+            return snap.config, {**snap.drains, node: text}
+
+        self.change(compute, rollback=False)
 
     def restore(self, node: str) -> None:
         """Put one node back into every pool (its drain note cleared); never refused. Not rolled back

@@ -1,5 +1,11 @@
 """Phase 4 on one node, as a transaction: set aside -> launch -> verify -> commit, or roll back.
 
+- drain first: a node the gateway routes to leaves its rotation before its old container stops
+  and comes back after the commit or the rollback (`rotation.drained`). The drain keeps
+  gateway.min_in_rotation, and at most rollout.max_unavailable nodes are out for a deploy at once:
+  a deploy waits up to rollout.deploy_wait_s for its turn, then is refused, nothing changed. A node
+  whose /health is down is drained at once (a dead backend is no backend).
+
 - set aside: the last good deployment is stopped and kept as `<name>-previous` (by container id,
   image id and launch-spec label, `resources.docker.PreviousDeploy`); the step marker is read.
 - launch: preflight (exporters stopped, page cache flushed, memory gate), `docker run`, readiness
@@ -25,6 +31,7 @@ from typing import Any
 import httpx
 
 from spark_pipelines.core import diagnosis
+from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import DEPLOY_LABEL, IMAGE_LABEL, LaunchSpec
@@ -35,7 +42,7 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import engine, jit_cache, markers, preflight, quarantine
 from spark_pipelines.runbook.errors import DeployFailed, RunbookError
-from spark_pipelines.runbook.rotation import BENCH_GATE
+from spark_pipelines.runbook.rotation import BENCH_GATE, Drain, drained
 
 READY_LINE = "Application startup complete"
 DEPLOY_MARKER = "node_deployment"  # the step marker node_deployment skips on
@@ -104,8 +111,9 @@ def _first_line(e: BaseException) -> str:
 class _Transaction:
     """The state one deploy keeps for its rollback."""
 
-    def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any) -> None:
+    def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None) -> None:
         self.s, self.node, self.spec, self.log = s, node, spec, log
+        self.drain = drain  # the deploy's own drain: a node that cannot serve is kept out by it
         self.docker = NodeDocker(s)
         self.before: dict[str, Any] | None = None  # the live container before anything changed
         self.kept: PreviousDeploy | None = None
@@ -227,7 +235,11 @@ class _Transaction:
             said.append(f"the hold-out reason could not be recorded on {n} ({_first_line(e)})")
         try:
             gw = GatewayHost(self.s)
-            if n in gw.rotation():
+            if self.drain is not None and self.drain.was_in:
+                self.drain.keep_out = True  # the deploy's drain is not undone
+                gw.note(n, "failed deploy: " + (why.splitlines() or [""])[0][:160])
+                said.insert(0, f"{n} taken out of the gateway (its deploy drained it; it stays out)")
+            elif n in gw.rotation():
                 gw.drain(n, reason="failed deploy: " + (why.splitlines() or [""])[0][:160], dead=True)
                 said.insert(0, f"{n} taken out of the gateway")
             else:
@@ -256,11 +268,31 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     cache mounts are switched to that key's slots before the launch, and back on a rollback;
     `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix)."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
-        return _deploy(s, node, spec, log, jit_key, fresh_jit_cache)
+        gw = _gateway(s, node)
+        if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
+            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache)
+        # Out of the gateway before the old container stops, back after the commit or the
+        # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
+        dead = not engine.healthy(s.fleet, node)
+        with drained(gw, node.name, reason=f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})",
+                     wait_s=s.fleet.rollout.deploy_wait_s, dead=dead, deploying=not dead) as drain:
+            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain)
+
+
+def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
+    """The gateway host, or None when it has no config yet. One that cannot be read refuses the
+    deploy: stopping a node the gateway may still route to, unseen, is what this must not do."""
+    gw = GatewayHost(s)
+    try:
+        return gw if gw.read().config is not None else None
+    except Exception as e:
+        raise DeployFailed(f"node {node.name}: the gateway host {s.fleet.gateway.host} could not be read "
+                           f"({_first_line(e)}), so {node.name} cannot be taken out of rotation before its old "
+                           f"container stops; nothing was changed: bring the gateway host back, then deploy again") from None
 
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
-            fresh_jit_cache: bool = False) -> Deployed:
+            fresh_jit_cache: bool = False, drain: Drain | None = None) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
@@ -268,7 +300,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
     spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id})
-    txn = _Transaction(s, node, spec, log)
+    txn = _Transaction(s, node, spec, log, drain)
     try:
         held = _quarantine_of(s, node, log)
         txn.set_aside()

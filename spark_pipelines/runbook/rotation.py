@@ -52,17 +52,19 @@ class Drain:
 
 
 @contextmanager
-def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float | None = None) -> Iterator[Drain]:
+def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float | None = None, *,
+            dead: bool = False, deploying: bool = False) -> Iterator[Drain]:
     """Take `node` out of every pool for the block, confirmed (the reloaded proxy no longer lists
     it) before the block runs. A drain that would leave fewer than gateway.min_in_rotation nodes
     waits up to `wait_s` for others to come back, then is refused (RotationRefused, nothing
-    changed). On an exception, including a drain whose reload failed and a run terminated
-    mid-block, the node goes back where it was; after a clean exit it goes back unless `keep_out`."""
+    changed); `dead` and `deploying` as for GatewayHost.drain. On an exception, including a drain
+    whose reload failed and a run terminated mid-block, the node goes back where it was unless the
+    body set `keep_out` (it found the node cannot serve); after a clean exit, unless `keep_out`."""
     was_in = node in gw.rotation()
     d = Drain(node, was_in, keep_out=not was_in)
     if was_in:
         try:
-            gw.drain(node, reason=reason, wait_s=wait_s)
+            gw.drain(node, reason=reason, wait_s=wait_s, dead=dead, deploying=deploying)
         except gateway_core.RotationRefused as e:  # nothing was changed
             raise RunbookError(f"{node} not drained, the block did not run: {e}") from None
         except BaseException as e:  # the write or the reload may have happened
@@ -71,18 +73,32 @@ def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float |
     try:
         yield d
     except BaseException as e:
-        if was_in:
+        if was_in and not d.keep_out:
             _restore_after(gw, node, e)
         raise
     if not d.keep_out:
-        gw.restore(node)
+        _put_back(gw, node)
+
+
+def _put_back(gw: GatewayHost, node: str) -> None:
+    """Restore, unless the node was quarantined while it was out (a health sweep's policy acted
+    meanwhile): the quarantine keeps it out until an operator or a healthy deploy releases it."""
+    try:
+        held = quarantined(gw.session).get(node)
+    except Exception:  # an unreadable record decides nothing: the drain's promise is the restore
+        held = None
+    if held is not None:
+        gw.session.log.warning(f"{node} stays out of the gateway: quarantined while it was drained "
+                               f"({held.summary()})")
+        return
+    gw.restore(node)
 
 
 def _restore_after(gw: GatewayHost, node: str, cause: BaseException) -> None:
     """Put the node back after `cause`; a restore that fails too is told with the cause, so
     neither error hides the other."""
     try:
-        gw.restore(node)
+        _put_back(gw, node)
     except Exception as e:
         if isinstance(cause, RunbookError):
             cause.description = f"{cause.description}; and putting {node} back in the gateway failed too: {e}"

@@ -107,10 +107,12 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
 
     @dg.sensor(name="node_health", minimum_interval_seconds=60, jobs=list(jobs) or None,
                default_status=dg.DefaultSensorStatus.STOPPED,
-               description="The health sweep of every serve node, each verdict recorded on node_deployment. "
-                           "engine-down: redeploy, at most restart_budget times per window with backoff, then "
+               description="The health sweep of every serve node at once (SSH, nvidia-smi, docker inspect, the "
+                           "container's log tail, /health, /metrics, its bench history), each verdict recorded on "
+                           "node_deployment. engine-down: redeploy, at most restart_budget times per window with backoff, then "
                            "quarantine; crash-loop / residue: quarantine, never a relaunch; regressed: a confirming "
-                           "bench, then a redeploy, then the rollback decision; unreachable / wedged: recorded. "
+                           "bench, then a redeploy on a fresh JIT cache, then the rollback decision; unreachable / "
+                           "wedged: recorded. "
                            "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
     def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
         from spark_pipelines.doctor import bench_histories  # the one reader of a node's bench history

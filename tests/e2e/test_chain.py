@@ -116,6 +116,8 @@ def test_materialize_all(chain):
         assert dep["kv_cache_tokens"] == 268224 and dep["max_concurrency"] == pytest.approx(3.81)
         bench = latest(inst, "bench_results", node)
         assert bench["mean_tok_s"] >= fleet.bench_floor(fleet.node(node))
+        # The gate read MTP acceptance too (the stand-in's spec-decode counters, ~95% like MTP-2).
+        assert bench["spec_acceptance_rate"] >= fleet.bench.floor_mtp_acceptance and "MTP acceptance" in bench["gate"]
         assert "Q&A" in bench["report"]
         # The bench table shows inline (a table, not markdown); every number rounded.
         prompts = [r.data["prompt"] for r in bench["table"].records]

@@ -67,11 +67,22 @@ def forms(x: float) -> set[str]:
 
 
 def test_bench_results_for_spark1_shows_spark1s_values(ui):
+    """One node's bench is the Partitions tab with that node selected: its values, not spark2's.
+    (Dagster's Overview shows the newest materialization of any partition.)"""
     mine, theirs = ui["mean_tok_s"]["spark1"], ui["mean_tok_s"]["spark2"]
-    shown = ui["browser"].open(f"{ui['url']}/assets/bench_results?partition=spark1", "bench-results-spark1",
-                               expect=["bench_results", "Latest materialization"])
+    shown = ui["browser"].open(f"{ui['url']}/assets/bench_results?view=partitions&partition=spark1",
+                               "bench-results-spark1", expect=["bench_results", "Latest materialization", "mean_tok_s"])
     assert forms(mine) & set(_numbers(shown.text)), f"spark1's mean {mine} not on {shown.screenshot}"
     shown.lacks(*(forms(theirs) - forms(mine)))
+
+
+def test_bench_results_overview_heads_with_every_nodes_latest_bench(ui):
+    """Whichever node benched last, the Overview opens on a table of each node's latest figures."""
+    shown = ui["browser"].open(f"{ui['url']}/assets/bench_results", "bench-results-overview",
+                               expect=["bench_results", "latest_by_node", "spark1", "spark2"])
+    for node in ("spark1", "spark2"):
+        mean = ui["mean_tok_s"][node]
+        assert forms(mean) & set(_numbers(shown.text)), f"{node}'s mean {mean} not on {shown.screenshot}"
 
 
 def test_check_history_lists_the_bench_runs(ui):

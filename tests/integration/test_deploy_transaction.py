@@ -1,17 +1,20 @@
 """The deploy as a transaction, on the simulated fleet (real sshd + dockerd, vLLM stand-in, LiteLLM).
 
-spark1 is built and deployed once (through Dagster) and put in the gateway; each test then breaks
-a deploy of it in one way and asserts the transaction's promise: the previous deployment serves
-again (same container, image tag back, step marker consistent) and the gateway still routes to
-it, or the node is out of the gateway with the reason recorded. Order matters inside this module:
+Both nodes are built and deployed once (through Dagster) and put in the gateway; each test then
+breaks a deploy of spark1 in one way and asserts the transaction's promise: the previous
+deployment serves again (same container, image tag back, step marker consistent) and the gateway
+still routes to it, or the node is out of the gateway with the reason recorded. spark2 keeps the
+rotation's floor meanwhile: a deploy drains its node first. Order matters inside this module:
 one fleet, one instance, one history.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +29,7 @@ import yaml
 from spark_pipelines.core import remote
 from spark_pipelines.core.artifacts import NodeArtifacts
 from spark_pipelines.core.fleet import load_fleet
-from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
+from spark_pipelines.core.launch import DEPLOY_LABEL, expand_home, launch_spec
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
@@ -34,11 +37,13 @@ from spark_pipelines.resources.lease import NodeBusy, node_lease
 from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, SshSettings
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy
+from spark_pipelines.runbook.errors import RunbookError
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
 pytestmark = pytest.mark.slow
 
 NODE = "spark1"
+OTHER = "spark2"  # serves while spark1's deploys drain it
 EXPORTER = "node_exporter"
 LOG = logging.getLogger("test.deploy")
 
@@ -50,19 +55,37 @@ def env(sim_fleet, tmp_path_factory):
     instance = dg.DagsterInstance.local_temp(str(root / "dagster"))
     fleet_path = str(sim_fleet.fleet_file)
     defs = build_definitions(fleet_path)
-    for job, part in (("build_job", None), ("deploy_node_job", NODE), ("gateway_job", None)):
+    for job, part in (("build_job", None), ("deploy_node_job", NODE), ("deploy_node_job", OTHER),
+                      ("gateway_job", None)):
         res = defs.resolve_job_def(job).execute_in_process(instance=instance, partition_key=part, raise_on_error=False)
         assert res.success, f"{job} failed while setting up the module"
     try:
         yield {"instance": instance, "fleet_path": fleet_path, "root": root, "fleet": load_fleet(fleet_path)}
     finally:
         instance.dispose()
-        # The modules after this one meet the fleet as the sim made it: no deployment on spark1.
+        # The modules after this one meet the fleet as the sim made it: no deployment anywhere.
         fleet = load_fleet(fleet_path)
         with FleetSession(fleet, SshSettings(connect_retries=1)) as s:
-            name = launch_spec(fleet, fleet.node(NODE)).container_name
-            for c in (name, remote.previous_container_name(name)):
-                s.run(NODE, ["docker", "rm", "-f", c], check=False, log=False)
+            for n in (NODE, OTHER):
+                name = launch_spec(fleet, fleet.node(n)).container_name
+                for c in (name, remote.previous_container_name(name)):
+                    s.run(n, ["docker", "rm", "-f", c], check=False, log=False)
+        forget_jit_caches(fleet)
+
+
+def forget_jit_caches(fleet) -> None:
+    """No compiled kernels anywhere, as the sim made the fleet: e2e's first deploy is a cold boot.
+    The sim's node homes are folders of this machine; the slots hold root's files, so the test
+    (root) removes them here rather than as the node's user."""
+    for node in fleet.serve_nodes:
+        for host, _ in launch_spec(fleet, node).mounts:
+            if host.startswith(node.home_dir + "/") and "/models" not in host:
+                for p in glob.glob(glob.escape(host) + "*"):  # the link and its keyed slots beside it
+                    if os.path.islink(p) or os.path.isfile(p):
+                        os.unlink(p)
+                    else:
+                        shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(expand_home(fleet.launch.jit_cache_store, fleet.build_node.home_dir), ignore_errors=True)
 
 
 @pytest.fixture()
@@ -123,6 +146,57 @@ def test_deploy_labels_the_container(env, s):
     labels = live["Config"]["Labels"]
     assert labels[DEPLOY_LABEL] == launch_spec(s.fleet, node).fingerprint
     assert labels["org.spark-pipelines.image"] == live["Image"]
+
+
+def test_a_deploy_drains_its_node_while_the_other_keeps_serving(env, s):
+    """Redeploy spark1: it leaves the rotation before its old container stops and comes back
+    after the commit; spark2 is in the rotation at every sample."""
+    node = s.fleet.node(NODE)
+    samples: list[list[str]] = []
+    stop = threading.Event()
+
+    def watch():
+        with FleetSession(s.fleet, SshSettings(connect_retries=1)) as w:
+            gw = GatewayHost(w)
+            while not stop.is_set():
+                samples.append(gw.rotation())
+                stop.wait(0.5)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        done = deploy(s, node, launch_spec(s.fleet, node), LOG, run_id="drain-test")
+    finally:
+        stop.set()
+        t.join(30)
+    assert done.container_id
+    assert any(NODE not in r for r in samples), "spark1 never left the rotation during its deploy"
+    assert all(OTHER in r for r in samples), samples
+    assert NODE in GatewayHost(s).rotation() and GatewayHost(s).read().drains == {}
+    # The container changed behind Dagster's back: a run records it again.
+    assert build_definitions(env["fleet_path"]).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key=NODE, raise_on_error=False).success
+
+
+def test_a_deploy_waits_its_turn_and_is_refused_touching_nothing(env, s):
+    """spark2 is out of the gateway for a deploy: taking spark1 out too would leave no backend.
+    The deploy waits rollout.deploy_wait_s, then is refused with both reasons; spark1 still serves."""
+    path = variant(env, "shortwait", lambda d: d.setdefault("rollout", {}).__setitem__("deploy_wait_s", 3))
+    before = snapshot(s)
+    gw = GatewayHost(s)
+    gw.drain(OTHER, reason="deploying (run another)")
+    try:
+        fleet = load_fleet(path)
+        with FleetSession(fleet, SshSettings(connect_retries=1)) as other:
+            with pytest.raises(RunbookError) as e:
+                deploy(other, fleet.node(NODE), launch_spec(fleet, fleet.node(NODE)), LOG, run_id="refused")
+            assert not [c for c in other.commands if c.argv[:2] == ("docker", "stop")]
+        assert "spark1 not drained" in str(e.value) and "spark2 is out (deploying (run another)" in str(e.value)
+    finally:
+        gw.restore(OTHER)
+    after = snapshot(s)
+    assert after["id"] == before["id"] and after["running"] and after["in_gateway"] and after["healthy"]
+    assert sorted(GatewayHost(s).rotation()) == [NODE, OTHER]
 
 
 def test_docker_run_exit_125_rolls_back(env, s):

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from spark_pipelines.core import gpu
+from spark_pipelines.core.bench import acceptance_gate
 from spark_pipelines.core.baseline import (
     BenchIdentity,
     BenchRecord,
     LoadConditions,
-    acceptance_gate,
     fleet_baseline,
     history,
     load_conditions,

@@ -220,3 +220,20 @@ def test_promotion_gate_follows_the_runbooks_two_checks():
     assert not promoted and "34.0 tok/s < floor 40" in why and "fresh_jit_cache: true" in why
     promoted, why = core.promotion_gate(None, 40.0, unknown)
     assert not promoted and "no tok/s" in why and "check for the PD-firmware wedge" in why
+
+
+def test_promotion_gate_holds_out_a_fast_node_with_low_mtp_acceptance():
+    """bench.floor_mtp_acceptance: tok/s alone can pass with broken MTP weights (no drafts accepted)."""
+    from spark_pipelines.core.gpu import GpuVerdict
+
+    healthy = GpuVerdict(state="healthy", reasons=["under load"])
+    ok, why = core.promotion_gate(52.0, 40.0, healthy, acceptance=0.95, acceptance_floor=0.8)
+    assert ok and why == "bench 52.0 tok/s >= floor 40; MTP acceptance 95.0% >= floor 80%"
+    ok, why = core.promotion_gate(52.0, 40.0, healthy, acceptance=0.42, acceptance_floor=0.8)
+    assert not ok and "MTP acceptance 42.0% < floor 80%" in why and "add-mtp-weights.py" in why
+    ok, why = core.promotion_gate(52.0, 40.0, healthy, acceptance=None, acceptance_floor=0.8)
+    assert not ok and "could not be read" in why and "--speculative-config" in why
+    # No floor set: tok/s and the wedge decide, as before; a slow node's reason is the tok/s one.
+    assert core.promotion_gate(52.0, 40.0, healthy, acceptance=0.1) == (True, "bench 52.0 tok/s >= floor 40")
+    ok, why = core.promotion_gate(30.0, 40.0, healthy, acceptance=0.1, acceptance_floor=0.8)
+    assert not ok and "< floor 40" in why and "MTP" not in why

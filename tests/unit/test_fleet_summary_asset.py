@@ -88,3 +88,19 @@ def test_refresh_sensor_requests_once_per_new_observation(instance, defs):
     later = tick(again.cursor or first.cursor)
     (req2,) = later.run_requests
     assert req2.run_key != req.run_key and int(later.cursor) > int(first.cursor)
+
+
+def test_a_quarantine_keeps_the_sweeps_verdict_and_shows_the_node_out(instance, defs):
+    """A quarantine records no verdict of its own: the health column keeps the newest sweep's; the
+    quarantine job's gateway observation makes the gateway column say why the node is out."""
+    seed(instance)
+    record(instance, dg.AssetObservation("node_deployment", partition="spark1", metadata={
+        "verdict": "residue", "evidence": "free 96.5 GiB", "advice": "reboot the node", "quarantined": ""}))
+    record(instance, dg.AssetObservation("node_deployment", partition="spark1", metadata={
+        "quarantined": "residue: relaunching cannot help", "policy": "quarantined; drained"}))
+    record(instance, dg.AssetObservation("gateway", metadata={
+        "event": "quarantine spark1", "rotation": "",
+        "left_out_by_node": dg.MetadataValue.json({"spark1": "quarantined: residue"})}))
+    rows, _ = summary_rows(instance, defs)
+    assert rows["spark1"]["health"] == "residue"
+    assert rows["spark1"]["gateway"].startswith("out") and "quarantined" in rows["spark1"]["gateway"]

@@ -194,3 +194,15 @@ def test_definitions_bind_the_master_key_only_when_set(monkeypatch):
 
     bound = build_definitions("fleets/seed.yaml").resources["litellm"]
     assert bound.master_key == dg.EnvVar("LITELLM_MASTER_KEY")
+
+
+def test_deploy_drains_are_counted_against_max_unavailable(seed_data):
+    fleet = parse_fleet(seed_data)  # rollout.max_unavailable defaults to 1
+    assert gateway.deploy_refusal(fleet, "spark1", {}) is None
+    assert gateway.deploy_refusal(fleet, "spark1", {"spark2": "bench spark2 since 2026-12-03T10:00:00Z"}) is None
+    why = gateway.deploy_refusal(fleet, "spark1", {"spark2": f"{gateway.DEPLOY_DRAIN} (run ab12cd34) since x"})
+    assert why and "spark2 is out of the gateway for a deploy already" in why and "rollout.max_unavailable=1" in why
+    # Its own note (a retried drain) does not count against it.
+    assert gateway.deploy_refusal(fleet, "spark1", {"spark1": f"{gateway.DEPLOY_DRAIN} since x"}) is None
+    seed_data["rollout"] = {**seed_data.get("rollout", {}), "max_unavailable": 2}
+    assert gateway.deploy_refusal(parse_fleet(seed_data), "spark1", {"spark2": f"{gateway.DEPLOY_DRAIN} since x"}) is None

@@ -19,8 +19,8 @@ class RecordingGateway:
     def rotation(self):
         return ["spark1", "spark2"]
 
-    def drain(self, node, reason="", wait_s=None):
-        self.calls.append(f"drain {node}")
+    def drain(self, node, reason="", wait_s=None, dead=False, deploying=False):
+        self.calls.append(f"drain {node}" + (" dead" if dead else "") + (" deploying" if deploying else ""))
         if self.drain_error:
             raise self.drain_error
 
@@ -78,3 +78,35 @@ def test_a_failed_restore_does_not_hide_the_first_error():
         with drained(gw, "spark1"):
             raise ValueError("bench broke")
     assert any("sshd frozen" in n for n in err2.value.__notes__)
+
+
+def test_a_body_that_keeps_the_node_out_is_not_restored_by_its_error():
+    # A failed deploy whose rollback cannot serve keeps the node out, then raises DeployFailed.
+    gw = RecordingGateway()
+    with pytest.raises(RunbookError):
+        with drained(gw, "spark1", dead=True) as d:
+            d.keep_out = True
+            raise RunbookError("rollback did not serve")
+    assert gw.calls == ["drain spark1 dead"]
+
+
+def test_a_node_quarantined_while_drained_stays_out(monkeypatch):
+    """A health sweep's policy quarantined the node during the block: the restore would undo it."""
+    import logging
+    from types import SimpleNamespace
+
+    from spark_pipelines.runbook import rotation
+
+    held = SimpleNamespace(summary=lambda: "residue, by node_health")
+    monkeypatch.setattr(rotation, "quarantined", lambda s: {"spark1": held})
+    gw = RecordingGateway()
+    gw.session = SimpleNamespace(log=logging.getLogger("test"))
+    with drained(gw, "spark1"):
+        pass
+    assert gw.calls == ["drain spark1"]
+    monkeypatch.setattr(rotation, "quarantined", lambda s: {})
+    gw = RecordingGateway()
+    gw.session = SimpleNamespace(log=logging.getLogger("test"))
+    with drained(gw, "spark1"):
+        pass
+    assert gw.calls == ["drain spark1", "restore spark1"]
