@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from spark_pipelines.core import remote
+from spark_pipelines.core import layout, remote
 from spark_pipelines.core.artifacts import NodeArtifacts
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import DEPLOY_LABEL, expand_home, launch_spec
@@ -70,6 +70,13 @@ def env(sim_fleet, tmp_path_factory):
                 name = launch_spec(fleet, fleet.node(n)).container_name
                 for c in (name, remote.previous_container_name(name)):
                     s.run(n, ["docker", "rm", "-f", c], check=False, log=False)
+            # spark2 received its copies here (only for the drain tests): e2e's first deploy streams them.
+            other = fleet.node(OTHER)
+            image = launch_spec(fleet, other).image
+            for ref in (image, remote.previous_image_tag(image)):
+                s.run(OTHER, ["docker", "rmi", "-f", ref], check=False, log=False)
+        shutil.rmtree(layout.hybrid_dir(fleet, other), ignore_errors=True)
+        shutil.rmtree(os.path.dirname(layout.marker_path(other, "node_artifacts")), ignore_errors=True)
         forget_jit_caches(fleet)
 
 
