@@ -28,7 +28,6 @@ POOL_COLUMNS = (
 )
 
 
-
 def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, gw: object, event: str,
                     left_out: dict[str, str]) -> None:
     """An observation on `gateway`: its rotation after a drain or restore by a bench, a quarantine,

@@ -56,14 +56,14 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
     def quarantine_node(context: dg.OpExecutionContext, config: QuarantineConfig, ssh: FleetSSH,
                         litellm: LiteLLMGateway) -> None:
         node = context.partition_key
+        gw = litellm.host()  # one host for the drain and the record of the rotation after it
         try:
-            out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context),
-                                           gw=litellm.host())
+            out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context), gw=gw)
         except RunbookError as e:
             fail(e)
         context.log.info(f"{node} quarantined ({out.record.summary()}); {out.note}")
         _record(context, node, out.record.summary(), f"quarantined; {out.note}")
-        record_rotation(context, litellm.host(), f"quarantine {node}", {node: f"quarantined: {out.record.summary()}"})
+        record_rotation(context, gw, f"quarantine {node}", {node: f"quarantined: {out.record.summary()}"})
 
     @dg.op(name="release_quarantine", description="End a node's quarantine (the gateway takes it back once healthy).")
     def release_quarantine(context: dg.OpExecutionContext, ssh: FleetSSH) -> None:
