@@ -239,8 +239,8 @@ class NodeStreams:
             raise RemoteCommandError(src, r.command, r.exit_status, r.tail, copy_failure(
                 src, dst, dst_abs, r.exit_status, r.stderr + r.tail, free_mib=self._free_mib(dst, dst_abs)))
         stats = remote.parse_rsync_stats(r.stdout)
-        self._remove_rsync_leftovers(dst, dst_abs)
-        verification = self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest) if verify else TreeVerification()
+        verification = (self.verify_tree(src, dst, src_abs, dst_abs, manifest=manifest, drop_rsync_leftovers=True)
+                        if verify else TreeVerification())
         repaired: list[str] = []
         repair_stats: dict[str, int] = {}
         if not verification.ok and verification.resend:
@@ -261,17 +261,6 @@ class NodeStreams:
             verification=verification, rsync_stats=stats,
             repaired=repaired, repair_bytes_sent=repair_stats.get("total_bytes_sent", 0),
         )
-
-    def _remove_rsync_leftovers(self, dst: str, dst_abs: str) -> None:
-        """A receiver killed mid-copy leaves rsync's temp file beside the shard it was writing; the
-        rerun completes the shard but never removes that file, which then fails the verification
-        (and holds up to a shard's size of disk). Only exact temp names of files present go."""
-        s = self.session
-        listing = remote.parse_file_sizes(s.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
-        stale = remote.rsync_leftovers(listing)
-        if stale:
-            s.log.info(f"[{dst}] removing {len(stale)} temp file(s) a killed copy left: {', '.join(stale[:5])}")
-            s.run(dst, ["rm", "-f", "--", *(f"{dst_abs}/{p}" for p in stale)], log=False)
 
     def resend_files(
         self, src: str, dst: str, src_dir: str, dst_dir: str, files: list[str], *,
@@ -310,14 +299,24 @@ class NodeStreams:
     def verify_tree(
         self, src: str, dst: str, src_dir: str, dst_dir: str, *,
         manifest: str | None = None, content: bool = True, only: list[str] | None = None,
+        drop_rsync_leftovers: bool = False,
     ) -> TreeVerification:
         """Sizes of every file on both sides, the safetensors index, each shard's header span, and
         (content=True) every file's sha256 on dst against the source's manifest (`only`: just
-        those files, after a repair). A source without a manifest is hashed on the source too."""
+        those files, after a repair). A source without a manifest is hashed on the source too.
+        `drop_rsync_leftovers` (after a copy): a killed rsync's temp files are removed first."""
         s = self.session
         src_abs, dst_abs = s.expand(src, src_dir), s.expand(dst, dst_dir)
         src_sizes = remote.parse_file_sizes(s.run(src, remote.list_files_argv(src_abs), log=False).stdout)
         dst_sizes = remote.parse_file_sizes(s.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
+        stale = remote.rsync_leftovers(dst_sizes) if drop_rsync_leftovers else []
+        if stale:
+            # A receiver killed mid-copy leaves rsync's temp file beside the shard it was writing; the
+            # rerun completes the shard but never removes that file (up to a shard's size of disk).
+            # Only exact temp names of files present go, read from this same listing.
+            s.log.info(f"[{dst}] removing {len(stale)} temp file(s) a killed copy left: {', '.join(stale[:5])}")
+            s.run(dst, ["rm", "-f", "--", *(f"{dst_abs}/{p}" for p in stale)], log=False)
+            dst_sizes = {p: n for p, n in dst_sizes.items() if p not in stale}
         v = TreeVerification(files=len(dst_sizes), total_bytes=sum(dst_sizes.values()))
         v.problems += remote.compare_trees(src_sizes, dst_sizes)
         v.resend = sorted(p for p in src_sizes if dst_sizes.get(p) != src_sizes[p])
