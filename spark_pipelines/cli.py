@@ -89,6 +89,7 @@ def build_plan(fleet: Fleet, only: str | None) -> dict[str, Any]:
         "gateway": {
             "host": fleet.gateway.host,
             "config_path": fleet.gateway.config_path,
+            "reload": fleet.gateway.reload,
             "reload_command": list(fleet.gateway.reload_command),
             "config": config,
         },
@@ -115,7 +116,9 @@ def render_plan_text(plan: dict[str, Any]) -> str:
     out += ["  " + line for line in plan["rollout"]["text"].splitlines()]
     out.append("")
     gw = plan["gateway"]
-    out.append(f"== gateway {gw['host']}: {gw['config_path']} then `{shlex.join(gw['reload_command'])}`")
+    how = ("graceful: streams in flight finish" if gw["reload"] == "graceful"
+           else "restart: drops every stream in flight")
+    out.append(f"== gateway {gw['host']}: {gw['config_path']} then `{shlex.join(gw['reload_command'])}` ({how})")
     out.append(gateway_core.dump(gw["config"]).rstrip())
     return "\n".join(out)
 

@@ -45,7 +45,8 @@ def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: di
         **target(gw),
         "config_path": str(work / "config.yaml"),
         "reload_dir": str(work),
-        "reload_command": [str(gw.bin / "litellm-restart")],
+        "reload": "graceful",
+        "reload_command": [str(gw.bin / "litellm-reload")],
     })
     # The stand-in checkpoint is a few MB, not ~71 GB: the runbook's disk floors do not apply.
     doc["preflight"] = {"build_host_disk_gib": 1, "serve_node_disk_gib": 1}

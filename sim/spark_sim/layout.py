@@ -17,6 +17,8 @@ SSH_PORT = 22
 DEFAULT_TOKENS_PER_SECOND = float(os.environ.get("SPARK_SIM_TOKENS_PER_SECOND", "52"))
 # The real proxy, installed by scripts/bootstrap.sh (run as root on the gateway, see litellm-proxy).
 LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
+# What `litellm` runs, for `python3 -c` with the ascii codec imported first (node_host.py says why).
+LITELLM_MAIN = "import encodings.ascii, sys; from litellm import run_server; sys.exit(run_server())"
 REQUIRED_BINARIES = ("ip", "dockerd", "docker", "/usr/sbin/sshd", "ssh-keygen", "useradd", "userdel", "visudo",
                      "sudo", "setsid", "setpriv", "fuser", "rsync", "git")
 # The command that installs REQUIRED_BINARIES (and the venv) on a bare Debian machine.

@@ -1,5 +1,5 @@
 """A simulated host's own parts: its user and keys, sshd, dockerd, sudoers drop-in, and the
-stand-in programs on its PATH (nvidia-smi, hf, the GPU hook, systemctl, litellm-restart).
+stand-in programs on its PATH (nvidia-smi, hf, the GPU hook, systemctl, litellm-reload/-restart).
 
 Every program a node user runs is under the sim root (see node_lib.py), never in the checkout.
 """
@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from spark_sim.effects import run, write
-from spark_sim.layout import LITELLM_BIN, SSH_PORT, Layout, Member
+from spark_sim.layout import LITELLM_BIN, LITELLM_MAIN, SSH_PORT, Layout, Member
 from spark_sim.network import Record
 from spark_sim.node_lib import NodeLib
 
@@ -165,7 +165,8 @@ class NodeHost:
         write(m.dir / "docker" / "daemon.json", "{}\n")
 
     def _make_gateway_files(self, m: Member) -> None:
-        """`litellm-restart` stands in for `docker compose restart litellm`. The proxy runs as
+        """`litellm-reload` stands in for `docker compose kill -s SIGHUP litellm` (a graceful reload),
+        `litellm-restart` for `docker compose restart litellm`. The proxy runs as
         root through one sudoers line (as it would in its container): the litellm venv's
         interpreter lives under root's 0700 home, out of the gateway user's reach."""
         work = m.home / "litellm"
@@ -177,42 +178,69 @@ class NodeHost:
         cfg, pidfile, log = work / "config.yaml", m.dir / "litellm.pid", work / "litellm.log"
         write(m.sbin / "litellm-proxy", (
             "#!/bin/sh\n"
-            "# (Re)start the simulated gateway's LiteLLM proxy; run as root via sudo.\n"
+            "# The simulated gateway's LiteLLM proxy, run as root via sudo. Under gunicorn (one worker,\n"
+            "# the app preloaded) as a compose service running `litellm --run_gunicorn` would be:\n"
+            "#   litellm-proxy          stop it if it runs, start it: drops every stream in flight\n"
+            "#   litellm-proxy reload   SIGHUP to the running master: a new worker reads the config,\n"
+            "#                          the old one finishes its streams (start it if none runs)\n"
             "set -u\n"
             f"cfg={cfg}; pidfile={pidfile}; log={log}\n"
             f"[ -x {LITELLM_BIN} ] || {{ echo \"litellm-proxy: {LITELLM_BIN} is missing; install litellm[proxy] there\" >&2; exit 1; }}\n"
             "[ -f \"$cfg\" ] || { echo \"litellm-proxy: $cfg does not exist; write the gateway config first\" >&2; exit 1; }\n"
-            "if [ -f \"$pidfile\" ]; then\n"
-            "  old=$(cat \"$pidfile\"); kill \"$old\" 2>/dev/null\n"
-            "  i=0; while kill -0 \"$old\" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n"
-            "  kill -9 \"$old\" 2>/dev/null; rm -f \"$pidfile\"\n"
+            "old=; [ -f \"$pidfile\" ] && old=$(cat \"$pidfile\")\n"
+            "alive() { [ -n \"$1\" ] && grep -q litellm \"/proc/$1/cmdline\" 2>/dev/null; }\n"
+            "if [ \"${1:-}\" = reload ] && alive \"$old\"; then\n"
+            "  kill -HUP \"$old\" && { echo \"$old\"; exit 0; }\n"
             "fi\n"
+            # The master leads its own process group (setsid): its worker goes with it, else an
+            # orphaned worker keeps the port.
+            # As `docker compose restart` stops a service: SIGTERM, 10 s, SIGKILL (dash's kill takes
+            # a group as -PGID, without --). A group number stays taken while any member lives.
+            "if [ -n \"$old\" ] && kill -0 -\"$old\" 2>/dev/null; then  # its group: a worker outlives a killed master\n"
+            "  kill -TERM -\"$old\" 2>/dev/null\n"
+            "  i=0; while kill -0 -\"$old\" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n"
+            "  kill -KILL -\"$old\" 2>/dev/null\n"
+            "fi\n"
+            "rm -f \"$pidfile\"\n"
             f"LITELLM_MASTER_KEY=$(cat {key_file})\n"
-            # Without LITELLM_LOCAL_MODEL_COST_MAP the proxy first tries an internet download.
-            "export LITELLM_MASTER_KEY LITELLM_LOCAL_MODEL_COST_MAP=True\n"
+            # Without LITELLM_LOCAL_MODEL_COST_MAP the proxy first tries an internet download. An old
+            # worker waits this long for its streams after a reload (LiteLLM's default 30 s would cut
+            # a long reasoning answer).
+            "GRACEFUL_SHUTDOWN_TIMEOUT=900\n"
+            "export LITELLM_MASTER_KEY LITELLM_LOCAL_MODEL_COST_MAP=True GRACEFUL_SHUTDOWN_TIMEOUT\n"
             f"cd {work}\n"
-            f"setsid {LITELLM_BIN} --config \"$cfg\" --host {m.ip} --port 4000 >\"$log\" 2>&1 </dev/null &\n"
+            # `litellm` itself, with the ascii codec imported first: LiteLLM 1.108's gunicorn master
+            # starts its query-engine reaper thread just before it forks the worker, the thread's
+            # first /proc read imports encodings.ascii, and a fork in that moment leaves the worker
+            # waiting forever on that module's lock (apscheduler -> tzlocal at startup).
+            f"setsid {LITELLM_BIN.parent / 'python3'} -c '{LITELLM_MAIN}' --config \"$cfg\" --host {m.ip} "
+            "--port 4000 --run_gunicorn --num_workers 1 >\"$log\" 2>&1 </dev/null &\n"
             "echo $! > \"$pidfile\"\n"
             "chmod 644 \"$log\"\n"
             "echo $!\n"
         ), 0o755)
         url = f"http://{m.ip}:4000/health/liveliness"
-        write(m.bin / "litellm-restart", (
-            "#!/bin/sh\n"
-            "# Restart the simulated gateway's LiteLLM proxy and wait until it answers.\n"
-            "set -u\n"
-            f"log={log}\n"
-            "pid=$(sudo -n litellm-proxy) || exit 1\n"
-            "i=0\n"
-            "while [ $i -lt 240 ]; do\n"
-            f"  if python3 -c \"import urllib.request as u; u.urlopen('{url}', timeout=1)\" 2>/dev/null; then\n"
-            f"    echo \"litellm ready on {m.ip}:4000 (pid $pid)\"; exit 0\n"
-            "  fi\n"
-            "  [ -d /proc/$pid ] || { echo 'litellm-restart: the proxy exited:' >&2; tail -n 5 \"$log\" >&2; exit 1; }\n"
-            "  sleep 0.5; i=$((i+1))\n"
-            "done\n"
-            "echo \"litellm-restart: not ready after 120 s; see $log\" >&2; exit 1\n"
-        ), 0o755)
+        # A restart truncates the log: its startup line is the new worker's, not an old one
+        # answering while it stops.
+        started = "grep -aq 'Application startup complete' \"$log\" && "
+        for script, argv, did, ready in (("litellm-restart", "litellm-proxy", "ready", started),
+                                         ("litellm-reload", "litellm-proxy reload", "reloaded", "")):
+            write(m.bin / script, (
+                "#!/bin/sh\n"
+                f"# `sudo {argv}`, then wait until the proxy answers.\n"
+                "set -u\n"
+                f"log={log}\n"
+                f"pid=$(sudo -n {argv}) || exit 1\n"
+                "i=0\n"
+                "while [ $i -lt 240 ]; do\n"
+                f"  if {ready}python3 -c \"import urllib.request as u; u.urlopen('{url}', timeout=1)\" 2>/dev/null; then\n"
+                f"    echo \"litellm {did} on {m.ip}:4000 (pid $pid)\"; exit 0\n"
+                "  fi\n"
+                f"  [ -d /proc/$pid ] || {{ echo '{script}: the proxy exited:' >&2; tail -n 5 \"$log\" >&2; exit 1; }}\n"
+                "  sleep 0.5; i=$((i+1))\n"
+                "done\n"
+                f"echo \"{script}: not ready after 120 s; see $log\" >&2; exit 1\n"
+            ), 0o755)
         self._install_sudoers(m, [f"{m.sbin}/litellm-proxy"])
 
     def _install_sudoers(self, m: Member, commands: list[str]) -> None:

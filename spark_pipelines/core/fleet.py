@@ -389,15 +389,31 @@ class Node(SshTarget):
     bench_floor_tok_s: Float | None = Field(default=None, ge=0, le=1e5, description="below this the node is not promoted")
 
 
+# How the proxy takes a new config, and the argv each way runs in reload_dir by default (a compose
+# project). graceful: SIGHUP to LiteLLM's gunicorn master (`litellm --run_gunicorn`): a new worker
+# reads the config while the old one finishes its streams (up to the proxy's
+# GRACEFUL_SHUTDOWN_TIMEOUT). restart: the proxy stops and starts, dropping every stream in flight
+# on every node and answering nothing for its start-up (~15 s); for a proxy not under gunicorn,
+# where SIGHUP would end it.
+RELOAD_COMMANDS: dict[str, tuple[str, ...]] = {
+    "graceful": ("docker", "compose", "kill", "-s", "SIGHUP", "litellm"),
+    "restart": ("docker", "compose", "restart", "litellm"),
+}
+
+
 class Gateway(SshTarget):
     """The LiteLLM proxy host."""
 
     proxy_port: Port = 4000
     config_path: NodePath
-    reload_command: tuple[str, ...] = Field(
-        default=("docker", "compose", "restart", "litellm"),
-        description="argv run in reload_dir on the gateway host after the config is written",
+    reload: Literal["graceful", "restart"] = Field(
+        default="restart",
+        description="graceful: the proxy runs under gunicorn and reloads on SIGHUP without dropping streams; "
+                    "restart: any proxy, every stream in flight is dropped",
     )
+    reload_command: tuple[str, ...] = Field(
+        default=(), description="argv run in reload_dir on the gateway host after the config is written "
+                                "(default: the reload mode's compose command)")
     reload_dir: NodePath | None = None
     pools: tuple[Annotated[str, _shape(names.NODE_NAME, "pool name")], ...] = ("fast", "reasoning", "code")
     routing_strategy: Literal[
@@ -412,6 +428,13 @@ class Gateway(SshTarget):
     # waits or is refused. 0 lets a bench empty the gateway (a one-node fleet); the gateway
     # step never writes an empty rotation whatever this says.
     min_in_rotation: int = Field(default=1, ge=0, le=64, description="nodes that always stay in the gateway's rotation")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reload_command_of_its_mode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reload_command" not in data:  # a bad mode is the field's own error
+            data = {**data, "reload_command": RELOAD_COMMANDS.get(data.get("reload", "restart"), ())}
+        return data
 
     @field_validator("pools")
     @classmethod
@@ -571,7 +594,7 @@ class Fleet(Strict):
                 raise ValueError(f"{where}: launch env is missing {', '.join(missing)} ({why}); add them under launch.env")
         if not self.gateway.reload_command:
             raise ValueError("gateway.reload_command is empty: give the argv that reloads LiteLLM, "
-                             "e.g. [docker, compose, restart, litellm]")
+                             f"e.g. {list(RELOAD_COMMANDS[self.gateway.reload])}")
         if self.rollout.canary is not None and self.rollout.canary not in {n.name for n in self.serve_nodes}:
             raise ValueError(f"rollout.canary names {self.rollout.canary!r}, which is not a serve node")
         for name in self.cold_drain.smart_plugs:

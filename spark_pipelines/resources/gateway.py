@@ -1,7 +1,11 @@
 """The LiteLLM gateway host: change the proxy config, reload the proxy, read its health.
 
-Without a database LiteLLM has no runtime API to add or remove a deployment, so changing a pool
-means rewriting the config and reloading (the runbook restarted the compose service).
+Without a database LiteLLM has no runtime API to add or remove a deployment (its model API needs
+Prisma's query engine, downloaded at first use: not offline), so changing a pool means rewriting
+the config and reloading: gracefully (`gateway.reload: graceful`, SIGHUP to the proxy's gunicorn
+master; the old worker finishes its streams) or by a restart (the runbook's `docker compose
+restart litellm`, which drops every stream in flight). Either way the change is confirmed on the
+running proxy's /model/info, never assumed.
 
 Every change is ONE remote command under `flock -w` on `<config>.lock` on the gateway host, so
 changes and reloads from any run or process never overlap (two overlapping proxy restarts once
@@ -34,6 +38,8 @@ HISTORY_KEEP = 5  # timestamped copies in <config>.history/ besides <config>.pre
 WRITE_RETRIES = 5  # re-reads after another run changed the config between our read and write
 READ_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 5.0
+# A graceful reload serves the new config within a few hundred ms: a drain is confirmed that soon.
+SERVING_POLL_S = 0.2
 
 EXIT_CHANGED, EXIT_LOCK, EXIT_WRITE, EXIT_RELOAD, EXIT_RELOAD_ROLLED_BACK = 75, 76, 70, 73, 72
 
@@ -176,8 +182,10 @@ class GatewayHost:
         stdin = (self._master_key or "") + "\n" + text
         timeout = self.lock_wait_s + 2 * (self.reload_timeout_s + 10) + 60
         # The script itself is not worth a log line per run; what it did is.
+        how = ("graceful reload: streams in flight finish" if self.gw.reload == "graceful" else
+               "proxy restart: every stream in flight is dropped (gateway.reload: graceful avoids it)")
         self.session.log.info(f"[{GATEWAY_KEY}] change {self.config_path} under {self.config_path}.lock, then "
-                              f"{' '.join(self.gw.reload_command)}")
+                              f"{' '.join(self.gw.reload_command)} ({how})")
         r = self._run(argv, f"changing {self.config_path}", stdin=stdin, timeout=timeout, check=False,
                       log=lambda line: self.session.log.info(line) if "$ " not in line[:40] else None)
         if r.exit_status == 0:
@@ -206,7 +214,7 @@ class GatewayHost:
     def change(self, compute: Change, rollback: bool) -> tuple[Snapshot, dict[str, Any], bool]:
         """Read, compute, write and reload, retried while other runs change the config in between.
         Returns (the snapshot it was computed from, the config now on the host, reloaded?). An
-        unchanged config on a ready proxy is left alone (a reload drops in-flight streams)."""
+        unchanged config on a ready proxy is left alone (a restart drops in-flight streams)."""
         for _ in range(WRITE_RETRIES):
             snap = self.read()
             new = compute(snap)
@@ -381,7 +389,7 @@ class GatewayHost:
             if time.monotonic() >= deadline:
                 raise GatewayError(f"LiteLLM on {self.gw.host}: {node} is {'not yet back' if present else 'still'} "
                                    f"in the running proxy {self.ready_timeout_s:.0f} s after the reload ({last})")
-            time.sleep(1)
+            time.sleep(SERVING_POLL_S)
 
 
 class LiteLLMGateway(dg.ConfigurableResource):

@@ -231,7 +231,9 @@ def test_proxy_killed_during_a_drain_comes_back_with_the_node(operator_gateway, 
     fleet, s, host = operator_gateway
     with drained(host, "spark2", reason="test bench"):
         pid = int((sim_fleet.gateway.dir / "litellm.pid").read_text().strip())
-        os.kill(pid, signal.SIGKILL)  # the sim runs the proxy as root; the test is root too
+        # As its container dies: the gunicorn master and its worker (the sim runs them as root;
+        # the test is root too).
+        os.killpg(pid, signal.SIGKILL)
         deadline = time.monotonic() + 20
         while host.ready() and time.monotonic() < deadline:
             time.sleep(0.2)

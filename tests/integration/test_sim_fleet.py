@@ -332,29 +332,48 @@ def test_up_then_down_leaves_nothing_even_after_a_crash(tmp_path: Path) -> None:
 
 
 
-def test_gateway_reload_command_restarts_a_real_litellm_proxy(sim_fleet: SimFleet) -> None:
+def test_gateway_reload_is_graceful_and_restart_replaces_the_real_litellm_proxy(sim_fleet: SimFleet) -> None:
+    """The sim's fleet file reloads gracefully: the same gunicorn master takes each new config (a
+    new worker). `litellm-restart` (the runbook's restart) replaces the proxy."""
     fleet = load_fleet(sim_fleet.fleet_file)
+    assert fleet.gateway.reload == "graceful"
     gw, spark1 = sim_fleet.gateway, sim_fleet.node("spark1")
-    config = {"model_list": [{"model_name": "fast", "litellm_params": {
-        "model": f"openai/{fleet.launch.served_model_name}", "api_base": f"http://{spark1.ip}:8000/v1", "api_key": "dummy"}}]}
-    c = _client(sim_fleet)
-    c.connect(gw.ip, username=gw.user, key_filename=str(sim_fleet.layout.key_path), allow_agent=False, look_for_keys=False)
-    try:
-        with c.open_sftp() as sftp, sftp.open(fleet.gateway.config_path, "w") as f:
-            f.write(yaml.safe_dump(config))
-    finally:
-        c.close()
     key = os.environ["LITELLM_MASTER_KEY"]  # set by the sim_fleet fixture, used by the proxy
-    pids = []
-    for _ in range(2):  # a restart replaces the running proxy
-        out = ok(sim_fleet, gw, ["sh", "-c", f"cd {shlex.quote(fleet.gateway.reload_dir)} && {shlex.join(fleet.gateway.reload_command)}"])
-        assert f"litellm ready on {gw.ip}:4000" in out
-        pids.append(int(out.rsplit("pid ", 1)[1].rstrip(")\n")))
+
+    def write(pools: list[str]) -> None:
+        config = {"model_list": [{"model_name": pool, "litellm_params": {
+            "model": f"openai/{fleet.launch.served_model_name}", "api_base": f"http://{spark1.ip}:8000/v1",
+            "api_key": "dummy"}} for pool in pools]}
+        c = _client(sim_fleet)
+        c.connect(gw.ip, username=gw.user, key_filename=str(sim_fleet.layout.key_path), allow_agent=False,
+                  look_for_keys=False)
+        try:
+            with c.open_sftp() as sftp, sftp.open(fleet.gateway.config_path, "w") as f:
+                f.write(yaml.safe_dump(config))
+        finally:
+            c.close()
+
+    def served() -> list[str]:
         req = urllib.request.Request(f"http://{gw.ip}:{fleet.gateway.proxy_port}/v1/models",
                                      headers={"Authorization": f"Bearer {key}"})
-        models = json.loads(urllib.request.urlopen(req, timeout=10).read())
-        assert [m["id"] for m in models["data"]] == ["fast"]
-    assert pids[0] != pids[1] and not _running(pids[0])
+        return sorted(m["id"] for m in json.loads(urllib.request.urlopen(req, timeout=10).read())["data"])
+
+    def run(argv: list[str]) -> int:
+        out = ok(sim_fleet, gw, ["sh", "-c", f"cd {shlex.quote(fleet.gateway.reload_dir)} && {shlex.join(argv)}"])
+        assert f"on {gw.ip}:4000" in out, out
+        return int(out.rsplit("pid ", 1)[1].rstrip(")\n"))
+
+    masters = []
+    for pools in (["fast"], ["fast", "reasoning"]):
+        write(pools)
+        masters.append(run(list(fleet.gateway.reload_command)))
+        deadline = time.monotonic() + 30
+        while served() != pools and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert served() == pools
+    assert masters[0] == masters[1] and _running(masters[0])  # one master, new workers
+    restarted = run([str(gw.bin / "litellm-restart")])
+    assert restarted != masters[0] and not _running(masters[0]) and served() == ["fast", "reasoning"]
     assert {r["name"]: r for r in sim_fleet.status()}["gateway"]["litellm_alive"]
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(urllib.request.Request(f"http://{gw.ip}:4000/v1/models",

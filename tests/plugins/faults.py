@@ -341,9 +341,11 @@ def proxy_pid(sim: SimFleet) -> int | None:
 
 
 def kill_proxy(sim: SimFleet) -> int:
+    """The proxy dies as its container would: the gunicorn master and its workers (its process
+    group) at once. Killing the master alone would leave its worker serving the old config."""
     pid = proxy_pid(sim)
     assert pid, "the gateway proxy has no pid file; is it running?"
-    os.kill(pid, signal.SIGKILL)
+    os.killpg(pid, signal.SIGKILL)
     return pid
 
 

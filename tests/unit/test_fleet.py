@@ -214,3 +214,17 @@ def test_cli_plan_prints_one_line_and_exits_2(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "launch.gpu_memory_utilization = nan" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_gateway_reload_mode_brings_its_command_and_an_explicit_one_wins(seed_data):
+    gw = seed_data["gateway"]
+    assert load_fleet("fleets/seed.yaml").gateway.reload == "graceful"
+    del gw["reload_command"]
+    assert parse_fleet(seed_data, "f.yaml").gateway.reload_command == ("docker", "compose", "kill", "-s", "SIGHUP",
+                                                                       "litellm")
+    del gw["reload"]  # a file from before the setting: today's restart, as it was
+    assert parse_fleet(seed_data, "f.yaml").gateway.reload_command == ("docker", "compose", "restart", "litellm")
+    gw.update(reload="restart", reload_command=["/usr/local/bin/proxy-restart"])
+    assert parse_fleet(seed_data, "f.yaml").gateway.reload_command == ("/usr/local/bin/proxy-restart",)
+    gw["reload"] = "hup"
+    refused(seed_data, "gateway.reload", "graceful", "restart")

@@ -1,0 +1,129 @@
+"""Clients' traffic through the simulated gateway.
+
+`engines_on` runs the vLLM stand-in on every node's own address, in the node's network namespace
+but outside Docker (the gateway needs an engine there, not a deployment). `streams` sends
+streaming chat requests through the real LiteLLM proxy, each in its thread, and records how each
+one ended and which node served it (LiteLLM names the backend in `x-litellm-model-api-base`):
+what a drain or a reload must not break.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from spark_sim.fleet import SimFleet
+from spark_sim.servers import (
+    HEALTHY_GPU,
+    MANDATORY_ENV,
+    RECIPE_FLAGS,
+    STANDIN,
+    SYSTEM_PYTHON,
+    Served,
+    standin_env,
+    start_server,
+)
+
+API_BASE_HEADER = "x-litellm-model-api-base"
+
+
+@contextmanager
+def engines_on(sim: SimFleet, port: int, model: str, work: Path, tokens_per_second: float = 52.0
+               ) -> Iterator[dict[str, Served]]:
+    """The stand-in serving `model` on <node ip>:<port> of every node; stopped on exit."""
+    served: dict[str, Served] = {}
+    try:
+        for m in sim.nodes:
+            d = work / m.name
+            d.mkdir(parents=True, exist_ok=True)
+            argv = ["ip", "netns", "exec", m.netns, SYSTEM_PYTHON, str(STANDIN), "serve",
+                    "/models/qwen35-122b-hybrid-int4fp8", "--served-model-name", model,
+                    "--host", m.ip, "--port", str(port), *RECIPE_FLAGS]
+            env = standin_env(d / "gpu.json", HEALTHY_GPU, {**MANDATORY_ENV, "SIM_STARTUP_SECONDS": "0.2",
+                                                            "SIM_TOKENS_PER_SECOND": str(tokens_per_second)})
+            base = f"http://{m.ip}:{port}"
+            served[m.name] = start_server(argv, env=env, log_path=d / "vllm.log", ready_url=base + "/health",
+                                          base_url=base, model=model, timeout=30)
+        yield served
+    finally:
+        for s in served.values():
+            s.stop()
+
+
+@dataclass
+class Stream:
+    """One streamed answer as the client saw it."""
+
+    node: str | None = None  # the backend LiteLLM chose, by its address
+    finished: bool = False  # a finish_reason and data: [DONE] arrived
+    chunks: int = 0
+    error: str = ""
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def dropped(self) -> bool:
+        return not self.finished
+
+
+def _one(url: str, key: str, pool: str, max_tokens: int, node_of: dict[str, str], out: Stream,
+         timeout_s: float) -> None:
+    body = {"model": pool, "stream": True, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "Count slowly, one word per line."}]}
+    out.started = time.monotonic()
+    finish = None
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s,
+                          headers={"Authorization": f"Bearer {key}"}) as r:
+            base = r.headers.get(API_BASE_HEADER, "")
+            out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+            if r.status_code != 200:
+                out.error = f"HTTP {r.status_code}"
+                return
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    out.finished = finish is not None
+                    break
+                if line.startswith("data: "):
+                    choices = json.loads(line[6:]).get("choices") or []
+                    if choices:
+                        out.chunks += 1
+                        finish = choices[0].get("finish_reason") or finish
+            if not out.finished:
+                out.error = "the stream ended without finish_reason and [DONE]"
+    except (httpx.HTTPError, ValueError) as e:
+        out.error = f"{type(e).__name__}: {e}"[:200]
+    finally:
+        out.ended = time.monotonic()
+
+
+class Streams:
+    """`n` streaming requests in flight at once through the gateway; `wait()` gives their ends."""
+
+    def __init__(self, gateway_url: str, key: str, node_of: dict[str, str], *, n: int, max_tokens: int,
+                 pool: str = "fast", timeout_s: float = 120.0) -> None:
+        self.results = [Stream() for _ in range(n)]
+        self._threads = [threading.Thread(target=_one, args=(gateway_url, key, pool, max_tokens, node_of, s,
+                                                              timeout_s), daemon=True) for s in self.results]
+        for t in self._threads:
+            t.start()
+
+    def wait(self, timeout_s: float = 180.0) -> list[Stream]:
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return self.results
+
+
+def running(engine: Served) -> float:
+    """vllm:num_requests_running on one engine (the stand-in's /metrics)."""
+    text = httpx.get(engine.base_url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
