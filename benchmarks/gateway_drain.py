@@ -8,8 +8,8 @@ Brings up a simulated fleet (2 nodes + the gateway host) in SPARK_SIM_SLOT / SPA
 runbook's 52 tok/s, and both nodes in the gateway. For each reload mode (restart: the runbook's
 `docker compose restart litellm`, here `litellm-restart`, which stops the proxy as compose does:
 SIGTERM, 10 s, SIGKILL; graceful: SIGHUP to the proxy's gunicorn master), each round:
---streams streams of --tokens tokens start through the gateway (routing: simple-shuffle, so both
-nodes carry some); once both engines carry one, spark2 is drained (GatewayHost.drain, confirmed
+--streams streams of --tokens tokens start through the gateway (routing: simple-shuffle, two more
+until both nodes carry one: spark_sim.traffic); then spark2 is drained (GatewayHost.drain, confirmed
 on the proxy's /model/info), then restored (confirmed likewise); then every stream's end is read.
 
 Figures per mode: streams in flight on spark1 (the node that stays) and how many of them were
@@ -28,43 +28,23 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
-from spark_pipelines.core.fleet import parse_fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_sim.fleet import SimFleet
-from spark_sim.traffic import Streams, engines_on, running
+from spark_sim.traffic import engines_on, on_every_engine, traffic_fleet
 
 PORT = 18000
 
 
-def fleet_for(sim: SimFleet, mode: str):
-    data = yaml.safe_load(open(sim.fleet_file))
-    data["launch"]["port"] = PORT
-    data["gateway"]["routing_strategy"] = "simple-shuffle"
-    data["gateway"]["reload"] = mode
-    data["gateway"]["reload_command"] = [str(sim.gateway.bin / f"litellm-{'reload' if mode == 'graceful' else mode}")]
-    return parse_fleet(data, f"{mode} fleet")
-
-
-def one_round(host: GatewayHost, engines, url: str, key: str, node_of: dict[str, str], n: int, tokens: int):
-    batches = []
-    for _ in range(n // 2):
-        batches.append(Streams(url, key, node_of, n=2, max_tokens=tokens))
-    deadline = time.monotonic() + 10
-    while not all(running(e) >= 1 for e in engines.values()):
-        if time.monotonic() > deadline:
-            raise SystemExit("the streams did not reach both engines within 10 s")
-        time.sleep(0.1)
+def one_round(host: GatewayHost, engines, key: str, n: int, tokens: int):
+    streams = on_every_engine(host.base_url, key, engines, max_tokens=tokens, first=n)
     t0 = time.monotonic()
     host.drain("spark2", "benchmark drain")
     drain_s = time.monotonic() - t0
     t1 = time.monotonic()
     host.restore("spark2")
     restore_s = time.monotonic() - t1
-    results = [r for b in batches for r in b.wait()]
-    return drain_s, restore_s, results
+    return drain_s, restore_s, streams.wait()
 
 
 def main() -> int:
@@ -86,17 +66,15 @@ def main() -> int:
     figures: dict[str, tuple[float, float, int, int, int]] = {}
     try:
         with tempfile.TemporaryDirectory() as work, \
-                engines_on(sim, PORT, fleet_for(sim, "graceful").launch.served_model_name, Path(work)) as engines:
-            node_of = {e.base_url: name for name, e in engines.items()}
+                engines_on(sim, PORT, traffic_fleet(sim, PORT).launch.served_model_name, Path(work)) as engines:
             for mode in ("restart", "graceful"):
-                fleet = fleet_for(sim, mode)
+                fleet = traffic_fleet(sim, PORT, mode)
                 with FleetSession(fleet) as s:
                     host = GatewayHost(s, master_key=key, poll_s=0.5)
                     host.set_rotation(["spark1", "spark2"])
                     drains, restores, on1, dropped1, dropped = [], [], 0, 0, 0
                     for i in range(args.rounds):
-                        d, r, results = one_round(host, engines, host.base_url, key, node_of, args.streams,
-                                                  args.tokens)
+                        d, r, results = one_round(host, engines, key, args.streams, args.tokens)
                         drains.append(d)
                         restores.append(r)
                         mine = [x for x in results if x.node == "spark1"]

@@ -192,11 +192,10 @@ class NodeHost:
             "if [ \"${1:-}\" = reload ] && alive \"$old\"; then\n"
             "  kill -HUP \"$old\" && { echo \"$old\"; exit 0; }\n"
             "fi\n"
-            # The master leads its own process group (setsid): its worker goes with it, else an
-            # orphaned worker keeps the port.
-            # As `docker compose restart` stops a service: SIGTERM, 10 s, SIGKILL (dash's kill takes
-            # a group as -PGID, without --). A group number stays taken while any member lives.
-            "if [ -n \"$old\" ] && kill -0 -\"$old\" 2>/dev/null; then  # its group: a worker outlives a killed master\n"
+            # Stopped as `docker compose restart` stops a service (SIGTERM, 10 s, SIGKILL), to the
+            # master's whole process group (setsid): a worker outlives a killed master and keeps the
+            # port. dash's kill takes a group as -PGID, without --.
+            "if [ -n \"$old\" ] && kill -0 -\"$old\" 2>/dev/null; then\n"
             "  kill -TERM -\"$old\" 2>/dev/null\n"
             "  i=0; while kill -0 -\"$old\" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n"
             "  kill -KILL -\"$old\" 2>/dev/null\n"

@@ -1,7 +1,7 @@
 """Clients' traffic through the simulated gateway.
 
 `engines_on` runs the vLLM stand-in on every node's own address, in the node's network namespace
-but outside Docker (the gateway needs an engine there, not a deployment). `streams` sends
+but outside Docker (the gateway needs an engine there, not a deployment). `Streams` sends
 streaming chat requests through the real LiteLLM proxy, each in its thread, and records how each
 one ended and which node served it (LiteLLM names the backend in `x-litellm-model-api-base`):
 what a drain or a reload must not break.
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 
+from spark_pipelines.core.fleet import Fleet, parse_fleet
 from spark_sim.fleet import SimFleet
 from spark_sim.servers import (
     HEALTHY_GPU,
@@ -105,21 +107,58 @@ def _one(url: str, key: str, pool: str, max_tokens: int, node_of: dict[str, str]
 
 
 class Streams:
-    """`n` streaming requests in flight at once through the gateway; `wait()` gives their ends."""
+    """Streaming requests in flight at once through the gateway, `add(n)` at a time; `wait()` gives
+    their ends."""
 
-    def __init__(self, gateway_url: str, key: str, node_of: dict[str, str], *, n: int, max_tokens: int,
+    def __init__(self, gateway_url: str, key: str, node_of: dict[str, str], *, max_tokens: int,
                  pool: str = "fast", timeout_s: float = 120.0) -> None:
-        self.results = [Stream() for _ in range(n)]
-        self._threads = [threading.Thread(target=_one, args=(gateway_url, key, pool, max_tokens, node_of, s,
-                                                              timeout_s), daemon=True) for s in self.results]
-        for t in self._threads:
+        self._args = (gateway_url, key, pool, max_tokens, node_of)
+        self._timeout_s = timeout_s
+        self.results: list[Stream] = []
+        self._threads: list[threading.Thread] = []
+
+    def add(self, n: int) -> Streams:
+        for _ in range(n):
+            s = Stream()
+            t = threading.Thread(target=_one, args=(*self._args, s, self._timeout_s), daemon=True)
+            self.results.append(s)
+            self._threads.append(t)
             t.start()
+        return self
 
     def wait(self, timeout_s: float = 180.0) -> list[Stream]:
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         return self.results
+
+
+def on_every_engine(gateway_url: str, key: str, engines: dict[str, Served], *, max_tokens: int, first: int = 2,
+                    tries: int = 8, wait_s: float = 3.0) -> Streams:
+    """`first` streams through the gateway, then two more at a time until every engine carries one
+    (the router may pick the same node for a whole batch)."""
+    node_of = {e.base_url: name for name, e in engines.items()}
+    streams = Streams(gateway_url, key, node_of, max_tokens=max_tokens).add(first)
+    for _ in range(tries):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if all(running(e) >= 1 for e in engines.values()):
+                return streams
+            time.sleep(0.1)
+        streams.add(2)
+    raise RuntimeError(f"streams did not reach every engine: { {n: running(e) for n, e in engines.items()} }")
+
+
+def traffic_fleet(sim: SimFleet, port: int, reload: str = "graceful") -> Fleet:
+    """The sim's fleet with the engines of `engines_on` at `port`, routing shuffled (streams land on
+    every node, not on the fastest only), reloading gracefully or by the runbook's restart."""
+    data = yaml.safe_load(open(sim.fleet_file))
+    data["launch"]["port"] = port
+    data["gateway"]["routing_strategy"] = "simple-shuffle"
+    data["gateway"]["reload"] = reload
+    data["gateway"]["reload_command"] = [str(sim.gateway.bin / ("litellm-reload" if reload == "graceful"
+                                                                 else "litellm-restart"))]
+    return parse_fleet(data, f"{reload} traffic fleet")
 
 
 def running(engine: Served) -> float:

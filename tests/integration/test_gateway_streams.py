@@ -12,12 +12,10 @@ import os
 import time
 
 import pytest
-import yaml
 
-from spark_pipelines.core.fleet import Fleet, parse_fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_sim.traffic import Streams, engines_on, running
+from spark_sim.traffic import Streams, engines_on, on_every_engine, traffic_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -25,54 +23,23 @@ PORT = 18000  # not the launch port: no deployed engine of another module answer
 TOKENS = 420  # ~8 s at 52 tok/s: longer than a graceful drain and restore together
 
 
-def variant(sim_fleet, reload: str | None = None) -> Fleet:
-    data = yaml.safe_load(open(sim_fleet.fleet_file))
-    data["launch"]["port"] = PORT
-    data["gateway"]["routing_strategy"] = "simple-shuffle"  # streams on both nodes, not the fastest only
-    if reload == "restart":
-        data["gateway"]["reload"] = "restart"
-        data["gateway"]["reload_command"] = [str(sim_fleet.gateway.bin / "litellm-restart")]
-    return parse_fleet(data, "streams fleet")
-
-
 @pytest.fixture(scope="module")
 def streaming(sim_fleet, tmp_path_factory):
     """Both nodes' engines up and both in the gateway; the gateway's previous config put back after."""
-    fleet = variant(sim_fleet)
+    fleet = traffic_fleet(sim_fleet, PORT)
     key = os.environ["LITELLM_MASTER_KEY"]
     with FleetSession(fleet) as s, engines_on(sim_fleet, PORT, fleet.launch.served_model_name,
                                                tmp_path_factory.mktemp("engines")) as engines:
         host = GatewayHost(s, master_key=key, poll_s=0.5)
         before = host.read()
         host.set_rotation(["spark1", "spark2"])
-        url = host.base_url
-        node_of = {f"http://{sim_fleet.node(n).ip}:{PORT}": n for n in ("spark1", "spark2")}
-        yield {"fleet": fleet, "host": host, "engines": engines, "url": url, "key": key, "node_of": node_of,
-               "session": s}
+        yield {"host": host, "engines": engines, "url": host.base_url, "key": key}
         if before.config is not None:
             host.apply(before.config)
 
 
-class InFlight:
-    """Streams through the gateway, two at a time until both engines carry at least one."""
-
-    def __init__(self, st: dict, tokens: int) -> None:
-        self.batches: list[Streams] = []
-        for _ in range(8):
-            self.batches.append(Streams(st["url"], st["key"], st["node_of"], n=2, max_tokens=tokens))
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline:
-                if all(running(e) >= 1 for e in st["engines"].values()):
-                    return
-                time.sleep(0.1)
-        pytest.fail(f"the streams did not reach both engines: {[running(e) for e in st['engines'].values()]}")
-
-    def wait(self) -> list:
-        return [r for b in self.batches for r in b.wait()]
-
-
-def in_flight(st: dict, tokens: int = TOKENS) -> InFlight:
-    return InFlight(st, tokens)
+def in_flight(st: dict, tokens: int = TOKENS) -> Streams:
+    return on_every_engine(st["url"], st["key"], st["engines"], max_tokens=tokens)
 
 
 def test_graceful_drain_and_restore_keep_every_stream(streaming):
@@ -92,7 +59,8 @@ def test_graceful_drain_and_restore_keep_every_stream(streaming):
     # The new config is what serves: new requests reach only the nodes in the rotation.
     host.drain("spark2", "test drain")
     try:
-        after = Streams(streaming["url"], streaming["key"], streaming["node_of"], n=4, max_tokens=5).wait()
+        node_of = {e.base_url: n for n, e in streaming["engines"].items()}
+        after = Streams(streaming["url"], streaming["key"], node_of, max_tokens=5).add(4).wait()
         assert [r.node for r in after] == ["spark1"] * 4 and not any(r.dropped for r in after)
     finally:
         host.restore("spark2")
@@ -102,7 +70,7 @@ def test_restart_drops_streams_in_flight(sim_fleet, streaming):
     """The runbook's restart, for contrast: the streams' failure is seen (the test above can fail).
     A stop waits 10 s for the proxy's streams (as `docker compose restart` does), then kills it:
     these streams (~19 s) are cut."""
-    with FleetSession(variant(sim_fleet, "restart")) as s:
+    with FleetSession(traffic_fleet(sim_fleet, PORT, "restart")) as s:
         host = GatewayHost(s, master_key=streaming["key"], poll_s=0.5)
         streams = in_flight(streaming, tokens=1000)
         try:
