@@ -4,7 +4,7 @@ export DAGSTER_HOME ?= $(CURDIR)/.dagster-home
 export SPARK_VLLM_VENV ?= /opt/spark-pipelines/vllm
 export SPARK_LITELLM_VENV ?= /opt/spark-pipelines/litellm
 
-.PHONY: demo plan test test-fast ui sim-down
+.PHONY: demo plan test test-fast ui sim-down team-up team-down
 
 # The main job: bring up the simulated GB10 fleet, materialize the whole chain, print bench results.
 demo:
@@ -18,7 +18,7 @@ plan:
 
 # The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
 test:
-	@scripts/bootstrap.sh base litellm vllm test
+	@scripts/bootstrap.sh base litellm vllm test team
 	.venv/bin/python -m pytest
 
 test-fast:
@@ -36,3 +36,13 @@ ui:
 
 sim-down:
 	.venv/bin/spark-pipelines sim down
+
+# The team instance on this machine (README "Two modes"): PostgreSQL, the Dagster daemon and UI on
+# http://127.0.0.1:3000, the code server and every run in containers of the offline-built image.
+# State under $$SPARK_TEAM_ROOT (default /var/lib/spark-pipelines/team); team-down keeps the database.
+team-up:
+	@scripts/bootstrap.sh base team
+	.venv/bin/spark-pipelines team up
+
+team-down:
+	.venv/bin/spark-pipelines team down

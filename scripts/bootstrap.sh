@@ -5,6 +5,7 @@
 #   scripts/bootstrap.sh litellm   a real LiteLLM proxy in .venvs/litellm
 #   scripts/bootstrap.sh vllm      a real vLLM (CPU build) in .venvs/vllm
 #   scripts/bootstrap.sh test      Debian packages only the tests need (chromium for the UI tests)
+#   scripts/bootstrap.sh team      PostgreSQL's server for the team instance (make team-up) and its tests
 #   scripts/bootstrap.sh ansible   ansible-core, the reference benchmarks/sweep_scale.py measures against
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,22 @@ PY=${PYTHON:-python3}
 APT_PACKAGES=(docker.io busybox-static openssh-server openssh-client rsync iproute2 sudo psmisc git procps util-linux python3 python3-venv)
 # The browser tests drive Debian's chromium headless (tests/plugins/browser.py).
 TEST_APT_PACKAGES=(chromium)
+# The team instance's database: Debian's server binaries, run by `spark-pipelines team up` itself
+# (its own cluster under the team root), so the package's default cluster is not created.
+TEAM_APT_PACKAGES=(postgresql)
+
+team_packages() {
+  dpkg-query -W -f='${Status}' "${TEAM_APT_PACKAGES[@]}" 2>/dev/null | grep -q "ok installed" && return
+  echo "bootstrap: apt-get install ${TEAM_APT_PACKAGES[*]} (no default cluster: the team runs its own)"
+  mkdir -p /etc/postgresql-common
+  [[ -f /etc/postgresql-common/createcluster.conf ]] ||
+    echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # confold: keep the createcluster.conf written above over the package's copy.
+  apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confdef \
+    -o Dpkg::Options::=--force-confold "${TEAM_APT_PACKAGES[@]}" >/dev/null
+}
 
 stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 
@@ -86,7 +103,8 @@ for part in "${@:-base}"; do
     litellm) litellm_venv ;;
     vllm) vllm_venv ;;
     test) apt_packages "${TEST_APT_PACKAGES[@]}" ;;
+    team) team_packages ;;
     ansible) ansible_venv ;;
-    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test | ansible)" >&2; exit 2 ;;
+    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test | team | ansible)" >&2; exit 2 ;;
   esac
 done

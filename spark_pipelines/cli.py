@@ -5,6 +5,7 @@ sim    the simulated GB10 fleet (up | down | status | set)
 bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
 doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
+team   the team instance here: PostgreSQL, Dagster daemon + UI, each run in a container (up | down | status)
 
 Bad input exits with status 2 and one clear message on stderr, never a traceback.
 """
@@ -151,6 +152,7 @@ DELEGATED = {
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
     from spark_pipelines import bench_client, demo, doctor
+    from spark_pipelines.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
@@ -167,6 +169,10 @@ def parser() -> Parser:
                          description=doctor.__doc__)
     doctor.add_arguments(doc)
     doc.set_defaults(run=doctor.doctor_run)
+    team = sub.add_parser("team", help="the team instance: PostgreSQL, daemon, runs in containers",
+                          description=team_command.__doc__)
+    team_command.add_arguments(team)
+    team.set_defaults(run=team_command.team_command)
     for name in DELEGATED:
         sub.add_parser(name, help="see `spark-pipelines sim --help`", add_help=False)
     return ap

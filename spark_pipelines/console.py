@@ -98,6 +98,12 @@ def _stop_group(pid: int, started: str | None, grace_s: float = STOP_GRACE_S) ->
     return True
 
 
+def code_server_args(grpc_port: int) -> list[str]:
+    """`dagster`'s arguments that serve the project's code location on 127.0.0.1:grpc_port."""
+    return ["code-server", "start", "-h", HOST, "-p", str(grpc_port), "-m", "spark_pipelines.definitions",
+            "--location-name", LOCATION]
+
+
 def console_dir(home: Path) -> Path:
     return Path(home) / "console"
 
@@ -243,6 +249,9 @@ class Console:
     fleet_path: str
     env: Mapping[str, str] = field(default_factory=dict)  # added to this process's environment
     web_port: int | None = None
+    # The code server's argv for a gRPC port; default: this venv's `dagster code-server`. The team
+    # instance runs it in its image instead (runs then launch from that image's Python).
+    code_server: Callable[[int], list[str]] | None = None
     startup_timeout_s: float = STARTUP_TIMEOUT_S
     log: Callable[[str], None] = print
     processes: dict[str, tuple[subprocess.Popen, str | None, Path]] = field(default_factory=dict)
@@ -276,10 +285,10 @@ class Console:
                              f"      location_name: {LOCATION}\n")
         env = {**os.environ, **self.env, "DAGSTER_HOME": str(self.home), "SPARK_FLEET": self.fleet_path}
         bin_dir = Path(sys.executable).parent
+        code_server = (self.code_server(grpc_port) if self.code_server else
+                       [str(bin_dir / "dagster"), *code_server_args(grpc_port)])
         try:
-            self._spawn("code-server", [str(bin_dir / "dagster"), "code-server", "start", "-h", HOST, "-p",
-                                        str(grpc_port), "-m", "spark_pipelines.definitions", "--location-name",
-                                        LOCATION], env)
+            self._spawn("code-server", code_server, env)
             # The webserver asks once at start; a code server still importing would leave it with an error.
             self._until("code server", "code-server", lambda: _accepts(grpc_port))
             self._spawn("webserver", [str(bin_dir / "dagster-webserver"), "-h", HOST, "-p", str(self.web_port),
@@ -302,8 +311,18 @@ class Console:
             raise ConsoleError(f"a Dagster daemon already serves {self.home} (last heartbeat {beat:.0f} s ago; "
                                "`make ui`?): stop it first, the demo starts its own")
 
+    def detach(self) -> None:
+        """Leave the processes running after this process exits: no owner is recorded, so the
+        next `stop_leftovers` on the instance (`team down`) stops them."""
+        self._record()
+        state_file = self.logs / "console.json"
+        state = json.loads(state_file.read_text())
+        state["owner"] = {}
+        state_file.write_text(json.dumps(state, indent=1))
+        self.processes.clear()
+
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        if not Path(argv[0]).exists():
+        if "/" in argv[0] and not Path(argv[0]).exists():
             raise ConsoleError(f"{argv[0]} not found: run scripts/bootstrap.sh base (the project venv)")
         log_path = self.logs / f"{name}.log"
         with open(log_path, "wb") as out:
@@ -398,11 +417,15 @@ class Console:
         return body["data"]
 
     def launch(self, job: str, partition: str | None = None, run_config: dict[str, Any] | None = None,
-               tags: Mapping[str, str] | None = None) -> str:
-        """Submit `job` (for one partition) through the code location; returns the run id."""
+               tags: Mapping[str, str] | None = None, assets: list[str] | None = None) -> str:
+        """Submit `job` (for one partition, only `assets` of it if given) through the code location;
+        returns the run id."""
         all_tags = {**(tags or {}), **({"dagster/partition": partition} if partition else {})}
+        selector: dict[str, Any] = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "jobName": job}
+        if assets:
+            selector["assetSelection"] = [{"path": [a]} for a in assets]
         params = {
-            "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "jobName": job},
+            "selector": selector,
             "runConfigData": run_config or {},
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in all_tags.items()]},
         }

@@ -14,8 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from spark_pipelines.console import Console, ConsoleError, stop_leftovers
 from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.team.instance import TEMPLATE
 
 def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[str, Any]:
     import dagster as dg
@@ -97,32 +100,22 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
     return failures
 
 
-# Telemetry off (this tool talks only to the fleet); one run per node at a time: every per-node
-# run carries `dagster/partition` (its node), every bench run `spark/bench` (the gateway loses one
-# node at a time, never two).
-INSTANCE_CONFIG = (
-    "telemetry:\n"
-    "  enabled: false\n"
-    "run_queue:\n"
-    "  tag_concurrency_limits:\n"
-    "    - key: dagster/partition\n"
-    "      value:\n"
-    "        applyLimitPerUniqueValue: true\n"
-    "      limit: 1\n"
-    "    - key: spark/bench\n"
-    "      limit: 1\n"
-)
+def instance_config() -> str:
+    """The embedded instance's dagster.yaml: the team template's telemetry and run queue (one run
+    per node, one bench, one build at a time), on the default SQLite storage and local launcher."""
+    cfg = yaml.safe_load(TEMPLATE.read_text())
+    return yaml.safe_dump({k: cfg[k] for k in ("telemetry", "run_queue")}, sort_keys=False)
 
 
 def prepare_instance_home(home: Path | None = None) -> Path:
-    """DAGSTER_HOME (default ./.dagster-home), or `home`, with INSTANCE_CONFIG as its dagster.yaml.
+    """DAGSTER_HOME (default ./.dagster-home), or `home`, with instance_config() as its dagster.yaml.
     An operator's own dagster.yaml is left as it is."""
     if home is None:
         home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster-home").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text(INSTANCE_CONFIG)
+        config.write_text(instance_config())
     return home
 
 

@@ -56,6 +56,9 @@ def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: di
         n["name"]: {"off_command": [plug, n["name"], "off"], "on_command": [plug, n["name"], "on"]} for n in nodes}}
     # The stand-in needs no warm-up (no JIT, no graph capture): one measured run keeps the demo short.
     doc["bench"]["repeats"] = 1
+    # One attempt per step: the fault tests bound how long a step takes against a dead node, and
+    # the connect-retry test turns retries on for itself.
+    doc["ssh"] = {"connect_retries": 0, "connect_backoff_s": 1}
     if pins:
         doc["pins"]["recipe_repo"] = pins["recipe_repo"]
         doc["pins"]["build_repo"] = pins["build_repo"]

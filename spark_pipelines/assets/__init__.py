@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import dagster as dg
 
+from spark_pipelines.core.fleet_settings import SshSettings
+from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
 from spark_pipelines.runbook.errors import RunbookError
 
 
@@ -26,3 +31,37 @@ def step_session(context: dg.AssetExecutionContext, *resources: object):
         s.log = context.log
         sessions.append(s)
     return sessions[0]
+
+
+def retry_unreachable(settings: SshSettings) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Under @dg.asset: a step whose SSH session could not be opened is retried by Dagster after
+    connect_backoff_s, doubled each time, up to connect_retries times. Only that failure: a host
+    key mismatch, or anything after the session opened, fails the step as before."""
+
+    def retry(context: dg.AssetExecutionContext, e: NodeConnectError) -> NoReturn:
+        if isinstance(e, HostKeyError) or settings.connect_retries == 0:
+            raise e
+        wait = settings.connect_backoff_s * 2 ** context.retry_number
+        if context.retry_number < settings.connect_retries:
+            context.log.warning(f"{e} -- retry {context.retry_number + 1} of {settings.connect_retries} in {wait} s")
+        raise dg.RetryRequested(max_retries=settings.connect_retries, seconds_to_wait=wait) from e
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def steps(context, *args, **kwargs):
+                try:
+                    yield from fn(context, *args, **kwargs)
+                except NodeConnectError as e:
+                    retry(context, e)
+            return steps
+
+        @functools.wraps(fn)
+        def step(context, *args, **kwargs):
+            try:
+                return fn(context, *args, **kwargs)
+            except NodeConnectError as e:
+                retry(context, e)
+        return step
+
+    return wrap

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, step_session
+from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import bench_table, count, num, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
@@ -130,6 +130,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
                     "requests in flight, nvidia-smi sampled under load, then restored; a node below its floor "
                     "stays out (above_floor says why).",
     )
+    @retry_unreachable(fleet.ssh)
     def bench_results(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
         s = step_session(context, ssh, litellm)
         f = s.fleet

@@ -8,7 +8,7 @@ proxy keeps its current config."""
 import dagster as dg
 import httpx
 
-from spark_pipelines.assets import step_session
+from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.fleet import Fleet
@@ -73,6 +73,7 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                     "downstream, drains each node and keeps one below its floor out). Each bench's drain and "
                     "restore is recorded here as an observation with the rotation after it.",
     )
+    @retry_unreachable(fleet.ssh)
     def gateway(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
         step_session(context, ssh, litellm)
         host = litellm.host()

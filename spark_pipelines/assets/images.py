@@ -7,7 +7,7 @@ The Dockerfile edits come from core/dockerfile.py, each refusing to go on when i
 
 import dagster as dg
 
-from spark_pipelines.assets import step_session
+from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage
@@ -21,6 +21,7 @@ from spark_pipelines.runbook.build_steps import checkout
 
 # Patch 03's marker: proves the INT8 LM head v2 is baked into the serving image.
 LMHEAD_MARKER = "DGX_SPARK_INT8_LMHEAD_V2"
+BUILD_TAG = "spark/build"
 SIGNATURE_LABEL = "org.spark-pipelines.signature"
 
 TORCH_VERSION_PY = "import torch; print(torch.__version__)"
@@ -48,6 +49,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                         "at serve time with the libtorch_cuda.so ImportError); a failure stops the serving image.")],
         description="Step 3: vLLM base image (spark-vllm-docker at its pin, edited Dockerfile, pinned vLLM ref).",
     )
+    @retry_unreachable(fleet.ssh)
     def base_image(context: dg.AssetExecutionContext, ssh: FleetSSH):
         s = step_session(context, ssh)
         f = s.fleet
@@ -123,6 +125,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
                         "logits_processor.py; a failure stops the copies to the nodes.")],
         description="Step 4: the serving image (recipe's Dockerfile.v2 + the starlette/fastapi pin).",
     )
+    @retry_unreachable(fleet.ssh)
     def serving_image(context: dg.AssetExecutionContext, ssh: FleetSSH, base_image: BuiltImage):
         s = step_session(context, ssh)
         f = s.fleet
@@ -169,5 +172,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         selection=dg.AssetSelection.assets("base_model", "hybrid_checkpoint", "mtp_weights", "base_image",
                                            "serving_image"),
         description="Steps 0-4 on the build host: base model, hybrid checkpoint, MTP weights, base and serving "
-                    "images. Each step re-verifies its output and skips the heavy work when nothing changed.")
+                    "images. Each step re-verifies its output and skips the heavy work when nothing changed.",
+        # The instance's run queue lets one run with this tag go at a time (team/dagster.yaml).
+        tags={BUILD_TAG: "build-host"})
     return dg.Definitions(assets=[base_image, serving_image], jobs=[build_job])

@@ -7,7 +7,7 @@ key, from the first node whose boot on that key was healthy.
 
 import dagster as dg
 
-from spark_pipelines.assets import fail
+from spark_pipelines.assets import fail, retry_unreachable
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core.artifacts import Deployment, NodeArtifacts
 from spark_pipelines.core.fleet import Fleet
@@ -30,6 +30,7 @@ def jit_cache_definitions(fleet: Fleet) -> dg.Definitions:
                     "first healthy boot on that key; a deploy restores it so fresh nodes boot warm (7-10 min, not "
                     "25-45).",
     )
+    @retry_unreachable(fleet.ssh)
     def jit_cache(context: dg.AssetExecutionContext, ssh: FleetSSH, node_artifacts: NodeArtifacts,
                           node_deployment: Deployment):
         s = ssh.session

@@ -10,7 +10,7 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import step_session
+from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
@@ -50,6 +50,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         code_version=cv["base_model"],
         description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision.",
     )
+    @retry_unreachable(fleet.ssh)
     def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[ModelSnapshot]:
         s = step_session(context, ssh)
         node = s.fleet.build_node
@@ -88,6 +89,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                         "index of a half-built run); a failure stops the MTP step and every node copy.")],
         description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), verified from headers.",
     )
+    @retry_unreachable(fleet.ssh)
     def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot):
         s = step_session(context, ssh)
         f = s.fleet
@@ -135,6 +137,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                         "decoding loads them; a failure stops the copies to the nodes.")],
         description="Step 2: MTP head weights added to the hybrid checkpoint (for MTP-2 speculative decoding).",
     )
+    @retry_unreachable(fleet.ssh)
     def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: ModelSnapshot,
                     hybrid_checkpoint: Checkpoint):
         s = step_session(context, ssh)

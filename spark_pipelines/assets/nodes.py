@@ -11,7 +11,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail, step_session
+from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import readable
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
@@ -70,6 +70,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             "(docker save | docker load arrived whole); a failure stops that node's deployment only.")],
         description="Checkpoint and serving image on the node, streamed node-to-node from the build host.",
     )
+    @retry_unreachable(fleet.ssh)
     def node_artifacts(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
                        serving_image: BuiltImage):
         s = step_session(context, ssh)
@@ -127,6 +128,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         description="The checkpoint and serving image fanned out along a tree: every verified holder serves the "
                     "next node (about log2(N)+1 rounds); node_artifacts then verifies each node and skips.",
     )
+    @retry_unreachable(fleet.ssh)
     def artifact_distribution(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
                               serving_image: BuiltImage) -> dg.MaterializeResult:
         # Fleet-wide (not partitioned): a tree spans nodes, so its rounds run in one step.
@@ -157,6 +159,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure. "
                     "Records the image id, container id and endpoint it serves.",
     )
+    @retry_unreachable(fleet.ssh)
     def node_deployment(context: dg.AssetExecutionContext, config: DeployConfig, ssh: FleetSSH,
                         node_artifacts: NodeArtifacts):
         s = step_session(context, ssh)

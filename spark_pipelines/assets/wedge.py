@@ -6,7 +6,7 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import fail
+from spark_pipelines.assets import fail, retry_unreachable
 from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core.fleet import Fleet
@@ -49,6 +49,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
                     "the SW power-cap counter, the clock-lock-ignored test under load (-lgc, always reset with -rgc), "
                     "kernel log, BIOS string and container log go into a tarball on the build host.",
     )
+    @retry_unreachable(fleet.ssh)
     def wedge_evidence(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
         s = ssh.session
         node = s.fleet.node(context.partition_key)

@@ -10,15 +10,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -26,55 +23,38 @@ from pydantic import (
 )
 
 from spark_pipelines.core import names
-from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
-from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
 from spark_pipelines.core.fleet_errors import explain, one_line, render_path
 from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, load_yaml
-
-# -- shapes ------------------------------------------------------------------------------------
-
-
-def _shape(pattern: re.Pattern[str], what: str):
-    return AfterValidator(lambda v: names.check(pattern, v, what))
-
-
-NodeName = Annotated[str, _shape(names.NODE_NAME, "node name (lower-case letters, digits, '-')")]
-UserName = Annotated[str, _shape(names.USER_NAME, "user name")]
-Host = Annotated[str, _shape(names.HOST, "host name or IP address")]
-ContainerName = Annotated[str, _shape(names.CONTAINER_NAME, "container name")]
-ImageRef = Annotated[str, _shape(names.IMAGE_REF, "image reference (repo[:tag], lower-case)")]
-def _path(what: str, form: str = "node"):
-    return AfterValidator(lambda v: names.check_path(v, what, form=form))
-
-
-NodePath = Annotated[str, _path("path (absolute or ~/..., no spaces or shell characters)")]
-AbsPath = Annotated[str, _path("absolute path (no spaces or shell characters)", "absolute")]
-RepoPath = Annotated[str, _path("path inside a repository", "relative")]
-GitRef = Annotated[str, _shape(names.GIT_REF, "git revision")]
-HfRepo = Annotated[str, _shape(names.HF_REPO, "Hugging Face repo id (owner/name)")]
-Url = Annotated[str, _shape(names.URL, "https:// or file:/// URL")]
-# Numbers are strict: YAML already types them, so `true` or "8" where a number belongs is a typo
-# (pydantic's lax mode would read true as 1). Floats also refuse .nan/.inf (Strict.model_config).
-Int = Annotated[int, Field(strict=True)]
-Float = Annotated[float, Field(strict=True)]
-Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
-_CONTROL = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
-
-
-def _check_text(v: str) -> str:
-    bad = next((c for c in v if unicodedata.category(c) in _CONTROL), None)
-    if bad is not None:
-        raise ValueError(f"{names.shown(v)} contains the control or invisible character {bad!r}; remove it")
-    return v
-
-
-Text = Annotated[str, Field(max_length=500), AfterValidator(_check_text)]
-
-
-class Strict(BaseModel):
-    """Every fleet model refuses unknown keys: a typo must be an error, not a silent default."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+from spark_pipelines.core.fleet_settings import (
+    BenchSettings,
+    ColdDrainSettings,
+    DistributionSettings,
+    HealthSettings,
+    PreflightSettings,
+    RolloutSettings,
+    SshSettings,
+)
+from spark_pipelines.core.fleet_types import (
+    AbsPath,
+    ContainerName,
+    Float,
+    GitRef,
+    HfRepo,
+    Host,
+    ImageRef,
+    Int,
+    NodeName,
+    NodePath,
+    Port,
+    RepoPath,
+    Strict,
+    Text,
+    Url,
+    UserName,
+    _check_text,
+    _path,
+    _shape,
+)
 
 
 # -- hardware ----------------------------------------------------------------------------------
@@ -446,88 +426,6 @@ class Gateway(SshTarget):
         return v
 
 
-class PreflightSettings(Strict):
-    # "need ~170GB for models + build" on the build host; a serving node holds the ~71 GB
-    # checkpoint, the ~20 GB image and the JIT caches.
-    build_host_disk_gib: Float = Field(default=170.0, ge=0, le=1e6)
-    serve_node_disk_gib: Float = Field(default=100.0, ge=0, le=1e6)
-
-
-class BenchSettings(Strict):
-    suite: Literal["recipe", "loaded", "all"] = "all"
-    reference_tok_s: Float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, le=1e5, description="albond's published mean (GX10, 0.90 GMU)")
-    loaded_concurrency: Int = Field(default=8, ge=1, le=512)
-    repeats: Int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
-    floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
-    # Runbook: MTP-2 gives ~95% acceptance; far below, the MTP weights or the speculative config
-    # are wrong and tok/s alone may still pass. None: no acceptance floor.
-    floor_mtp_acceptance: Float | None = Field(default=None, ge=0, le=1,
-                                               description="spec-decode accepted/drafted below this: not promoted")
-
-
-def _check_plug_argv(v: tuple[str, ...]) -> tuple[str, ...]:
-    if not v:
-        raise ValueError("empty: give the argv that switches the plug, e.g. [kasa, --host, 10.0.0.50, off]")
-    if not (v[0].startswith("/") and names.PATH.fullmatch(v[0])) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v[0]):
-        raise ValueError(f"{names.shown(v[0])} is not a program (a name or an absolute path); the argv runs without a shell")
-    return v
-
-
-PlugArgv = Annotated[tuple[str, ...], AfterValidator(_check_plug_argv)]
-
-
-class SmartPlug(Strict):
-    """The node's brick on a smart plug (runbook: "future cold-drains are a phone tap"): argv run on the
-    machine that runs the pipeline, only by cold_drain_job, without a shell."""
-
-    off_command: PlugArgv
-    on_command: PlugArgv
-    timeout_s: Int = Field(default=60, ge=1, le=600, description="limit of each plug command")
-
-
-class ColdDrainSettings(Strict):
-    """The PD-firmware wedge's cold drain (cold_drain_job)."""
-
-    smart_plugs: dict[NodeName, SmartPlug] = Field(default={}, description="none: the job asks the operator to unplug")
-    off_s: Int = Field(default=120, ge=COLD_DRAIN_MIN_OFF_S, le=3600,
-                       description="AC off at the wall: the runbook's 90-120 s (60 s is the minimum, often not enough)")
-    power_down_timeout_s: Int = Field(default=300, ge=10, le=3600, description="after `sudo poweroff`, until SSH stops answering")
-    operator_timeout_s: Int = Field(default=3600, ge=60, le=24 * 3600, description="no plug: until the operator's unit answers SSH again")
-    boot_timeout_s: Int = Field(default=900, ge=10, le=3600, description="with a plug: from power on until SSH answers")
-    engine_timeout_s: Int = Field(default=900, ge=10, le=6 * 3600, description="docker start until /health (warm 7-10 min)")
-
-
-class RolloutSettings(Strict):
-    """How a new image or checkpoint reaches the serving nodes (core/rollout.py)."""
-
-    max_unavailable: Int = Field(default=1, ge=1, le=64, description="nodes out of the gateway at once during a rollout")
-    deploy_wait_s: Float = Field(default=1800, ge=0, le=86400,
-                                 description="how long a deploy waits for its turn out of the gateway (other nodes "
-                                             "deploying or benched) before it is refused, nothing changed")
-    canary: NodeName | None = Field(default=None, description="the node that goes first, alone (default: the first serving one)")
-    max_regression: Float = Field(default=0.05, ge=0, le=1,
-                                  description="slower than the fleet's baseline on the previous version by more than this "
-                                              "(and its spread): the gate fails")
-
-
-class DistributionSettings(Strict):
-    """How the checkpoint and image fan out from the build host (core/distribution.py)."""
-
-    fan_out: Int = Field(default=1, ge=1, le=16, description="copies one holder sends at once; 1 gives each its full link")
-    max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
-
-
-class HealthSettings(Strict):
-    """The node_health sensor's healing policy (core/healing.py)."""
-
-    restart_budget: Int = Field(default=3, ge=0, le=100, description="redeploys of one node per window; past it the node is quarantined")
-    restart_window_s: Int = Field(default=6 * 3600, ge=60, le=7 * 86400)
-    backoff_s: Int = Field(default=600, ge=0, le=86400, description="wait after a redeploy before the next one, doubled each time")
-    backoff_factor: Float = Field(default=2.0, ge=1, le=10)
-    failed_sweeps: Int = Field(default=2, ge=1, le=20, description="sweeps in a row a verdict must hold before a policy acts on it")
-    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
-
-
 class Fleet(Strict):
     nodes: tuple[Node, ...]
     hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
@@ -540,6 +438,7 @@ class Fleet(Strict):
     rollout: RolloutSettings = RolloutSettings()
     distribution: DistributionSettings = DistributionSettings()
     health: HealthSettings = HealthSettings()
+    ssh: SshSettings = SshSettings()
 
     @field_validator("nodes")
     @classmethod

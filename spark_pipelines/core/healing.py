@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from spark_pipelines.core import diagnosis as d
-from spark_pipelines.core.fleet import HealthSettings
+from spark_pipelines.core.fleet_settings import HealthSettings
 from spark_pipelines.core.health import NodeVerdict
 
 # The Dagster jobs the actions run (defined in assets/nodes.py, assets/bench.py, assets/health.py).

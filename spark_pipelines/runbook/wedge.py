@@ -32,7 +32,8 @@ import httpx
 from spark_pipelines.core import gpu
 from spark_pipelines.core import wedge as wedge_core
 from spark_pipelines.core.diagnosis import METRIC_RUNNING
-from spark_pipelines.core.fleet import Node, SmartPlug
+from spark_pipelines.core.fleet import Node
+from spark_pipelines.core.fleet_settings import SmartPlug
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, RemoteError

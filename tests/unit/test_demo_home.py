@@ -2,8 +2,10 @@
 own config kept."""
 
 import dagster as dg
+import yaml
 
 from spark_pipelines.demo import prepare_instance_home
+from spark_pipelines.team.instance import TEMPLATE
 
 
 def test_instance_home_turns_telemetry_off_but_keeps_an_existing_config(tmp_path, monkeypatch):
@@ -25,14 +27,14 @@ def test_instance_runs_one_run_per_node_and_one_bench_at_a_time(tmp_path, monkey
         limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits
         assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
         assert {"key": "spark/bench", "limit": 1} in limits
+        # the team instance's template is the one home of these limits
+        assert limits == yaml.safe_load(TEMPLATE.read_text())["run_queue"]["tag_concurrency_limits"]
         assert instance.telemetry_enabled is False
     finally:
         instance.dispose()
 
 
 def test_bench_runs_carry_the_bench_tag(seed_data, tmp_path):
-    import yaml
-
     from spark_pipelines.assets.bench import BENCH_TAG
     from spark_pipelines.definitions import build_definitions
 

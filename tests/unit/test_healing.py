@@ -5,7 +5,7 @@ import time
 import pytest
 
 from spark_pipelines.core import healing
-from spark_pipelines.core.fleet import HealthSettings
+from spark_pipelines.core.fleet_settings import HealthSettings
 from spark_pipelines.core.health import ADVICE, NodeVerdict
 from spark_pipelines.core.healing import NodeMemory, NodeState, decide, reconcile
 

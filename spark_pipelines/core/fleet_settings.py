@@ -1,0 +1,106 @@
+"""The fleet file's smaller settings sections (preflight, bench, cold drain, rollout, distribution,
+health, SSH retries): each a model with its defaults and the runbook's reasons beside them."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
+
+from spark_pipelines.core import names
+from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
+from spark_pipelines.core.fleet_types import Float, Int, NodeName, Strict
+from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
+
+
+class PreflightSettings(Strict):
+    # "need ~170GB for models + build" on the build host; a serving node holds the ~71 GB
+    # checkpoint, the ~20 GB image and the JIT caches.
+    build_host_disk_gib: Float = Field(default=170.0, ge=0, le=1e6)
+    serve_node_disk_gib: Float = Field(default=100.0, ge=0, le=1e6)
+
+
+class BenchSettings(Strict):
+    suite: Literal["recipe", "loaded", "all"] = "all"
+    reference_tok_s: Float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, le=1e5, description="albond's published mean (GX10, 0.90 GMU)")
+    loaded_concurrency: Int = Field(default=8, ge=1, le=512)
+    repeats: Int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
+    floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
+    # Runbook: MTP-2 gives ~95% acceptance; far below, the MTP weights or the speculative config
+    # are wrong and tok/s alone may still pass. None: no acceptance floor.
+    floor_mtp_acceptance: Float | None = Field(default=None, ge=0, le=1,
+                                               description="spec-decode accepted/drafted below this: not promoted")
+
+
+def _check_plug_argv(v: tuple[str, ...]) -> tuple[str, ...]:
+    if not v:
+        raise ValueError("empty: give the argv that switches the plug, e.g. [kasa, --host, 10.0.0.50, off]")
+    if not (v[0].startswith("/") and names.PATH.fullmatch(v[0])) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", v[0]):
+        raise ValueError(f"{names.shown(v[0])} is not a program (a name or an absolute path); the argv runs without a shell")
+    return v
+
+
+PlugArgv = Annotated[tuple[str, ...], AfterValidator(_check_plug_argv)]
+
+
+class SmartPlug(Strict):
+    """The node's brick on a smart plug (runbook: "future cold-drains are a phone tap"): argv run on the
+    machine that runs the pipeline, only by cold_drain_job, without a shell."""
+
+    off_command: PlugArgv
+    on_command: PlugArgv
+    timeout_s: Int = Field(default=60, ge=1, le=600, description="limit of each plug command")
+
+
+class ColdDrainSettings(Strict):
+    """The PD-firmware wedge's cold drain (cold_drain_job)."""
+
+    smart_plugs: dict[NodeName, SmartPlug] = Field(default={}, description="none: the job asks the operator to unplug")
+    off_s: Int = Field(default=120, ge=COLD_DRAIN_MIN_OFF_S, le=3600,
+                       description="AC off at the wall: the runbook's 90-120 s (60 s is the minimum, often not enough)")
+    power_down_timeout_s: Int = Field(default=300, ge=10, le=3600, description="after `sudo poweroff`, until SSH stops answering")
+    operator_timeout_s: Int = Field(default=3600, ge=60, le=24 * 3600, description="no plug: until the operator's unit answers SSH again")
+    boot_timeout_s: Int = Field(default=900, ge=10, le=3600, description="with a plug: from power on until SSH answers")
+    engine_timeout_s: Int = Field(default=900, ge=10, le=6 * 3600, description="docker start until /health (warm 7-10 min)")
+
+
+class RolloutSettings(Strict):
+    """How a new image or checkpoint reaches the serving nodes (core/rollout.py)."""
+
+    max_unavailable: Int = Field(default=1, ge=1, le=64, description="nodes out of the gateway at once during a rollout")
+    deploy_wait_s: Float = Field(default=1800, ge=0, le=86400,
+                                 description="how long a deploy waits for its turn out of the gateway (other nodes "
+                                             "deploying or benched) before it is refused, nothing changed")
+    canary: NodeName | None = Field(default=None, description="the node that goes first, alone (default: the first serving one)")
+    max_regression: Float = Field(default=0.05, ge=0, le=1,
+                                  description="slower than the fleet's baseline on the previous version by more than this "
+                                              "(and its spread): the gate fails")
+
+
+class DistributionSettings(Strict):
+    """How the checkpoint and image fan out from the build host (core/distribution.py)."""
+
+    fan_out: Int = Field(default=1, ge=1, le=16, description="copies one holder sends at once; 1 gives each its full link")
+    max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
+
+
+class HealthSettings(Strict):
+    """The node_health sensor's healing policy (core/healing.py)."""
+
+    restart_budget: Int = Field(default=3, ge=0, le=100, description="redeploys of one node per window; past it the node is quarantined")
+    restart_window_s: Int = Field(default=6 * 3600, ge=60, le=7 * 86400)
+    backoff_s: Int = Field(default=600, ge=0, le=86400, description="wait after a redeploy before the next one, doubled each time")
+    backoff_factor: Float = Field(default=2.0, ge=1, le=10)
+    failed_sweeps: Int = Field(default=2, ge=1, le=20, description="sweeps in a row a verdict must hold before a policy acts on it")
+    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
+
+
+class SshSettings(Strict):
+    """A step whose SSH session could not be opened (refused, timed out, no route: nothing on the
+    node changed yet) is retried with backoff; a host key that does not match never is, nor is any
+    failure after the session opened (a failed launch has run its undo: a blind rerun would repeat it)."""
+
+    connect_retries: Int = Field(default=2, ge=0, le=10, description="retries of a step that could not connect")
+    connect_backoff_s: Int = Field(default=20, ge=1, le=3600,
+                                   description="wait before the first retry, doubled for each next one")

@@ -1,0 +1,50 @@
+"""`spark-pipelines team up | down | status`: the team instance on this machine (see instance.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from spark_pipelines.console import ConsoleError
+from spark_pipelines.team.engine import EngineError
+from spark_pipelines.team.instance import WEB_PORT, Team, TeamError, default_root
+from spark_pipelines.team.postgres import PostgresError
+from spark_pipelines.team.rootfs import RootfsError
+
+
+def default_fleet() -> str:
+    """SPARK_FLEET, else the simulated fleet's file when one is up here, else the runbook's."""
+    if os.environ.get("SPARK_FLEET"):
+        return os.environ["SPARK_FLEET"]
+    return "sim-fleet.yaml" if Path("sim-fleet.yaml").exists() else "fleets/seed.yaml"
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("action", choices=("up", "down", "status"))
+    ap.add_argument("--fleet", default=None, help="fleet file (default: $SPARK_FLEET, sim-fleet.yaml, fleets/seed.yaml)")
+    ap.add_argument("--root", default=None, help=f"the team's state (default: ${'{'}SPARK_TEAM_ROOT{'}'} or {default_root()})")
+    ap.add_argument("--port", type=int, default=WEB_PORT, help="the UI's port on 127.0.0.1")
+
+
+def team_command(args: argparse.Namespace) -> int:
+    team = Team(Path(args.root) if args.root else default_root(), web_port=args.port)
+    try:
+        if args.action == "up":
+            if os.geteuid() != 0 and not os.environ.get("DOCKER_HOST"):
+                print("spark-pipelines team up: the team's own dockerd needs root (or set DOCKER_HOST)", file=sys.stderr)
+                return 2
+            team.up(args.fleet or default_fleet())
+        elif args.action == "down":
+            team.down()
+        else:
+            state = team.state()
+            print(json.dumps({k: state.get(k) for k in ("url", "image", "image_size_bytes", "fleet", "pg_port")}
+                             | {"postgres_running": team.postgres.running() if state.get("pg_port") else False},
+                             indent=1))
+    except (TeamError, PostgresError, EngineError, RootfsError, ConsoleError) as e:
+        print(f"spark-pipelines team {args.action}: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,68 @@
+"""A step that could not open its SSH session is retried by Dagster with backoff; a host-key
+mismatch and a step with retries off fail at once (fleet file: ssh.connect_retries / _backoff_s)."""
+
+import dagster as dg
+import pytest
+
+from spark_pipelines.assets import retry_unreachable
+from spark_pipelines.core.fleet import FleetError, parse_fleet
+from spark_pipelines.core.fleet_settings import SshSettings
+from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError, RemoteCommandError
+
+
+def attempts_of(settings: SshSettings, failures: list[Exception], generator: bool = False):
+    """Materialize one asset whose body raises failures[0], failures[1], ... then succeeds."""
+    calls: list[int] = []
+
+    if generator:
+        @dg.asset
+        @retry_unreachable(settings)
+        def flaky(context: dg.AssetExecutionContext):
+            calls.append(context.retry_number)
+            if len(calls) <= len(failures):
+                raise failures[len(calls) - 1]
+            yield dg.Output(len(calls))
+    else:
+        @dg.asset
+        @retry_unreachable(settings)
+        def flaky(context: dg.AssetExecutionContext):
+            calls.append(context.retry_number)
+            if len(calls) <= len(failures):
+                raise failures[len(calls) - 1]
+            return len(calls)
+
+    result = dg.materialize([flaky], raise_on_error=False)
+    retries = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    return result.success, calls, [e.event_specific_data.seconds_to_wait for e in retries]
+
+
+@pytest.mark.parametrize("generator", [False, True])
+def test_connect_failures_are_retried_with_doubling_backoff(generator):
+    ok, calls, waits = attempts_of(SshSettings(connect_retries=2, connect_backoff_s=1),
+                                   [NodeConnectError("spark2: connection refused")] * 2, generator)
+    assert ok and calls == [0, 1, 2] and waits == [1, 2]
+
+
+def test_retries_end_with_the_connect_error():
+    ok, calls, waits = attempts_of(SshSettings(connect_retries=1, connect_backoff_s=1),
+                                   [NodeConnectError("spark2: connection refused")] * 3)
+    assert not ok and calls == [0, 1] and waits == [1]
+
+
+@pytest.mark.parametrize("error", [HostKeyError("spark2: host key mismatch"),
+                                   RemoteCommandError("spark2", "docker run ...", 1, "launch failed")])
+def test_host_key_mismatch_and_failures_after_connecting_are_never_retried(error):
+    ok, calls, waits = attempts_of(SshSettings(connect_retries=3, connect_backoff_s=1), [error])
+    assert not ok and calls == [0] and waits == []
+
+
+def test_retries_off_fails_at_once():
+    ok, calls, waits = attempts_of(SshSettings(connect_retries=0), [NodeConnectError("spark2: no route")])
+    assert not ok and calls == [0] and waits == []
+
+
+def test_fleet_file_ssh_settings(seed_data):
+    assert parse_fleet(seed_data, "f.yaml").ssh == SshSettings(connect_retries=2, connect_backoff_s=20)
+    seed_data["ssh"] = {"connect_retries": -1}
+    with pytest.raises(FleetError, match="ssh.connect_retries"):
+        parse_fleet(seed_data, "f.yaml")
