@@ -4,6 +4,7 @@ node's floor, which keeps the node out of rotation and says why."""
 
 
 import base64
+import json
 import time
 from pathlib import Path
 
@@ -14,9 +15,12 @@ from spark_pipelines.assets.metadata import bench_table, count, num, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.bench_client import run_bench
+from spark_pipelines.core import baseline
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL
+from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.lease import node_lease
@@ -86,6 +90,29 @@ def latest_by_node(context: dg.AssetExecutionContext, fleet: Fleet, this: dict) 
                      "vs reference (x)": summary.rounded(m.get("vs_reference"), 2),
                      "floor tok/s": summary.rounded(m.get("floor_tok_s")), "promoted": m.get("promoted")})
     return rows
+
+
+def vs_fleet(context: dg.AssetExecutionContext, fleet: Fleet, rec: baseline.BenchRecord) -> dict:
+    """This bench next to every node's latest and the fleet's baseline on the same image, checkpoint
+    and launch spec (void benches never count); read back from each node's recorded bench_record."""
+    records, latest = [rec], {}
+    for n in fleet.serve_nodes:
+        if n.name == rec.node:
+            latest[n.name] = rec
+            continue
+        mine = []
+        for r in bench_records(context.instance, n.name, limit=20):
+            v = r.asset_materialization.metadata.get("bench_record") if r.asset_materialization else None
+            if v is not None and isinstance(v.value, dict):
+                mine.append(baseline.BenchRecord.from_dict(v.value))
+        records += mine
+        latest[n.name] = mine[0] if mine else None
+    base = baseline.fleet_baseline(records, identity=rec.identity)
+    meta: dict = {"fleet_baseline": base.text() if base else "none yet (no comparable bench that counts)",
+                  "vs_fleet": table(baseline.SIDE_BY_SIDE_COLUMNS, baseline.side_by_side(latest, base))}
+    if base and rec.valid and rec.tok_s is not None:
+        meta["vs_fleet_baseline_x"] = num(rec.tok_s / base.tok_s, 3)
+    return meta
 
 
 def chart_metadata(context: dg.AssetExecutionContext, fleet: Fleet, node: str, mean: float) -> dict:
@@ -162,6 +189,15 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
                                    if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
                     gpu_verdict = sampler.verdict()
                     acceptance = report.counters.acceptance_rate if report.counters is not None else None
+                    container = NodeDocker(s).inspect_container(node.name, launch.container_name)
+                    # wait_idle returned: num_requests_running == 0 was read before the start.
+                    rec = baseline.record(
+                        node.name, time.time(), mean,
+                        baseline.identity_of(container, container_labels(container), sampler.readings,
+                                             spec_label=DEPLOY_LABEL, checkpoint_label=CHECKPOINT_LABEL),
+                        baseline.load_conditions(sampler.readings, gpu_verdict.state, isolation_verified=True,
+                                                 counters_match=report.counters.tokens_match if report.counters else None,
+                                                 acceptance_rate=acceptance))
                     promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict, acceptance=acceptance,
                                                                  acceptance_floor=f.bench.floor_mtp_acceptance)
                     markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
@@ -195,6 +231,9 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
             "gpu_samples": count(len(sampler.readings)),
             "gpu_verdict": "; ".join(gpu_verdict.reasons) or "-",
             "isolation": report.isolation,
+            # What makes it comparable (core/baseline.py); a void bench is never a baseline.
+            "bench_record": dg.MetadataValue.json(json.loads(json.dumps(rec.to_dict()))),
+            "void": "; ".join(rec.void) or "no",
             "endpoint": dg.MetadataValue.url(api_root(f, node)),
             "table": bench_table(report),
             "report": dg.MetadataValue.md(bench_core.render_markdown(report)),
@@ -209,6 +248,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         # First: the asset's Overview shows the newest materialization of any node, so every node's
         # latest figures head it (one node's own page is the Partitions tab with that node selected).
         meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this)), **meta}
+        meta.update(vs_fleet(context, f, rec))
         try:
             meta.update(chart_metadata(context, f, node.name, mean_v))
         except Exception as e:  # a chart must never fail a bench

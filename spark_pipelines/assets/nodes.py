@@ -209,7 +209,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
 
         try:
             done = deploy(s, node, spec, context.log, run_id=context.run.run_id,
-                          jit_key=jit_cache_key(node_artifacts, spec), fresh_jit_cache=config.fresh_jit_cache)
+                          jit_key=jit_cache_key(node_artifacts, spec), fresh_jit_cache=config.fresh_jit_cache,
+                          checkpoint=node_artifacts.index)
         except RunbookError as e:
             fail(e)
         meta = done.metadata

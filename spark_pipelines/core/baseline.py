@@ -180,3 +180,56 @@ def history(records: Iterable[BenchRecord], node: str) -> BenchHistory:
 
 def _short(v: str) -> str:
     return v.split(":", 1)[-1][:12] if v.startswith("sha256:") else v[:24]
+
+
+def identity_of(container: Mapping[str, Any] | None, labels: Mapping[str, str], readings: Sequence[gpu.GpuReading],
+                *, spec_label: str, checkpoint_label: str) -> BenchIdentity:
+    """What the bench ran on: the serving container's image and its deploy labels (launch-spec
+    hash, checkpoint digest), the driver nvidia-smi reported during the bench."""
+    driver = next((r.driver_version for r in readings if r.driver_version), None)
+    return BenchIdentity(image_id=str((container or {}).get("Image") or "") or None,
+                         checkpoint_digest=labels.get(checkpoint_label) or None,
+                         launch_spec_hash=labels.get(spec_label) or None, driver_version=driver)
+
+
+SIDE_BY_SIDE_COLUMNS = (
+    ("node", "string", "serve node"),
+    ("mean tok/s", "number", "its latest bench"),
+    ("vs baseline (x)", "number", "mean / the fleet's baseline (comparable benches only)"),
+    ("MTP acceptance %", "number", "spec-decode accepted / drafted during the bench"),
+    ("SM MHz p50", "number", "GPU clock under load"),
+    ("power W p50", "number", "GPU power under load"),
+    ("image", "string", "serving image id"),
+    ("checkpoint", "string", "checkpoint index digest"),
+    ("launch spec", "string", "launch-spec hash"),
+    ("driver", "string", "NVIDIA driver"),
+    ("counts", "string", "yes, or why the bench is void / not comparable"),
+)
+
+
+def side_by_side(latest: Mapping[str, BenchRecord | None], base: Baseline | None) -> list[dict[str, Any]]:
+    """Each node's latest bench next to the fleet's baseline: the table the bench asset shows."""
+    rows = []
+    for node, r in latest.items():
+        if r is None:
+            rows.append({"node": node, "counts": "no bench recorded"})
+            continue
+        c, i = r.conditions, r.identity
+        comparable = base is not None and i.comparable_with(base.identity)
+        if r.void:
+            counts = "void: " + "; ".join(r.void)
+        elif base is None:
+            counts = "yes (no baseline yet)"
+        elif not comparable:
+            counts = "not comparable: " + ", ".join(i.differences(base.identity))
+        else:
+            counts = "yes"
+        vs = round(r.tok_s / base.tok_s, 3) if (comparable and r.tok_s is not None and base and base.tok_s) else None
+        rows.append({
+            "node": node, "mean tok/s": None if r.tok_s is None else round(r.tok_s, 2), "vs baseline (x)": vs,
+            "MTP acceptance %": None if c.acceptance_rate is None else round(c.acceptance_rate * 100, 1),
+            "SM MHz p50": c.sm_clock_mhz_p50, "power W p50": None if c.power_w_p50 is None else round(c.power_w_p50, 1),
+            "image": _short(i.image_id or "-"), "checkpoint": _short(i.checkpoint_digest or "-"),
+            "launch spec": _short(i.launch_spec_hash or "-"), "driver": i.driver_version or "-", "counts": counts,
+        })
+    return rows

@@ -103,6 +103,7 @@ class GpuReading(BaseModel):
     sw_power_cap_counter_us: int | None = None
     persistence_mode: bool | None = None
     pstate: str | None = None
+    driver_version: str | None = None  # what a bench ran on (core/baseline.py)
 
     def combined_with(self, other: GpuReading) -> GpuReading:
         """Fill this reading's gaps from ``other`` (e.g. a CSV read + `-q -d PERFORMANCE`)."""
@@ -215,6 +216,8 @@ def _reading_from_row(row: dict[str, str]) -> GpuReading:
         values["persistence_mode"] = _enabled(raw)
     if (raw := get("pstate")) is not None:
         values["pstate"] = None if _absent(raw) else raw.strip()
+    if (raw := get("driver_version")) is not None:
+        values["driver_version"] = None if _absent(raw) else raw.strip()
 
     reasons: set[str] | None = None
     for mask_field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
@@ -389,6 +392,9 @@ def _reading_from_q(tree: dict[tuple[str, ...], str]) -> GpuReading:
     return GpuReading(**values)
 
 
+_Q_DRIVER = re.compile(r"^Driver Version\s*:\s*(\S.*)$")
+
+
 def parse_q(text: str) -> list[GpuReading]:
     """Parse ``nvidia-smi -q`` (optionally ``-d PERFORMANCE,CLOCK,POWER``) text."""
     trees = q_tree(text)
@@ -397,7 +403,10 @@ def parse_q(text: str) -> list[GpuReading]:
             "no 'GPU <bus id>' block found: not `nvidia-smi -q` output "
             "(or the GPU is not visible to nvidia-smi)"
         )
-    return [_reading_from_q(tree) for tree in trees]
+    # "Driver Version" heads the report, before any GPU block: it holds for every GPU.
+    driver = next((m.group(1).strip() for m in map(_Q_DRIVER.match, text.splitlines()) if m), None)
+    return [_reading_from_q(tree).model_copy(update={"driver_version": None if _absent(driver or "N/A") else driver})
+            for tree in trees]
 
 
 def parse_reading(text: str) -> GpuReading:

@@ -18,6 +18,7 @@ MODELS_MOUNT = "/models"
 # (rollback) deployment is found by what it is, not by its name alone.
 DEPLOY_LABEL = "org.spark-pipelines.deploy"
 IMAGE_LABEL = "org.spark-pipelines.image"
+CHECKPOINT_LABEL = "org.spark-pipelines.checkpoint"  # the index digest node_artifacts verified
 
 
 def expand_home(path: str, home: str) -> str:

@@ -34,7 +34,7 @@ from spark_pipelines.core import diagnosis
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import DEPLOY_LABEL, IMAGE_LABEL, LaunchSpec
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, LaunchSpec
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
@@ -261,22 +261,23 @@ class _Transaction:
 
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
-           jit_key: str | None = None, fresh_jit_cache: bool = False) -> Deployed:
+           jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
     DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
     the node, and re-raises a BaseException after the rollback. `jit_key` (core.jit_cache): the
     cache mounts are switched to that key's slots before the launch, and back on a rollback;
-    `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix)."""
+    `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix);
+    `checkpoint` (the index digest) is labelled on the container, for the benches' identity."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
         gw = _gateway(s, node)
         if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
-            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache)
+            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint)
         # Out of the gateway before the old container stops, back after the commit or the
         # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
         dead = not engine.healthy(s.fleet, node)
         with drained(gw, node.name, reason=f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})",
                      wait_s=s.fleet.rollout.deploy_wait_s, dead=dead, deploying=not dead) as drain:
-            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain)
+            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint)
 
 
 def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
@@ -292,14 +293,15 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
 
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
-            fresh_jit_cache: bool = False, drain: Drain | None = None) -> Deployed:
+            fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
     image_id = docker.image_id(node.name, spec.image)
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
-    spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id})
+    spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
+                                 **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {})})
     txn = _Transaction(s, node, spec, log, drain)
     try:
         held = _quarantine_of(s, node, log)

@@ -124,6 +124,22 @@ def test_materialize_all(chain):
         assert "Q&A" in prompts and "mean" in prompts
         assert bench["mean_tok_s"] == round(bench["mean_tok_s"], 2)
         assert bench["endpoint"].startswith("http://") and bench["history_chart_png"].endswith(".png")
+        # What makes the bench comparable: the deployed image, checkpoint and launch spec, the driver
+        # the stand-in's nvidia-smi reports, clocks and power under load; isolated, so it counts.
+        rec = bench["bench_record"]
+        art = latest(inst, "node_artifacts", node)
+        assert rec["identity"]["image_id"] == art["image_id"] and rec["identity"]["checkpoint_digest"]
+        assert rec["identity"]["checkpoint_digest"].startswith(art["checkpoint"])
+        assert rec["identity"]["launch_spec_hash"] and rec["identity"]["driver_version"] == "580.159.04"
+        assert rec["conditions"]["sm_clock_mhz_p50"] and rec["conditions"]["isolation_verified"]
+        assert bench["void"] == "no" and rec["void"] == []
+    # The second node's bench sits beside the first one's and the fleet's baseline (same image,
+    # checkpoint, launch spec on both: comparable).
+    last = latest(inst, "bench_results", "spark2")
+    assert "spark1" in last["fleet_baseline"] and "spark2" in last["fleet_baseline"]
+    rows = {r.data["node"]: r.data for r in last["vs_fleet"].records}
+    assert set(rows) == {"spark1", "spark2"} and all(r["counts"] == "yes" for r in rows.values()), rows
+    assert 0.5 < last["vs_fleet_baseline_x"] < 2.0
     # The check history of the gate holds one row per node, each naming its node.
     history = inst.event_log_storage.get_asset_check_execution_history(
         dg.AssetCheckKey(dg.AssetKey("bench_results"), "above_floor"), limit=10)

@@ -13,8 +13,10 @@ from spark_pipelines.core.baseline import (
     LoadConditions,
     fleet_baseline,
     history,
+    identity_of,
     load_conditions,
     record,
+    side_by_side,
     void_reasons,
 )
 from spark_sim.gpu_states import SimGpu, run
@@ -107,3 +109,31 @@ def test_acceptance_floor() -> None:
     assert not ok and "mtp_keys_mapped" in why
     ok, why = acceptance_gate(None, 0.8)
     assert not ok and "--speculative-config" in why
+
+
+def test_identity_comes_from_the_container_its_labels_and_the_driver_nvidia_smi_reports() -> None:
+    readings = gpu.parse_q((H200 / "nvidia-smi-q-perf-load.txt").read_text())
+    assert readings[0].driver_version == "580.159.04"  # the real capture's "Driver Version" header
+    labels = {"spec": "spec-1", "ckpt": "ckpt-1"}
+    ident = identity_of({"Image": IMG_A.image_id}, labels, readings, spec_label="spec", checkpoint_label="ckpt")
+    assert ident == BenchIdentity(IMG_A.image_id, "ckpt-1", "spec-1", "580.159.04")
+    # An unlabelled container (deployed before the labels) is unknown, not a guess.
+    assert identity_of(None, {}, [], spec_label="spec", checkpoint_label="ckpt") == BenchIdentity()
+
+
+def test_side_by_side_marks_void_not_comparable_and_missing_benches() -> None:
+    a1 = record("spark1", 1.0, 50.0, IMG_A, CLEAN)
+    a2 = record("spark2", 2.0, 55.0, IMG_A, CLEAN)
+    wedged = record("spark3", 3.0, 20.0, IMG_A, LoadConditions(**{**CLEAN.__dict__, "gpu_state": "wedged"}))
+    other = record("spark4", 4.0, 60.0, IMG_B, CLEAN)
+    base = fleet_baseline([a1, a2, wedged, other], identity=IMG_A)
+    assert base is not None and base.tok_s == 52.5 and base.nodes == ("spark1", "spark2")
+    rows = {r["node"]: r for r in side_by_side({"spark1": a1, "spark2": a2, "spark3": wedged, "spark4": other,
+                                                "spark5": None}, base)}
+    assert rows["spark1"]["counts"] == "yes" and rows["spark1"]["vs baseline (x)"] == round(50 / 52.5, 3)
+    assert rows["spark3"]["counts"].startswith("void: the GPU showed the PD-firmware wedge")
+    assert rows["spark3"]["vs baseline (x)"] == pytest.approx(20 / 52.5, abs=1e-3)
+    assert rows["spark4"]["counts"].startswith("not comparable: image id")
+    assert rows["spark4"]["vs baseline (x)"] is None
+    assert rows["spark5"] == {"node": "spark5", "counts": "no bench recorded"}
+    assert side_by_side({"spark1": a1}, None)[0]["counts"] == "yes (no baseline yet)"
