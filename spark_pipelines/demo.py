@@ -59,7 +59,7 @@ def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> st
 
 def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str = "INFO",
               console: Console | None = None, run_timeout_s: float = 3600.0) -> dict[str, str]:
-    """Materialize build -> per-node deploy -> gateway -> per-node bench, each run submitted through
+    """Materialize build -> distribution tree -> per-node deploy -> gateway -> per-node bench, each run submitted through
     the code location (`console`; one is started on the instance's home for the call when none is
     given) and followed to its end. Returns node -> failure ("*" for a failed unpartitioned job)."""
     if console is None:
@@ -87,7 +87,12 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
     log("build host: model download, hybrid checkpoint, MTP weights, images")
     if not run("build_job"):
         return failures
-    log("nodes: artifacts + deployment")
+    log("nodes: checkpoint + image along the distribution tree (each holder serves the next)")
+    if not run("distribute_job"):
+        # Not fatal: each node's deploy copies what it still lacks from the build host.
+        failures.pop("*", None)
+        log("  distribute_job failed: each node's deploy_node_job copies what is missing from the build host")
+    log("nodes: artifacts verified + deployment")
     for n in nodes:
         run("deploy_node_job", n)
     log("gateway")

@@ -187,3 +187,14 @@ def probe_argv(key: str, mounts: Sequence[str]) -> list[str]:
     for m in mounts:
         names.check(names.PATH, m, "cache mount")
     return ["sh", "-c", PROBE_SCRIPT, "spark-jit-probe", key, *mounts]
+
+
+def stale_slots(mount: str, entries: Sequence[str], keep: Sequence[str]) -> list[str]:
+    """Of the names in the mount's parent folder, the slots of `mount` to wipe after a committed
+    deploy: every `<name>.jit-*` (other keys' slots, slots set aside as stale / failed / unsealed /
+    unkeyed) except those in `keep` (the running key's slot and the replaced deployment's, which
+    a rollback would boot on). Anything else in the folder is not the cache's and never touched."""
+    prefix = posixpath.basename(mount.rstrip("/")) + SLOT_INFIX
+    kept = {posixpath.basename(k.rstrip("/")) for k in keep}
+    return sorted(e for e in entries if e.startswith(prefix) and e not in kept and "/" not in e
+                  and e not in (".", ".."))

@@ -156,13 +156,19 @@ class _Transaction:
         self.committed = True
         if self.jit is not None:
             try:
-                left = jit_cache.seal(self.s, self.jit)
-                if left:
-                    self.s.log.info(f"[{self.node.name}] stale JIT caches set aside (sudo rm -rf them once the node "
-                                    f"is fine): {', '.join(left)}")
+                gone = jit_cache.seal(self.s, self.jit)
+                if gone:
+                    self.s.log.info(f"[{self.node.name}] the stale JIT cache's archive was deleted: {', '.join(gone)}")
             except Exception as e:  # serving; only the back-up of this cache waits for the next deploy
                 self.s.log.warning(f"[{self.node.name}] healthy, but its JIT cache was not marked sealed: "
                                    f"{_first_line(e)}; it is backed up after the next healthy deploy")
+            try:
+                wiped = jit_cache.prune(self.s, self.jit, self.spec)
+                if wiped:
+                    self.s.log.info(f"[{self.node.name}] stale JIT caches wiped: {', '.join(wiped)}")
+            except Exception as e:  # serving; the stale slots are never mounted and the next deploy retries
+                self.s.log.warning(f"[{self.node.name}] healthy, but stale JIT caches were not wiped: "
+                                   f"{_first_line(e)}; the next deploy tries again")
         try:
             self.docker.drop_previous(self.node.name, self.spec.container_name, self.spec.image, self.kept)
         except Exception as e:  # the new deployment serves; a stale rollback point is superseded next time

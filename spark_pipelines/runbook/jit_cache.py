@@ -5,7 +5,8 @@ cache mounts are pointed at the slot of the deployment's key (restored from the 
 archive when the node has none), and `undo()` points them back on every rollback path, so the
 previous deployment restarts on its own warm cache. `seal()` marks the slot after a healthy boot;
 `back_up()` (the `jit_cache` asset) copies a sealed slot to the build host's archive once per key.
-Stale slots are never mounted; deleting them is left to the operator (their files are root's).
+Stale slots are never mounted; `prune()` wipes them once a deploy has committed (their files are
+root's, written in the container, so the wipe runs as root in a throwaway container).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from spark_pipelines.runbook.errors import RunbookError
 
 COMPLETE = "COMPLETE"  # written last into an archived key: a half-copied backup is never restored
 _T = remote.PROBE_TIMEOUT_S
+WIPE_TIMEOUT_S = 900  # deleting GBs of kernels on a busy disk
 
 
 def cache_mounts(spec: LaunchSpec) -> list[str]:
@@ -69,7 +71,6 @@ class Switch:
     retired: list[tuple[str, str]] = field(default_factory=list)  # (slot, where it went): a fresh cache
     linked: list[str] = field(default_factory=list)
     fresh: bool = False  # the operator asked for a fresh cache: the build host's archive of the key goes too
-    left: list[str] = field(default_factory=list)  # slots renamed aside on the way (node:path), for the operator
 
 
 def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *, fresh: bool = False) -> Switch:
@@ -124,13 +125,12 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
 
 
 def _set_aside(s: FleetSession, n: str, slot: str, why: str, sw: Switch) -> None:
-    """Rename a slot out of the way. Never `rm -rf`: the container wrote its files as root and
-    the node's user may not delete them, but renaming needs only the user's own parent folder."""
+    """Rename a slot out of the way (`prune` wipes it after the commit). Not `rm -rf` here: the
+    container wrote its files as root and the node's user may not delete them, but renaming needs
+    only the user's own parent folder, and a rollback may still want it."""
     if not s.exists(n, slot):
         return
-    aside = f"{slot}.{why}-{time.strftime('%Y%m%d%H%M%S')}"
-    s.run(n, ["mv", "-T", "--", slot, aside], log=False, timeout=_T)
-    sw.left.append(f"{n}:{aside}")
+    s.run(n, ["mv", "-T", "--", slot, f"{slot}.{why}-{time.strftime('%Y%m%d%H%M%S')}"], log=False, timeout=_T)
 
 
 def undo(s: FleetSession, sw: Switch, log: Any) -> None:
@@ -164,17 +164,39 @@ def undo(s: FleetSession, sw: Switch, log: Any) -> None:
 
 def seal(s: FleetSession, sw: Switch) -> list[str]:
     """A healthy boot ran on these slots: they may be backed up and reused. After a fresh cache
-    the build host's archive of the key (made from the stale one) is retired too. Returns what was
-    set aside and stays on disk (root's files: `sudo rm -rf` them when the node is fine)."""
+    the build host's archive of the key (made from the stale one) is deleted (rsync wrote it as
+    the build host's user). Returns what was removed from the build host."""
     for slot in sw.slots:
         s.run(sw.node, ["touch", posixpath.join(slot, core.SEALED)], log=False, timeout=_T)
-    left = [f"{sw.node}:{aside}" for _, aside in sw.retired] + sw.left
     if sw.fresh and is_archived(s, sw.plan.key):
         build, src = s.fleet.build_node.name, archived_dir(s, sw.plan.key)
-        aside = f"{src}.stale-{time.strftime('%Y%m%d%H%M%S')}"
-        s.run(build, ["mv", "-T", src, aside], log=False, timeout=_T)
-        left.append(f"{build}:{aside}")
-    return left
+        s.run(build, ["rm", "-rf", "--", src], log=False, timeout=WIPE_TIMEOUT_S)
+        return [f"{build}:{src}"]
+    return []
+
+
+def prune(s: FleetSession, sw: Switch, spec: LaunchSpec) -> list[str]:
+    """After a committed deploy: wipe every slot of the cache mounts except the running key's and
+    the replaced deployment's (the previous container, kept as the rollback point, boots on it).
+    Other keys' slots and those set aside (stale, failed, unsealed) would only fill the disk. The
+    wipe runs `rm -rf` as root in a throwaway container of the serving image (no network), since
+    the container wrote the files as root. Returns what was wiped (node:path)."""
+    n = sw.node
+    keep = [*sw.slots, *(st.target for st in sw.before if st.kind == "link" and st.target)]
+    by_parent: dict[str, list[str]] = {}
+    for m in cache_mounts(spec):
+        parent = posixpath.dirname(m.rstrip("/"))
+        entries = s.run(n, ["ls", "-A", "--", parent], log=False, timeout=_T).stdout.split()
+        by_parent.setdefault(parent, []).extend(core.stale_slots(m, entries, keep))
+    wiped = []
+    for parent, stale in by_parent.items():
+        if not stale:
+            continue
+        s.run(n, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "rm", "-v", f"{parent}:/jit",
+                  spec.image, "-rf", "--", *(posixpath.join("/jit", e) for e in stale)],
+              log=False, timeout=WIPE_TIMEOUT_S)
+        wiped += [f"{n}:{posixpath.join(parent, e)}" for e in stale]
+    return wiped
 
 
 def restore(s: FleetSession, node: Node, key: str, mounts: list[str], slots: list[str]) -> None:

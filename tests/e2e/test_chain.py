@@ -200,9 +200,11 @@ def test_second_run_does_no_heavy_work(chain):
     assert latest(chain["instance"], "gateway")["reloaded"] is False
 
 
-def test_fresh_jit_cache_relaunches_cold_and_sets_the_stale_cache_aside(chain):
+def test_fresh_jit_cache_relaunches_cold_and_wipes_the_stale_cache(chain):
     """The runbook's stale torch_compile cache fix, as a deploy option: the key's cache is set
-    aside on the node and on the build host, the boot compiles afresh, the new cache is archived."""
+    aside on the node (a rollback would boot on it) and deleted from the build host's archive, the
+    boot compiles afresh, the new cache is archived, and after the commit the stale slot (root's
+    files) is wiped."""
     fleet = load_fleet(chain["fleet"])
     key = latest(chain["instance"], "jit_cache", "spark1")["key"]
     res = build_definitions(chain["fleet"]).resolve_job_def("deploy_node_job").execute_in_process(
@@ -221,8 +223,10 @@ def test_fresh_jit_cache_relaunches_cold_and_sets_the_stale_cache_aside(chain):
         store = s.run("spark1", ["ls", s.expand("spark1", fleet.launch.jit_cache_store)], log=False).stdout.split()
         link = s.run("spark2", ["readlink", f"{home}/.cache/vllm"], log=False).stdout.strip()
     assert link == f"vllm.jit-{key}"
-    assert any(n.startswith(f"vllm.jit-{key}.stale-") for n in listing)  # kept for the operator to remove
-    assert key in store and any(n.startswith(f"{key}.stale-") for n in store)
+    assert f"vllm.jit-{key}" in listing and not [n for n in listing if ".stale-" in n], listing
+    assert key in store and not [n for n in store if ".stale-" in n], store
+    wiped = [e.user_message for e in chain["instance"].all_logs(res.run_id) if "stale JIT caches wiped" in e.user_message]
+    assert wiped and f"vllm.jit-{key}.stale-" in wiped[0]
 
 
 def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):

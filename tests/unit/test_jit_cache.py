@@ -96,3 +96,15 @@ def test_odd_things_in_a_mounts_place_are_refused_and_probe_output_checked(tmp_p
     with pytest.raises(ValueError):
         jc.probe_argv("k", ["/x; rm -rf /"])
     assert jc.slot_path("/home/op/.triton", "abc") == "/home/op/.triton.jit-abc"
+
+
+def test_stale_slots_are_every_slot_of_the_mount_but_the_kept_ones():
+    from spark_pipelines.core.jit_cache import stale_slots
+
+    entries = ["vllm", "vllm.jit-aaaa", "vllm.jit-bbbb", "vllm.jit-aaaa.stale-20261204", "vllm.jit-cccc.failed-1",
+               "vllm.jit-unkeyed", "flashinfer.jit-aaaa", "huggingface", "vllm.jitter", "pip"]
+    keep = ["/home/op/.cache/vllm.jit-aaaa", "vllm.jit-bbbb"]
+    assert stale_slots("/home/op/.cache/vllm", entries, keep) == [
+        "vllm.jit-aaaa.stale-20261204", "vllm.jit-cccc.failed-1", "vllm.jit-unkeyed"]
+    # another mount's slots and anything that is not a slot are never touched
+    assert stale_slots("/home/op/.cache/flashinfer", entries, ["flashinfer.jit-aaaa"]) == []
