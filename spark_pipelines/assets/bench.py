@@ -19,7 +19,7 @@ from spark_pipelines.core import baseline
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -194,7 +194,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
                     rec = baseline.record(
                         node.name, time.time(), mean,
                         baseline.identity_of(container, container_labels(container), sampler.readings,
-                                             spec_label=DEPLOY_LABEL, checkpoint_label=CHECKPOINT_LABEL),
+                                             launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
                         baseline.load_conditions(sampler.readings, gpu_verdict.state, isolation_verified=True,
                                                  counters_match=report.counters.tokens_match if report.counters else None,
                                                  acceptance_rate=acceptance))

@@ -183,13 +183,14 @@ def _short(v: str) -> str:
 
 
 def identity_of(container: Mapping[str, Any] | None, labels: Mapping[str, str], readings: Sequence[gpu.GpuReading],
-                *, spec_label: str, checkpoint_label: str) -> BenchIdentity:
-    """What the bench ran on: the serving container's image and its deploy labels (launch-spec
-    hash, checkpoint digest), the driver nvidia-smi reported during the bench."""
+                *, launch_label: str, checkpoint_label: str) -> BenchIdentity:
+    """What the bench ran on: the serving container's image and its deploy labels (the hash of
+    the launch flags that shape kernels, alike across nodes launched alike; the checkpoint
+    digest), the driver nvidia-smi reported during the bench."""
     driver = next((r.driver_version for r in readings if r.driver_version), None)
     return BenchIdentity(image_id=str((container or {}).get("Image") or "") or None,
                          checkpoint_digest=labels.get(checkpoint_label) or None,
-                         launch_spec_hash=labels.get(spec_label) or None, driver_version=driver)
+                         launch_spec_hash=labels.get(launch_label) or None, driver_version=driver)
 
 
 SIDE_BY_SIDE_COLUMNS = (

@@ -74,11 +74,18 @@ def cache_key(image_id: str, checkpoint: str, serve_args: Sequence[str], env: Ma
     flags and env."""
     if not image_id or not checkpoint:
         raise ValueError("a JIT cache key needs the image id and the checkpoint digest")
-    blob = json.dumps({
-        "image": image_id, "checkpoint": checkpoint, "args": kernel_args(serve_args),
-        "env": {k: v for k, v in sorted(env.items()) if k not in NON_KERNEL_ENV},
-    }, sort_keys=True)
+    blob = json.dumps({"image": image_id, "checkpoint": checkpoint, **_kernel_inputs(serve_args, env)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:KEY_LEN]
+
+
+def launch_hash(serve_args: Sequence[str], env: Mapping[str, str]) -> str:
+    """The kernel-shaping launch flags and env as a short hash: the same on two nodes launched
+    alike (ports, names, GMU and paths do not enter), so their benches compare (core/baseline.py)."""
+    return hashlib.sha256(json.dumps(_kernel_inputs(serve_args, env), sort_keys=True).encode()).hexdigest()[:KEY_LEN]
+
+
+def _kernel_inputs(serve_args: Sequence[str], env: Mapping[str, str]) -> dict:
+    return {"args": kernel_args(serve_args), "env": {k: v for k, v in sorted(env.items()) if k not in NON_KERNEL_ENV}}
 
 
 def key_for(artifacts: NodeArtifacts, spec: LaunchSpec) -> str | None:

@@ -19,6 +19,7 @@ MODELS_MOUNT = "/models"
 DEPLOY_LABEL = "org.spark-pipelines.deploy"
 IMAGE_LABEL = "org.spark-pipelines.image"
 CHECKPOINT_LABEL = "org.spark-pipelines.checkpoint"  # the index digest node_artifacts verified
+KERNELS_LABEL = "org.spark-pipelines.kernels"  # core.jit_cache.launch_hash: alike on nodes launched alike
 
 
 def expand_home(path: str, home: str) -> str:

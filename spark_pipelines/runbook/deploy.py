@@ -32,9 +32,10 @@ import httpx
 
 from spark_pipelines.core import diagnosis
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, LaunchSpec
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, LaunchSpec
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
@@ -307,6 +308,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
     spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
+                                 KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
                                  **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {})})
     txn = _Transaction(s, node, spec, log, drain)
     try:

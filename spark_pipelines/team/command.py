@@ -10,7 +10,7 @@ from pathlib import Path
 
 from spark_pipelines.console import ConsoleError
 from spark_pipelines.team.engine import EngineError
-from spark_pipelines.team.instance import WEB_PORT, Team, TeamError, default_root
+from spark_pipelines.team.instance import WEB_PORT, Team, default_root
 from spark_pipelines.team.postgres import PostgresError
 from spark_pipelines.team.rootfs import RootfsError
 
@@ -42,9 +42,10 @@ def team_command(args: argparse.Namespace) -> int:
         else:
             state = team.state()
             print(json.dumps({k: state.get(k) for k in ("url", "image", "image_size_bytes", "fleet", "pg_port")}
-                             | {"postgres_running": team.postgres.running() if state.get("pg_port") else False},
+                             | {"postgres_running": team.postgres.running()},
                              indent=1))
-    except (TeamError, PostgresError, EngineError, RootfsError, ConsoleError) as e:
-        print(f"spark-pipelines team {args.action}: {e}", file=sys.stderr)
+    except (PostgresError, EngineError, RootfsError, ConsoleError) as e:
+        hint = "; `make team-down` stops whatever did start" if args.action == "up" else ""
+        print(f"spark-pipelines team {args.action}: {e}{hint}", file=sys.stderr)
         return 1
     return 0

@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import yaml
 
 from spark_pipelines.console import HOST, Console, code_server_args, stop_leftovers
 from spark_pipelines.core.fleet import Fleet, load_fleet
 from spark_pipelines.resources.hub import TOKEN_ENV
 from spark_pipelines.team import image as team_image
-from spark_pipelines.team.engine import TeamEngine
+from spark_pipelines.team.engine import EngineError, TeamEngine
 from spark_pipelines.team.postgres import Postgres
 
 ROOT_ENV = "SPARK_TEAM_ROOT"
@@ -38,10 +39,6 @@ TEAM_LABEL = "spark-pipelines.team"  # on every container the team starts: `down
 # Handed to the code server and to every run by name (values stay in the daemon's environment).
 INSTANCE_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB",
                 "DAGSTER_HOME", "SPARK_FLEET")
-
-
-class TeamError(Exception):
-    """The team instance could not be brought up or down; one line naming the step and the log."""
 
 
 def default_root() -> Path:
@@ -93,9 +90,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/server_info", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _docker(docker_host: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "DOCKER_HOST": docker_host})
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "DOCKER_HOST": docker_host})
+    except FileNotFoundError:
+        raise EngineError("the docker CLI is not installed: scripts/bootstrap.sh base") from None
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"`docker {args[0]}` on {docker_host} did not answer within {timeout:.0f} s: "
+                          "is its dockerd frozen?") from None
 
 
 @dataclass
@@ -130,13 +140,14 @@ class Team:
 
     @property
     def postgres(self) -> Postgres:
-        port = self.state().get("pg_port")
-        if port is None:
+        """The team's database (its port chosen once, on the first `up`; 0 before that)."""
+        return Postgres(self.root / "postgres", int(self.state().get("pg_port") or 0))
+
+    def _first_up(self) -> None:
+        if not self.state().get("pg_port"):
             self.root.mkdir(parents=True, exist_ok=True)
             self.root.chmod(0o755)  # PostgreSQL's user walks through it to its cluster
-            port = _free_port()
-            self._save(pg_port=port)
-        return Postgres(self.root / "postgres", int(port))
+            self._save(pg_port=_free_port())
 
     @property
     def engine(self) -> TeamEngine:
@@ -157,6 +168,11 @@ class Team:
         """Bring the instance up for `fleet_path`; returns the UI's URL. The processes stay."""
         fleet_path = str(Path(fleet_path).resolve())
         fleet = load_fleet(fleet_path)
+        state = self.state()
+        if state.get("url") and state.get("fleet") == fleet_path and _answers(state["url"]):
+            self.log(f"team: already up at {state['url']} (image {state.get('image')}); `make team-down` stops it")
+            return state["url"]
+        self._first_up()
         if (self.home / "console" / "console.json").exists():
             stop_leftovers(self.home, self.log)  # a previous `up` not brought down: restart it
         self.log(f"team: PostgreSQL on {HOST}:{self.postgres.port} ({self.postgres.data})")
@@ -203,10 +219,10 @@ class Team:
     def down(self) -> list[str]:
         """Stop the daemon, webserver and code server, then the team's containers and engine,
         then PostgreSQL. The database and the image stay. Returns what was stopped."""
-        stopped: list[str] = []
-        if self.postgres.initialized():
-            os.environ.update(self.instance_env())
-        stopped += stop_leftovers(self.home, self.log)
+        if not self.state():
+            self.log(f"team: no team instance in {self.root}")
+            return []
+        stopped = stop_leftovers(self.home, self.log)
         docker_host = self.docker_host(start=False)
         if docker_host:
             ids = _docker(docker_host, "ps", "-aq", "--filter", f"label={TEAM_LABEL}={self.label}").stdout.split()

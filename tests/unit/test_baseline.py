@@ -115,10 +115,10 @@ def test_identity_comes_from_the_container_its_labels_and_the_driver_nvidia_smi_
     readings = gpu.parse_q((H200 / "nvidia-smi-q-perf-load.txt").read_text())
     assert readings[0].driver_version == "580.159.04"  # the real capture's "Driver Version" header
     labels = {"spec": "spec-1", "ckpt": "ckpt-1"}
-    ident = identity_of({"Image": IMG_A.image_id}, labels, readings, spec_label="spec", checkpoint_label="ckpt")
+    ident = identity_of({"Image": IMG_A.image_id}, labels, readings, launch_label="spec", checkpoint_label="ckpt")
     assert ident == BenchIdentity(IMG_A.image_id, "ckpt-1", "spec-1", "580.159.04")
     # An unlabelled container (deployed before the labels) is unknown, not a guess.
-    assert identity_of(None, {}, [], spec_label="spec", checkpoint_label="ckpt") == BenchIdentity()
+    assert identity_of(None, {}, [], launch_label="spec", checkpoint_label="ckpt") == BenchIdentity()
 
 
 def test_side_by_side_marks_void_not_comparable_and_missing_benches() -> None:

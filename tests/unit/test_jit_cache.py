@@ -108,3 +108,25 @@ def test_stale_slots_are_every_slot_of_the_mount_but_the_kept_ones():
         "vllm.jit-aaaa.stale-20261204", "vllm.jit-cccc.failed-1", "vllm.jit-unkeyed"]
     # another mount's slots and anything that is not a slot are never touched
     assert stale_slots("/home/op/.cache/flashinfer", entries, ["flashinfer.jit-aaaa"]) == []
+
+
+def test_launch_hash_is_alike_on_nodes_launched_alike_and_moves_with_a_kernel_flag(seed_data):
+    import copy
+
+    from spark_pipelines.core.fleet import parse_fleet
+    from spark_pipelines.core.jit_cache import launch_hash
+    from spark_pipelines.core.launch import launch_spec
+
+    fleet = parse_fleet(seed_data, "f.yaml")
+    specs = [launch_spec(fleet, n) for n in fleet.serve_nodes]
+    assert launch_hash(specs[0].serve_args, specs[0].env) == launch_hash(specs[1].serve_args, specs[1].env)
+    # GMU, port and served name do not shape kernels: a launch differing only there compares
+    alike = copy.deepcopy(seed_data)
+    alike["launch"].update(gpu_memory_utilization=0.84, port=8001, served_model_name="other-name")
+    spec = launch_spec(parse_fleet(alike, "f.yaml"), fleet.serve_nodes[0])
+    assert spec.fingerprint != specs[0].fingerprint
+    assert launch_hash(spec.serve_args, spec.env) == launch_hash(specs[0].serve_args, specs[0].env)
+    other = copy.deepcopy(seed_data)
+    other["launch"]["attention_backend"] = "TRITON_ATTN"
+    spec = launch_spec(parse_fleet(other, "f.yaml"), fleet.serve_nodes[0])
+    assert launch_hash(spec.serve_args, spec.env) != launch_hash(specs[0].serve_args, specs[0].env)
