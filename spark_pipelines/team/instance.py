@@ -227,8 +227,10 @@ class Team:
         if docker_host:
             ids = _docker(docker_host, "ps", "-aq", "--filter", f"label={TEAM_LABEL}={self.label}").stdout.split()
             if ids:
-                # A run still going gets its stop_timeout to run its undo before SIGKILL.
-                _docker(docker_host, "stop", "-t", "600", *ids, timeout=700)
+                # A run still going gets the launcher's stop_timeout to run its undo before SIGKILL.
+                grace = int(yaml.safe_load(TEMPLATE.read_text())["run_launcher"]["config"]["container_kwargs"]
+                            ["stop_timeout"])
+                _docker(docker_host, "stop", "-t", str(grace), *ids, timeout=grace + 120)
                 _docker(docker_host, "rm", "-f", *ids)
                 stopped.append(f"{len(ids)} container(s)")
             if not os.environ.get("DOCKER_HOST") and self.engine.stop():
