@@ -47,6 +47,7 @@ def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: di
         "reload_dir": str(work),
         "reload": "graceful",
         "reload_command": [str(gw.bin / "litellm-reload")],
+        "restart_command": [str(gw.bin / "litellm-restart")],  # when a graceful reload is not confirmed
     })
     # The stand-in checkpoint is a few MB, not ~71 GB: the runbook's disk floors do not apply.
     doc["preflight"] = {"build_host_disk_gib": 1, "serve_node_disk_gib": 1}

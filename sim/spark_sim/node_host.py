@@ -183,6 +183,7 @@ class NodeHost:
             "#   litellm-proxy          stop it if it runs, start it: drops every stream in flight\n"
             "#   litellm-proxy reload   SIGHUP to the running master: a new worker reads the config,\n"
             "#                          the old one finishes its streams (start it if none runs)\n"
+            "#   litellm-proxy stop     stop it (what a SIGHUP does to a proxy not under gunicorn)\n"
             "set -u\n"
             f"cfg={cfg}; pidfile={pidfile}; log={log}\n"
             f"[ -x {LITELLM_BIN} ] || {{ echo \"litellm-proxy: {LITELLM_BIN} is missing; install litellm[proxy] there\" >&2; exit 1; }}\n"
@@ -201,6 +202,7 @@ class NodeHost:
             "  kill -KILL -\"$old\" 2>/dev/null\n"
             "fi\n"
             "rm -f \"$pidfile\"\n"
+            "[ \"${1:-}\" = stop ] && { echo stopped; exit 0; }\n"
             f"LITELLM_MASTER_KEY=$(cat {key_file})\n"
             # Without LITELLM_LOCAL_MODEL_COST_MAP the proxy first tries an internet download. An old
             # worker waits this long for its streams after a reload (LiteLLM's default 30 s would cut

@@ -395,6 +395,14 @@ class Gateway(SshTarget):
         default=(), description="argv run in reload_dir on the gateway host after the config is written "
                                 "(default: the reload mode's compose command)")
     reload_dir: NodePath | None = None
+    # A graceful reload has no exit status worth trusting (`docker compose kill -s SIGHUP` returns
+    # at once): a SIGHUP that ends a proxy not under gunicorn, or a new worker that never starts,
+    # leaves clients without a gateway. Not ready this long after it: restart the proxy (streams
+    # in flight are dropped, but the gateway serves again).
+    graceful_confirm_s: Int = Field(default=30, ge=1, le=600,
+                                    description="a graceful reload not ready by then is followed by restart_command")
+    restart_command: tuple[str, ...] = Field(default=RELOAD_COMMANDS["restart"],
+                                             description="argv run in reload_dir when a graceful reload is not confirmed")
     pools: tuple[Annotated[str, _shape(names.NODE_NAME, "pool name")], ...] = ("fast", "reasoning", "code")
     routing_strategy: Literal[
         "latency-based-routing", "simple-shuffle", "least-busy", "usage-based-routing"

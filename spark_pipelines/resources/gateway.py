@@ -229,7 +229,7 @@ class GatewayHost:
             except ConfigChanged:
                 self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM config changed by another run meanwhile; re-reading")
                 continue
-            self.wait_ready()
+            self._confirm_reload()
             return snap, config, True
         raise GatewayError(f"gateway {self.gw.host}: {self.config_path} kept changing under this run "
                            f"({WRITE_RETRIES} attempts); nothing was changed by it, retry")
@@ -336,26 +336,51 @@ class GatewayHost:
 
     # -- the proxy --
 
+    def _confirm_reload(self) -> None:
+        """Ready after the reload; a graceful one not ready within graceful_confirm_s is followed
+        by a restart (the proxy may have died on the SIGHUP, or its new worker hung)."""
+        if self.gw.reload != "graceful":
+            self.wait_ready()
+            return
+        if self.wait_ready(self.gw.graceful_confirm_s, raise_=False):
+            return
+        cmd = " ".join(self.gw.restart_command)
+        self.session.log.warning(f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} not ready {self.gw.graceful_confirm_s} s "
+                                 f"after the graceful reload: restarting it ({cmd}); streams in flight are dropped")
+        argv = ["flock", "-w", str(int(self.lock_wait_s)), f"{self.config_path}.lock", "timeout",
+                str(int(self.reload_timeout_s)), *self.gw.restart_command]
+        if self.gw.reload_dir:
+            argv = ["env", "-C", expand_home(self.gw.reload_dir, self.gw.home_dir), *argv]
+        r = self._run(argv, "restarting the proxy", timeout=self.lock_wait_s + self.reload_timeout_s + 60, check=False)
+        if r.exit_status != 0:
+            raise GatewayError(f"gateway {self.gw.host}: the proxy was not ready after the graceful reload and its "
+                               f"restart ({cmd}) failed ({' / '.join(r.tail.strip().splitlines()[-2:]) or r.exit_status}); "
+                               "check the proxy on the gateway host")
+        self.wait_ready()
+
     def ready(self) -> bool:
         try:
             return httpx.get(f"{self.base_url}/health/readiness", timeout=HTTP_TIMEOUT_S).status_code == 200
         except httpx.HTTPError:
             return False
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
+    def wait_ready(self, timeout_s: float | None = None, raise_: bool = True) -> bool:
+        timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
             try:
                 r = httpx.get(f"{self.base_url}/health/readiness", timeout=HTTP_TIMEOUT_S)
                 if r.status_code == 200:
-                    return
+                    return True
                 last = f"HTTP {r.status_code}"
             except httpx.HTTPError as e:
                 last = type(e).__name__
-            time.sleep(1)
+            time.sleep(SERVING_POLL_S)
+        if not raise_:
+            return False
         raise GatewayError(
-            f"LiteLLM on {self.gw.host}:{self.gw.proxy_port} not ready after {self.ready_timeout_s:.0f} s ({last}); "
+            f"LiteLLM on {self.gw.host}:{self.gw.proxy_port} not ready after {timeout_s:.0f} s ({last}); "
             f"check the proxy's logs on the gateway host"
         )
 

@@ -240,3 +240,57 @@ def test_proxy_killed_during_a_drain_comes_back_with_the_node(operator_gateway, 
         assert not host.ready()
     assert host.ready() and host.serving_nodes() == ["spark1", "spark2"]
     assert OPERATOR_MODEL in models(fleet)
+
+
+class _Warnings:
+    """A session log that keeps its warnings (the fallback restart says itself there)."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def info(self, msg: str, *a) -> None:
+        pass
+
+    debug = info
+
+    def warning(self, msg: str, *a) -> None:
+        self.warnings.append(msg)
+
+    error = warning
+
+
+def test_a_graceful_reload_that_ends_the_proxy_is_followed_by_a_restart(operator_gateway, sim_fleet):
+    """A SIGHUP ends a proxy not under gunicorn, and `docker compose kill` returns 0 all the same:
+    not ready within graceful_confirm_s, the proxy is restarted (restart_command) and the drain and
+    restore are confirmed on it; the gateway never stays without a proxy."""
+    fleet, _, _ = operator_gateway
+    stop = f"sudo -n {sim_fleet.gateway.sbin}/litellm-proxy stop >/dev/null"
+
+    def hup_that_ends_the_proxy(d):
+        d["gateway"].update(reload="graceful", graceful_confirm_s=3, reload_command=["sh", "-c", stop])
+
+    bad = fleet_with(sim_fleet, hup_that_ends_the_proxy)
+    assert bad.gateway.restart_command == (str(sim_fleet.gateway.bin / "litellm-restart"),)  # the sim's
+    with FleetSession(bad) as s:
+        s.log = log = _Warnings()
+        host = host_for(s)
+        with drained(host, "spark1", reason="test bench"):
+            assert host.ready() and host.serving_nodes() == ["spark2"]
+        assert host.ready() and host.serving_nodes() == ["spark1", "spark2"]
+        restarts = [w for w in log.warnings if "not ready 3 s after the graceful reload: restarting it" in w]
+        assert len(restarts) == 2, log.warnings  # the drain's and the restore's
+        assert_operator_kept(file_config(s, bad))
+
+    # A restart that fails too is one error naming both, and the next change brings the proxy back.
+    def and_no_restart(d):
+        hup_that_ends_the_proxy(d)
+        d["gateway"]["restart_command"] = ["false"]
+
+    worse = fleet_with(sim_fleet, and_no_restart)
+    with FleetSession(worse) as s:
+        with pytest.raises(GatewayError, match="not ready after the graceful reload and its restart"):
+            host_for(s).set_rotation(["spark2"])
+    with FleetSession(fleet) as s:
+        host = host_for(s)
+        host.set_rotation(["spark1", "spark2"])
+        assert host.ready() and host.serving_nodes() == ["spark1", "spark2"]

@@ -228,3 +228,9 @@ def test_gateway_reload_mode_brings_its_command_and_an_explicit_one_wins(seed_da
     assert parse_fleet(seed_data, "f.yaml").gateway.reload_command == ("/usr/local/bin/proxy-restart",)
     gw["reload"] = "hup"
     refused(seed_data, "gateway.reload", "graceful", "restart")
+    gw["reload"] = "graceful"
+    # A graceful reload not ready in time is followed by the runbook's restart (or the operator's).
+    g = parse_fleet(seed_data, "f.yaml").gateway
+    assert g.restart_command == ("docker", "compose", "restart", "litellm") and g.graceful_confirm_s == 30
+    gw["graceful_confirm_s"] = 0
+    refused(seed_data, "gateway.graceful_confirm_s")
