@@ -123,6 +123,7 @@ def build(docker_host: str, log=print) -> TeamImage:
     """Build (or find) the image of this clone's code in the engine at `docker_host`."""
     started = time.monotonic()
     root = project_root()
+    cache_dir().mkdir(parents=True, exist_ok=True)
     base = base_image(docker_host)
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="team-context-") as ctx:
         context = Path(ctx)
