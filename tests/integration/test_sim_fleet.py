@@ -66,7 +66,7 @@ def test_fleet_file_is_the_seed_except_how_to_reach_the_nodes(sim_fleet: SimFlee
     for seed_node, sim_node in zip(seed["nodes"], sim["nodes"], strict=True):
         assert {k: v for k, v in sim_node.items() if k not in REACH_FIELDS} == \
             {k: v for k, v in seed_node.items() if k not in REACH_FIELDS}
-    gw_fields = REACH_FIELDS | {"config_path", "reload_dir", "reload_command"}
+    gw_fields = REACH_FIELDS | {"config_path", "reload_dir", "reload_command", "restart_command"}
     assert {k: v for k, v in sim["gateway"].items() if k not in gw_fields} == \
         {k: v for k, v in seed["gateway"].items() if k not in gw_fields}
     assert sim["launch"] == seed["launch"]
