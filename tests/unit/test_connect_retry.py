@@ -14,23 +14,19 @@ def attempts_of(settings: SshSettings, failures: list[Exception], generator: boo
     """Materialize one asset whose body raises failures[0], failures[1], ... then succeeds."""
     calls: list[int] = []
 
-    if generator:
-        @dg.asset
-        @retry_unreachable(settings)
-        def flaky(context: dg.AssetExecutionContext):
-            calls.append(context.retry_number)
-            if len(calls) <= len(failures):
-                raise failures[len(calls) - 1]
-            yield dg.Output(len(calls))
-    else:
-        @dg.asset
-        @retry_unreachable(settings)
-        def flaky(context: dg.AssetExecutionContext):
-            calls.append(context.retry_number)
-            if len(calls) <= len(failures):
-                raise failures[len(calls) - 1]
-            return len(calls)
+    def attempt(context: dg.AssetExecutionContext) -> int:
+        calls.append(context.retry_number)
+        if len(calls) <= len(failures):
+            raise failures[len(calls) - 1]
+        return len(calls)
 
+    def as_generator(context: dg.AssetExecutionContext):
+        yield dg.Output(attempt(context))
+
+    def as_function(context: dg.AssetExecutionContext):
+        return attempt(context)
+
+    flaky = dg.asset(name="flaky")(retry_unreachable(settings)(as_generator if generator else as_function))
     result = dg.materialize([flaky], raise_on_error=False)
     retries = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
     return result.success, calls, [e.event_specific_data.seconds_to_wait for e in retries]
