@@ -113,8 +113,10 @@ def render_plan_text(plan: dict[str, Any]) -> str:
         out.append("launch:")
         out.append("  " + p["docker_run"])
         out.append("")
-    out.append("== rollout of a new image or checkpoint")
+    out.append("== rollout of a new image, checkpoint or launch profile (rollout_job)")
     out += ["  " + line for line in plan["rollout"]["text"].splitlines()]
+    out.append("  each node: deploy (previous version kept) -> health -> bench vs floors and the fleet's baseline; "
+               "the first failed gate stops the rollout and puts that node back")
     out.append("")
     gw = plan["gateway"]
     how = ("graceful: streams in flight finish" if gw["reload"] == "graceful"

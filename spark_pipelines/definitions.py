@@ -21,6 +21,7 @@ from spark_pipelines.assets.images import image_definitions
 from spark_pipelines.assets.model import model_definitions
 from spark_pipelines.assets.jit_cache import jit_cache_definitions
 from spark_pipelines.assets.nodes import node_definitions
+from spark_pipelines.assets.rollout import rollout_definitions
 from spark_pipelines.assets.wedge import wedge_definitions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -50,12 +51,13 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     fleet = load_fleet(fleet_path)
     ssh = FleetSSH(fleet_path=fleet_path, command_log_path=command_log_path or os.environ.get("SPARK_COMMAND_LOG"))
     # Sensors are given the very job objects the phases define (the UI shows them as targets).
-    images, nodes = image_definitions(fleet), node_definitions(fleet)
+    images, nodes, rollout = image_definitions(fleet), node_definitions(fleet), rollout_definitions(fleet)
     bench, healing = bench_definitions(fleet), health_definitions(fleet)
     return dg.Definitions.merge(
         model_definitions(fleet),
         images,
         nodes,
+        rollout,
         jit_cache_definitions(fleet),
         gateway_definitions(fleet),
         bench,
@@ -63,8 +65,8 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         healing,
         fleet_summary_definitions(fleet),
         experiment_definitions(fleet),
-        pins_sensors(fleet, fleet_path, jobs=[j for j in [*(images.jobs or []), *(nodes.jobs or [])]
-                                              if j.name in ("build_job", "deploy_node_job")]),
+        pins_sensors(fleet, fleet_path, jobs=[j for j in [*(images.jobs or []), *(rollout.jobs or [])]
+                                              if j.name in ("build_job", "rollout_job")]),
         health_sensors(fleet, jobs=[*(nodes.jobs or []), *(bench.jobs or []), *(healing.jobs or [])]),
         wedge_sensors(fleet),
         schedule_definitions(fleet),

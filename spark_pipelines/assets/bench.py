@@ -14,22 +14,16 @@ from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import bench_table, count, num, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
-from spark_pipelines.bench_client import run_bench
 from spark_pipelines.core import baseline
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
-from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
-from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import markers
-from spark_pipelines.runbook.bench import GpuSampler, wait_idle
+from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.runbook.engine import api_root
 from spark_pipelines.runbook.errors import RunbookError
-from spark_pipelines.runbook.rotation import BENCH_GATE, drained
 
 
 # Every bench run carries this tag; the instance's run queue runs one at a time (demo.prepare_instance_home).
@@ -51,7 +45,7 @@ def bench_records(instance: dg.DagsterInstance, node: str, limit: int = 50) -> l
     ).records)
 
 
-def history_points(context: dg.AssetExecutionContext, node: str) -> list[tuple[float, float]]:
+def history_points(context: dg.AssetExecutionContext | dg.OpExecutionContext, node: str) -> list[tuple[float, float]]:
     points = []
     for rec in bench_records(context.instance, node):
         mat = rec.asset_materialization
@@ -71,7 +65,7 @@ LATEST_COLUMNS = (
 )
 
 
-def latest_by_node(context: dg.AssetExecutionContext, fleet: Fleet, this: dict) -> list[dict]:
+def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, this: dict) -> list[dict]:
     """Every node's last bench, this one's from this run: the asset's Overview shows the latest
     materialization of any partition, so each one carries every node's latest figures by name."""
     rows = []
@@ -92,7 +86,7 @@ def latest_by_node(context: dg.AssetExecutionContext, fleet: Fleet, this: dict) 
     return rows
 
 
-def vs_fleet(context: dg.AssetExecutionContext, fleet: Fleet, rec: baseline.BenchRecord) -> dict:
+def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, rec: baseline.BenchRecord) -> dict:
     """This bench next to every node's latest and the fleet's baseline on the same image, checkpoint
     and launch spec (void benches never count); read back from each node's recorded bench_record."""
     records, latest = [rec], {}
@@ -115,7 +109,7 @@ def vs_fleet(context: dg.AssetExecutionContext, fleet: Fleet, rec: baseline.Benc
     return meta
 
 
-def chart_metadata(context: dg.AssetExecutionContext, fleet: Fleet, node: str, mean: float) -> dict:
+def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str, mean: float) -> dict:
     """The fleet's bench history: a PNG file (path, inline) and the same image as markdown."""
     from spark_pipelines.bench_chart import render_fleet_history_png
 
@@ -140,6 +134,66 @@ def chart_metadata(context: dg.AssetExecutionContext, fleet: Fleet, node: str, m
     return meta
 
 
+def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str,
+                   b: Benched) -> dict:
+    """What a bench_results materialization carries (the asset's and a rollout's bench gate)."""
+    f = fleet
+    floor = f.bench_floor(f.node(node))
+    mean_v = float(b.mean or 0.0)
+    vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
+    meta: dict = {
+        # mean_tok_s, vs_reference, loaded_aggregate_tok_s, spec_acceptance_rate, promoted and
+        # gpu_under_load are read back (demo table, doctor, history chart): keep the keys.
+        "mean_tok_s": num(mean_v, 2),
+        "vs_reference": num(vs_ref, 2),
+        "reference_tok_s": num(f.bench.reference_tok_s, 1),
+        "floor_tok_s": num(floor, 1),
+        "promoted": b.promoted,
+        "gate": b.reason,
+        "drain_wait_s": num(b.waited_s, 1),
+        "gpu_under_load": b.gpu_verdict.state,
+        "gpu_samples": count(b.samples),
+        "gpu_verdict": "; ".join(b.gpu_verdict.reasons) or "-",
+        "isolation": b.report.isolation,
+        # What makes it comparable (core/baseline.py); a void bench is never a baseline.
+        "bench_record": dg.MetadataValue.json(json.loads(json.dumps(b.record.to_dict()))),
+        "void": "; ".join(b.record.void) or "no",
+        "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
+        "table": bench_table(b.report),
+        "report": dg.MetadataValue.md(bench_core.render_markdown(b.report)),
+    }
+    if b.loaded is not None:
+        meta["loaded_aggregate_tok_s"] = num(b.loaded, 2)
+    if b.acceptance is not None:
+        meta["spec_acceptance_rate"] = num(b.acceptance, 3)
+        meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
+    this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
+            "vs reference (x)": vs_ref, "floor tok/s": floor, "promoted": b.promoted}
+    # First: the asset's Overview shows the newest materialization of any node, so every node's
+    # latest figures head it (one node's own page is the Partitions tab with that node selected).
+    meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this)), **meta}
+    meta.update(vs_fleet(context, f, b.record))
+    try:
+        meta.update(chart_metadata(context, f, node, mean_v))
+    except Exception as e:  # a chart must never fail a bench
+        context.log.warning(f"bench history chart not rendered: {e}")
+    return meta
+
+
+def above_floor(fleet: Fleet, node: str, b: Benched) -> dict:
+    """The above_floor check's fields for this bench."""
+    return {"passed": b.promoted, "description": f"{node}: {b.reason}",
+            "metadata": {"node": node, "mean_tok_s": num(float(b.mean or 0.0), 2),
+                         "floor_tok_s": num(fleet.bench_floor(fleet.node(node)), 1),
+                         "gpu_under_load": b.gpu_verdict.state}}
+
+
+def bench_events(context: dg.AssetExecutionContext, fleet: Fleet, node: str, b: Benched):
+    yield dg.Output(b.report.to_dict(), metadata=bench_metadata(context, fleet, node, b))
+    yield dg.AssetCheckResult(check_name="above_floor", severity=dg.AssetCheckSeverity.ERROR,
+                              **above_floor(fleet, node, b))
+
+
 def bench_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     partitions = node_partitions(fleet)
@@ -162,106 +216,13 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         s = step_session(context, ssh, litellm)
         f = s.fleet
         node = f.node(context.partition_key)
-        launch = f.launch_for(node)
-        floor = f.bench_floor(node)
         gw = litellm.host()
-        log = context.log
-        drain = None
         try:
-            with node_lease(s, node.name, "bench", run_id=context.run.run_id):
-                log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
-                with drained(gw, node.name) as drain:
-                    if drain.was_in:
-                        record_rotation(context, gw, f"drain {node.name}", {node.name: "drained for its bench"})
-                    else:
-                        log.info(f"drain {node.name}: it was not in the gateway; it stays out unless it passes")
-                    log.info(f"drain {node.name}: out of rotation; waiting for zero requests in flight")
-                    waited = wait_idle(f, node)
-                    log.info(f"bench {node.name}: suite {f.bench.suite}, {f.bench.repeats} run(s) per phase "
-                             f"(+ warm-up), loaded phase {f.bench.loaded_concurrency} at once; nvidia-smi every 2 s")
-                    with GpuSampler(s, node) as sampler:
-                        report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
-                                           concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
-                                           reference_mean_tok_s=f.bench.reference_tok_s,
-                                           on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
-                    mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
-                    loaded = next((p.aggregate_tok_s.median for p in report.phases
-                                   if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
-                    gpu_verdict = sampler.verdict()
-                    acceptance = report.counters.acceptance_rate if report.counters is not None else None
-                    container = NodeDocker(s).inspect_container(node.name, launch.container_name)
-                    # wait_idle returned: num_requests_running == 0 was read before the start.
-                    rec = baseline.record(
-                        node.name, time.time(), mean,
-                        baseline.identity_of(container, container_labels(container), sampler.readings,
-                                             launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
-                        baseline.load_conditions(sampler.readings, gpu_verdict.state, isolation_verified=True,
-                                                 counters_match=report.counters.tokens_match if report.counters else None,
-                                                 acceptance_rate=acceptance))
-                    promoted, reason = bench_core.promotion_gate(mean, floor, gpu_verdict, acceptance=acceptance,
-                                                                 acceptance_floor=f.bench.floor_mtp_acceptance)
-                    markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
-                    drain.keep_out = not promoted
-                    log.info(f"{'restore' if promoted else 'keep out'} {node.name}: {reason}")
-                if promoted:
-                    record_rotation(context, gw, f"restore {node.name}", {})
-                else:
-                    record_rotation(context, gw, f"keep out {node.name}", {node.name: reason})
+            b = bench_node(s, gw, node, context.log, run_id=context.run.run_id,
+                           on_rotation=lambda event, out: record_rotation(context, gw, event, out))
         except RunbookError as e:
-            if drain is not None and drain.was_in:
-                record_rotation(context, gw, f"restore {node.name} after a failed bench", {})
             fail(e)
-        except Exception:
-            if drain is not None and drain.was_in:
-                record_rotation(context, gw, f"restore {node.name} after a failed bench", {})
-            raise
-        mean_v = float(mean or 0.0)
-        vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
-        meta: dict = {
-            # mean_tok_s, vs_reference, loaded_aggregate_tok_s, spec_acceptance_rate, promoted and
-            # gpu_under_load are read back (demo table, doctor, history chart): keep the keys.
-            "mean_tok_s": num(mean_v, 2),
-            "vs_reference": num(vs_ref, 2),
-            "reference_tok_s": num(f.bench.reference_tok_s, 1),
-            "floor_tok_s": num(floor, 1),
-            "promoted": promoted,
-            "gate": reason,
-            "drain_wait_s": num(waited, 1),
-            "gpu_under_load": gpu_verdict.state,
-            "gpu_samples": count(len(sampler.readings)),
-            "gpu_verdict": "; ".join(gpu_verdict.reasons) or "-",
-            "isolation": report.isolation,
-            # What makes it comparable (core/baseline.py); a void bench is never a baseline.
-            "bench_record": dg.MetadataValue.json(json.loads(json.dumps(rec.to_dict()))),
-            "void": "; ".join(rec.void) or "no",
-            "endpoint": dg.MetadataValue.url(api_root(f, node)),
-            "table": bench_table(report),
-            "report": dg.MetadataValue.md(bench_core.render_markdown(report)),
-        }
-        if loaded is not None:
-            meta["loaded_aggregate_tok_s"] = num(loaded, 2)
-        if acceptance is not None:
-            meta["spec_acceptance_rate"] = num(acceptance, 3)
-            meta["mtp_acceptance_pct"] = num(acceptance * 100, 1)
-        this = {"node": node.name, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
-                "vs reference (x)": vs_ref, "floor tok/s": floor, "promoted": promoted}
-        # First: the asset's Overview shows the newest materialization of any node, so every node's
-        # latest figures head it (one node's own page is the Partitions tab with that node selected).
-        meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this)), **meta}
-        meta.update(vs_fleet(context, f, rec))
-        try:
-            meta.update(chart_metadata(context, f, node.name, mean_v))
-        except Exception as e:  # a chart must never fail a bench
-            context.log.warning(f"bench history chart not rendered: {e}")
-        yield dg.Output(report.to_dict(), metadata=meta)
-        yield dg.AssetCheckResult(
-            check_name="above_floor",
-            passed=promoted,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=f"{node.name}: {reason}",
-            metadata={"node": node.name, "mean_tok_s": num(mean_v, 2), "floor_tok_s": num(floor, 1),
-                      "gpu_under_load": gpu_verdict.state},
-        )
+        yield from bench_events(context, f, node.name, b)
 
     bench_job = dg.define_asset_job(
         "bench_job", selection=dg.AssetSelection.assets("bench_results"), tags={BENCH_TAG: "bench"},

@@ -6,6 +6,7 @@ Short wiring around `runbook.deploy` (preflight, launch, readiness, smoke test, 
 
 import shlex
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -18,10 +19,10 @@ from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, N
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.jit_cache import key_for as jit_cache_key
-from spark_pipelines.core.launch import launch_spec
+from spark_pipelines.core.launch import LaunchSpec, launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker
-from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.runbook import markers
 from spark_pipelines.runbook.build_steps import verify_on_node
@@ -53,6 +54,53 @@ def node_check(name: str, asset: str, partitions: dg.PartitionsDefinition, descr
                                  description=description)
 
 
+def where(fleet: Fleet, node: Node, spec: LaunchSpec, container: dict | None) -> dict[str, Any]:
+    """What runs: image id, container id, endpoint."""
+    c = container or {}
+    return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
+            "container": spec.container_name, "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
+
+
+@dataclass
+class Recorded:
+    """A deploy as node_deployment records it (its own run, or a rollout's step)."""
+
+    value: Deployment
+    data_version: str
+    metadata: dict[str, Any]
+    mismatch: str | None
+    check_text: str
+
+
+def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str, log: Any, *,
+                    run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False) -> Recorded:
+    """runbook.deploy of the fleet's launch spec, then the step marker node_deployment skips on
+    (only when what runs is what was meant) and the materialization's fields. Raises RunbookError."""
+    f = s.fleet
+    spec = launch_spec(f, node)
+    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_cache_key(artifacts, spec),
+                  fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous)
+    running = NodeDocker(s).inspect_container(node.name, spec.container_name)
+    mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint)
+    if mismatch is None:
+        markers.write(s, node, DEPLOY_MARKER, sig, container_id=done.container_id, metadata=done.metadata)
+    return Recorded(
+        Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
+        sig if mismatch is None else f"mismatch-{sig}",
+        readable({
+            "skipped": False,
+            **done.metadata,
+            **where(f, node, spec, running),
+            "docker_run": dg.MetadataValue.text(shlex.join((done.spec or spec).docker_run_argv())),
+            "preflight": dg.MetadataValue.md(done.preflight),
+            "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
+            "smoke_completion_tokens": done.smoke_tokens,
+        }),
+        mismatch,
+        mismatch or f"{node.name}: healthy; smoke test answered {done.smoke_tokens} tokens")
+
+
 def node_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     partitions = node_partitions(fleet)
@@ -62,8 +110,6 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         kinds={"ssh", "docker"},
         partitions_def=partitions,
         code_version=cv["node_artifacts"],
-        # A new checkpoint or image rolls out to every node once the build host has it.
-        automation_condition=dg.AutomationCondition.eager(),
         check_specs=[node_check(
             "same_image_as_build_host", "node_artifacts", partitions,
             "Blocking, per node: the serving image id on the node is the one the build host built "
@@ -151,7 +197,6 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         kinds={"docker", "vllm"},
         partitions_def=partitions,
         code_version=cv["node_deployment"],
-        automation_condition=dg.AutomationCondition.eager(),
         check_specs=[node_check(
             "serving", "node_deployment", partitions,
             "Blocking, per node: after Phase 4 the container runs the image node_artifacts recorded "
@@ -168,13 +213,6 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         docker = NodeDocker(s)
         spec = launch_spec(f, node)
 
-        def _where(fleet: Fleet, node: Node, container: dict | None) -> dict[str, Any]:
-            """What runs: image id, container id, endpoint."""
-            c = container or {}
-            return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
-                    "container": spec.container_name,
-                    "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
-
         recorded = node_artifacts.image_id
         sig = markers.signature(cv["node_deployment"], spec.fingerprint, recorded, node_artifacts.index)
         current = docker.inspect_container(node.name, spec.container_name)
@@ -186,7 +224,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
                 data_version=dg.DataVersion(sig),
-                metadata=readable({"skipped": True, **marker.get("metadata", {}), **_where(f, node, current)}),
+                metadata=readable({"skipped": True, **marker.get("metadata", {}), **where(f, node, spec, current)}),
             )
             yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
                                       description=f"{node.name}: already serving this launch spec")
@@ -201,40 +239,21 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             yield dg.Output(
                 Deployment(node=node.name, container_id=(current or {}).get("Id"), fingerprint=spec.fingerprint),
                 data_version=dg.DataVersion(f"mismatch-{tagged[7:19]}"),
-                metadata={"skipped": False, "deployed": False, **_where(f, node, current)},
+                metadata={"skipped": False, "deployed": False, **where(f, node, spec, current)},
             )
             yield dg.AssetCheckResult(check_name="serving", passed=False, severity=dg.AssetCheckSeverity.ERROR,
                                       metadata={"node": node.name}, description=why)
             return
 
         try:
-            done = deploy(s, node, spec, context.log, run_id=context.run.run_id,
-                          jit_key=jit_cache_key(node_artifacts, spec), fresh_jit_cache=config.fresh_jit_cache,
-                          checkpoint=node_artifacts.index)
+            d = deploy_recorded(s, node, node_artifacts, cv["node_deployment"], context.log, run_id=context.run.run_id,
+                                fresh_jit_cache=config.fresh_jit_cache)
         except RunbookError as e:
             fail(e)
-        meta = done.metadata
-        running = docker.inspect_container(node.name, spec.container_name)
-        mismatch = serving_mismatch(node.name, running, recorded, spec.fingerprint)
-        if mismatch is None:
-            markers.write(s, node, DEPLOY_MARKER, sig, container_id=done.container_id, metadata=meta)
-        yield dg.Output(
-            Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
-            data_version=dg.DataVersion(sig if mismatch is None else f"mismatch-{sig}"),
-            metadata=readable({
-                "skipped": False,
-                **meta,
-                **_where(f, node, running),
-                "docker_run": dg.MetadataValue.text(shlex.join((done.spec or spec).docker_run_argv())),
-                "preflight": dg.MetadataValue.md(done.preflight),
-                "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
-                "smoke_completion_tokens": done.smoke_tokens,
-            }),
-        )
-        yield dg.AssetCheckResult(check_name="serving", passed=mismatch is None,
+        yield dg.Output(d.value, data_version=dg.DataVersion(d.data_version), metadata=d.metadata)
+        yield dg.AssetCheckResult(check_name="serving", passed=d.mismatch is None,
                                   severity=dg.AssetCheckSeverity.ERROR, metadata={"node": node.name},
-                                  description=mismatch or f"{node.name}: healthy; smoke test answered "
-                                                          f"{done.smoke_tokens} tokens")
+                                  description=d.check_text)
 
     deploy_node_job = dg.define_asset_job(
         "deploy_node_job", selection=dg.AssetSelection.assets("node_artifacts", "node_deployment", "jit_cache"),

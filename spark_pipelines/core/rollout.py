@@ -10,8 +10,9 @@ A failed gate stops the rollout; the failed nodes go back to their previous depl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.baseline import Baseline
@@ -103,12 +104,16 @@ class GateResult:
 def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float | None = None,
           acceptance: float | None = None, gpu_verdict: GpuVerdict | None = None, floor_tok_s: float = 0.0,
           floor_acceptance: float | None = None, baseline: Baseline | None = None,
-          max_regression: float = 0.05, benched: bool = True) -> GateResult:
-    """The gates of one node in a wave, in order; the first that fails decides."""
+          max_regression: float = 0.05, benched: bool = True, void: Sequence[str] = ()) -> GateResult:
+    """The gates of one node in a wave, in order; the first that fails decides. A void bench
+    (wedged GPU, foreign requests: core.baseline) proves nothing either way, so it does not pass."""
     if not healthy:
         return GateResult(node, False, "health", health_why or f"{node} did not become healthy on the new version")
     if not benched:
         return GateResult(node, True, "passed", "healthy (rollout without bench gate)")
+    if void:
+        return GateResult(node, False, "bench void", f"the bench does not count ({'; '.join(void)}): rerun the rollout "
+                                                     f"once the cause is gone")
     verdict = gpu_verdict or GpuVerdict(state="unknown", reasons=["GPU not sampled"])
     promoted, why = bench_core.promotion_gate(mean_tok_s, floor_tok_s, verdict)
     if not promoted:
@@ -126,3 +131,144 @@ def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float |
         return GateResult(node, True, "passed", f"{why}; {acc_why}; vs baseline {baseline.tok_s:.1f} tok/s: "
                                                 f"{mean_tok_s / baseline.tok_s:.2f}x")
     return GateResult(node, True, "passed", f"{why}; {acc_why}; no baseline on the previous version to compare with")
+
+
+# -- executing a plan --------------------------------------------------------------------------
+
+WAITING, DEPLOYING, GATING, PASSED, FAILED, REVERTED, REVERT_FAILED, NOT_STARTED = (
+    "waiting", "deploying", "gating", "passed", "failed", "rolled back", "rollback FAILED", "not started")
+
+
+@dataclass
+class NodeStep:
+    """One node's place in a running rollout (a row of the UI's table)."""
+
+    node: str
+    wave: str
+    before: str  # the version it ran when the rollout started
+    state: str = WAITING
+    now: str = ""  # the version it runs now
+    gate: str = ""
+    why: str = ""
+
+
+class RolloutSteps(Protocol):
+    """What the rollout does on one node; each step is the node's own transaction."""
+
+    def deploy(self, node: str) -> str:
+        """Deploy the new version, keeping the previous one; returns the new version. Raises on a
+        failed deploy, which has already rolled itself back (health gate failed)."""
+
+    def gate(self, node: str) -> GateResult:
+        """Bench the deployed node and judge it (core.rollout.judge)."""
+
+    def revert(self, node: str, why: str) -> str:
+        """Put the previous version back on a committed node; returns what happened."""
+
+    def finish(self, node: str) -> str:
+        """The rollout is over for a node on its new version: drop what was kept."""
+
+
+@dataclass
+class RolloutOutcome:
+    steps: list[NodeStep]
+    completed: bool
+    failed_gate: GateResult | None = None
+    stopped_at: str = ""  # the wave that failed
+
+    def headline(self) -> str:
+        if self.completed:
+            return f"rolled out to {', '.join(s.node for s in self.steps if s.state == PASSED)}"
+        g = self.failed_gate
+        assert g is not None
+        left = [s.node for s in self.steps if s.state == NOT_STARTED]
+        return (f"rollout stopped at the {self.stopped_at}: {g.node} failed the {g.gate} gate: {g.why}"
+                + (f"; not started: {', '.join(left)}" if left else ""))
+
+
+STEP_COLUMNS = (("node", "string", "serve node"), ("wave", "string", "canary or wave n"),
+                ("before", "string", "version when the rollout started"), ("now", "string", "version it runs now"),
+                ("state", "string", "where it is in the rollout"), ("gate", "string", "the gate that decided"),
+                ("why", "string", "what the gate read"))
+
+
+def rows(steps: Sequence[NodeStep]) -> list[dict[str, str]]:
+    return [{"node": s.node, "wave": s.wave, "before": s.before, "now": s.now, "state": s.state,
+             "gate": s.gate, "why": s.why[:300]} for s in steps]
+
+
+def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
+            on_progress: Callable[[str, list[NodeStep]], None] = lambda event, table: None) -> RolloutOutcome:
+    """Run the plan: each node of a wave deployed then gated, one after the other; the next wave
+    only when every node of this one passed. The first failed gate stops the rollout: the node is
+    put back on its previous version (a failed deploy has put itself back) and no further node
+    is touched. Every node that passed is finished (its kept version dropped). On an interrupt
+    the node being gated is put back too, the ones passed are finished, and it propagates."""
+    table = [NodeStep(n, w.label(), versions.get(n, "?"), now=versions.get(n, "?")) for w in plan.waves for n in w.nodes]
+    by_node = {s.node: s for s in table}
+    outcome = RolloutOutcome(table, completed=False)
+
+    def say(event: str) -> None:
+        on_progress(event, table)
+
+    def settle_passed() -> None:
+        for st in table:
+            if st.state == PASSED:
+                try:
+                    done = steps.finish(st.node)
+                except Exception as e:  # the node serves its gated version either way
+                    done = f"not finished ({type(e).__name__}: {e})"
+                st.why = f"{st.why}; {done}" if st.why else done
+
+    def put_back(st: NodeStep, why: str) -> None:
+        try:
+            st.why = f"{why}; {steps.revert(st.node, why)}"
+            st.state, st.now = REVERTED, st.before
+        except Exception as e:
+            st.state, st.why = REVERT_FAILED, f"{why}; the rollback failed: {e}"
+
+    try:
+        for wave in plan.waves:
+            say(f"{wave.label()} starts: {', '.join(wave.nodes)}")
+            for n in wave.nodes:
+                st = by_node[n]
+                st.state = DEPLOYING
+                say(f"{wave.label()}: deploying {n}")
+                try:
+                    st.now = steps.deploy(n)
+                except Exception as e:
+                    result = GateResult(n, False, "health", str(e))
+                    st.state, st.gate, st.why = FAILED, "health", f"{e} (the deploy put the previous version back)"
+                    st.now = st.before
+                else:
+                    st.state = GATING
+                    say(f"{wave.label()}: {n} deployed ({st.now}); gating it")
+                    try:
+                        result = steps.gate(n)
+                    except Exception as e:  # a bench that did not complete opens no gate
+                        result = GateResult(n, False, "bench", f"the bench did not complete: {e}")
+                    st.gate, st.why = result.gate, result.why
+                    if result.passed:
+                        st.state = PASSED
+                    else:
+                        st.state = FAILED
+                        put_back(st, f"{result.gate} gate failed: {result.why}")
+                say(f"{wave.label()}: {n} {st.state}")
+                if not result.passed:
+                    outcome.failed_gate, outcome.stopped_at = result, wave.label()
+                    for later in table:
+                        if later.state == WAITING:
+                            later.state = NOT_STARTED
+                    return outcome
+        outcome.completed = True
+        return outcome
+    except BaseException:
+        for st in table:
+            if st.state == GATING:  # committed, never judged: it goes back
+                put_back(st, "the rollout was interrupted before its gate")
+            elif st.state in (WAITING, DEPLOYING):
+                st.state = NOT_STARTED if st.state == WAITING else "interrupted (the deploy rolled back)"
+        raise
+    finally:
+        settle_passed()
+        say("rollout " + ("completed" if outcome.completed else "stopped"))

@@ -1,17 +1,30 @@
-"""The isolated bench of one node: wait for zero requests in flight, sample the GPU under load."""
+"""The isolated bench of one node: drained from the gateway, zero requests in flight, the GPU
+sampled under load, then restored, or kept out when it fails its promotion gate."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from spark_pipelines.core import gpu
+from spark_pipelines.bench_client import run_bench
+from spark_pipelines.core import baseline, gpu
+from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.polling import poll_until
+from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine
+from spark_pipelines.runbook import engine, markers
+from spark_pipelines.runbook.engine import api_root
 from spark_pipelines.runbook.errors import RunbookError
 from spark_pipelines.runbook.preflight import read_gpu
+from spark_pipelines.runbook.rotation import BENCH_GATE, drained
 
 DRAIN_TIMEOUT_S = 120
 GPU_SAMPLE_EVERY_S = 2.0
@@ -65,3 +78,77 @@ def wait_idle(fleet: Fleet, node: Node, timeout_s: float = DRAIN_TIMEOUT_S) -> f
         raise RunbookError(f"{node.name} still has {polled.value:g} requests in flight {timeout_s:.0f} s after "
                            "leaving the gateway; something else talks to it directly")
     return round(polled.waited_s, 1)
+
+
+@dataclass
+class Benched:
+    """One isolated bench of a node and its promotion verdict (the bench_results asset and a
+    rollout's bench gate both record it)."""
+
+    report: Any  # bench_client.BenchReport
+    mean: float | None
+    loaded: float | None
+    gpu_verdict: gpu.GpuVerdict
+    acceptance: float | None
+    record: baseline.BenchRecord
+    promoted: bool
+    reason: str
+    waited_s: float
+    samples: int
+
+
+def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id: str = "",
+               on_rotation: Callable[[str, dict[str, str]], None] = lambda event, out: None) -> Benched:
+    """Drain `node`, wait for zero requests in flight, run the fleet's suite with nvidia-smi
+    sampled, record the promotion gate on the node and restore it, or keep it out when it fails.
+    Holds the node's run lease. `on_rotation(event, left_out)` is told of each rotation change."""
+    f = s.fleet
+    launch = f.launch_for(node)
+    floor = f.bench_floor(node)
+    drain = None
+    try:
+        with node_lease(s, node.name, "bench", run_id=run_id):
+            log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
+            with drained(gw, node.name) as drain:
+                if drain.was_in:
+                    on_rotation(f"drain {node.name}", {node.name: "drained for its bench"})
+                else:
+                    log.info(f"drain {node.name}: it was not in the gateway; it stays out unless it passes")
+                log.info(f"drain {node.name}: out of rotation; waiting for zero requests in flight")
+                waited = wait_idle(f, node)
+                # Read before the load: a frozen dockerd then fails the bench before it measures.
+                container = NodeDocker(s).inspect_container(node.name, launch.container_name)
+                log.info(f"bench {node.name}: suite {f.bench.suite}, {f.bench.repeats} run(s) per phase "
+                         f"(+ warm-up), loaded phase {f.bench.loaded_concurrency} at once; nvidia-smi every 2 s")
+                with GpuSampler(s, node) as sampler:
+                    report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
+                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
+                                       reference_mean_tok_s=f.bench.reference_tok_s,
+                                       on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
+                mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
+                loaded = next((p.aggregate_tok_s.median for p in report.phases
+                               if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+                verdict = sampler.verdict()
+                acceptance = report.counters.acceptance_rate if report.counters is not None else None
+                # wait_idle returned: num_requests_running == 0 was read before the start.
+                rec = baseline.record(
+                    node.name, time.time(), mean,
+                    baseline.identity_of(container, container_labels(container), sampler.readings,
+                                         launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
+                    baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
+                                             counters_match=report.counters.tokens_match if report.counters else None,
+                                             acceptance_rate=acceptance))
+                promoted, reason = bench_core.promotion_gate(mean, floor, verdict, acceptance=acceptance,
+                                                             acceptance_floor=f.bench.floor_mtp_acceptance)
+                markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
+                drain.keep_out = not promoted
+                log.info(f"{'restore' if promoted else 'keep out'} {node.name}: {reason}")
+            if promoted:
+                on_rotation(f"restore {node.name}", {})
+            else:
+                on_rotation(f"keep out {node.name}", {node.name: reason})
+    except Exception:
+        if drain is not None and drain.was_in:
+            on_rotation(f"restore {node.name} after a failed bench", {})
+        raise
+    return Benched(report, mean, loaded, verdict, acceptance, rec, promoted, reason, waited, len(sampler.readings))

@@ -11,7 +11,9 @@
 - launch: preflight (exporters stopped, page cache flushed, memory gate), `docker run`, readiness
   (vLLM milestones + log diagnosis).
 - verify: /health, the smoke test, the container runs the image we meant.
-- commit: the kept deployment is dropped.
+- commit: the kept deployment is dropped; in a rollout (`keep_previous`) it stays, stopped, and
+  the node's ROLLOUT_POINT marker says what to put back (`runbook.rollout.revert`) until the
+  rollout finishes with it (`runbook.rollout.finish`).
 
 Every other way out, a blocked preflight, an unhealthy launch, a `docker run` that exits 125, an
 SSH drop, a dockerd error, a timeout, and a BaseException such as KeyboardInterrupt or a Dagster
@@ -47,6 +49,7 @@ from spark_pipelines.runbook.rotation import BENCH_GATE, Drain, drained
 
 READY_LINE = "Application startup complete"
 DEPLOY_MARKER = "node_deployment"  # the step marker node_deployment skips on
+ROLLOUT_POINT = "rollout_point"  # what a rollout's revert puts back on the node (kept until it finishes)
 # The previous deployment restarts warm (kernels cached): the runbook's warm boot is 7-10 min.
 ROLLBACK_HEALTH_S = 600
 
@@ -112,8 +115,10 @@ def _first_line(e: BaseException) -> str:
 class _Transaction:
     """The state one deploy keeps for its rollback."""
 
-    def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None) -> None:
+    def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None,
+                 keep_previous: bool = False) -> None:
         self.s, self.node, self.spec, self.log = s, node, spec, log
+        self.keep_previous = keep_previous  # a rollout's deploy: the rollback point outlives the commit
         self.drain = drain  # the deploy's own drain: a node that cannot serve is kept out by it
         self.docker = NodeDocker(s)
         self.before: dict[str, Any] | None = None  # the live container before anything changed
@@ -155,6 +160,9 @@ class _Transaction:
 
     def commit(self) -> None:
         self.committed = True
+        if self.keep_previous:
+            self._keep_rollout_point()
+            return
         if self.jit is not None:
             try:
                 gone = jit_cache.seal(self.s, self.jit)
@@ -172,8 +180,27 @@ class _Transaction:
                                    f"{_first_line(e)}; the next deploy tries again")
         try:
             self.docker.drop_previous(self.node.name, self.spec.container_name, self.spec.image, self.kept)
+            markers.clear(self.s, self.node, ROLLOUT_POINT)  # an unfinished rollout's point is gone with it
         except Exception as e:  # the new deployment serves; a stale rollback point is superseded next time
             self.s.log.warning(f"[{self.node.name}] healthy, but the rollback point was not removed: {_first_line(e)}")
+        self._clear_deploy_gate()
+
+    def _keep_rollout_point(self) -> None:
+        """A rollout's commit: seal the new cache, keep the previous deployment and its cache
+        slots (not pruned), and say on the node what a revert puts back."""
+        if self.jit is not None:
+            try:
+                jit_cache.seal(self.s, self.jit)
+            except Exception as e:  # serving; only the back-up of this cache waits
+                self.s.log.warning(f"[{self.node.name}] healthy, but its JIT cache was not marked sealed: {_first_line(e)}")
+        k = self.kept
+        links = {st.path: st.target for st in (self.jit.before if self.jit else []) if st.kind == "link" and st.target}
+        gate = markers.read(self.s, self.node, BENCH_GATE)
+        markers.write(self.s, self.node, ROLLOUT_POINT, "-", container_id=k.container_id if k else None,
+                      image_id=k.image_id if k else None, fingerprint=k.fingerprint if k else None,
+                      jit_links=links, jit_set_aside=[list(p) for p in (self.jit.set_aside if self.jit else [])],
+                      deploy_marker=self.marker,
+                      bench_gate=gate if not (gate and gate.get("by") == "deploy") else gate.get("before"))
         self._clear_deploy_gate()
 
     def roll_back(self) -> tuple[bool, str]:
@@ -268,23 +295,27 @@ class _Transaction:
 
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
-           jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None) -> Deployed:
+           jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None,
+           keep_previous: bool = False) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
     DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
     the node, and re-raises a BaseException after the rollback. `jit_key` (core.jit_cache): the
     cache mounts are switched to that key's slots before the launch, and back on a rollback;
     `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix);
-    `checkpoint` (the index digest) is labelled on the container, for the benches' identity."""
+    `checkpoint` (the index digest) is labelled on the container, for the benches' identity.
+    `keep_previous`: a rollout's deploy; the commit keeps the rollback point (ROLLOUT_POINT)."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
         gw = _gateway(s, node)
         if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
-            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint)
+            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
+                           keep_previous=keep_previous)
         # Out of the gateway before the old container stops, back after the commit or the
         # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
         dead = not engine.healthy(s.fleet, node)
         with drained(gw, node.name, reason=f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})",
                      wait_s=s.fleet.rollout.deploy_wait_s, dead=dead, deploying=not dead) as drain:
-            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint)
+            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
+                           keep_previous=keep_previous)
 
 
 def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
@@ -300,7 +331,8 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
 
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
-            fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None) -> Deployed:
+            fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None,
+            keep_previous: bool = False) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
@@ -310,7 +342,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
                                  KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
                                  **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {})})
-    txn = _Transaction(s, node, spec, log, drain)
+    txn = _Transaction(s, node, spec, log, drain, keep_previous)
     try:
         held = _quarantine_of(s, node, log)
         txn.set_aside()

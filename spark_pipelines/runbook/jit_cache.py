@@ -175,14 +175,22 @@ def seal(s: FleetSession, sw: Switch) -> list[str]:
     return []
 
 
+def linked_slots(s: FleetSession, node: Node, spec: LaunchSpec) -> list[str]:
+    """The slots the cache mounts point at now (a rollout's finish keeps them)."""
+    return [st.target for st in read(s, node, "-", cache_mounts(spec)) if st.kind == "link" and st.target]
+
+
 def prune(s: FleetSession, sw: Switch, spec: LaunchSpec) -> list[str]:
     """After a committed deploy: wipe every slot of the cache mounts except the running key's and
     the replaced deployment's (the previous container, kept as the rollback point, boots on it).
     Other keys' slots and those set aside (stale, failed, unsealed) would only fill the disk. The
     wipe runs `rm -rf` as root in a throwaway container of the serving image (no network), since
     the container wrote the files as root. Returns what was wiped (node:path)."""
-    n = sw.node
-    keep = [*sw.slots, *(st.target for st in sw.before if st.kind == "link" and st.target)]
+    return prune_slots(s, sw.node, spec, [*sw.slots, *(st.target for st in sw.before if st.kind == "link" and st.target)])
+
+
+def prune_slots(s: FleetSession, n: str, spec: LaunchSpec, keep: list[str]) -> list[str]:
+    """Wipe every slot of the cache mounts on node `n` but those named in `keep` (see `prune`)."""
     by_parent: dict[str, list[str]] = {}
     for m in cache_mounts(spec):
         parent = posixpath.dirname(m.rstrip("/"))

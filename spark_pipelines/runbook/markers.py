@@ -35,3 +35,7 @@ def write(session: FleetSession, node: Node, step: str, sig: str, **facts: Any) 
 def matches(session: FleetSession, node: Node, step: str, sig: str) -> dict[str, Any] | None:
     m = read(session, node, step)
     return m if m and m.get("signature") == sig else None
+
+
+def clear(session: FleetSession, node: Node, step: str) -> None:
+    session.run(node.name, ["rm", "-f", "--", marker_path(node, step)], log=False, timeout=60)

@@ -4,8 +4,8 @@ The code versions are those of the fleet loaded with the code location (core/pin
 ones the UI shows. Each tick compares them with the code version Dagster RECORDED for each step's
 latest materialization (per node for the node steps) and requests the steps that differ, so the
 sensor and the UI's "code version changed" staleness always agree. The earliest changed steps are
-requested; declarative automation on the node steps carries the change downstream (artifacts ->
-deployment -> gateway) once they complete.
+requested; a changed launch profile (node steps) is one gated rollout_job, and declarative
+automation on fleet_rollout carries a rebuilt checkpoint or image to the fleet the same way.
 
 An edited fleet file takes effect on a code-location reload (UI "Reload", or restarting `make ui`).
 Until then the sensor keeps to the loaded fleet and says in its skip reason that the file changed.
@@ -54,7 +54,7 @@ RELOAD_NOTE = "the fleet file changed since the code location loaded: reload it 
 
 
 def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.Definitions:
-    """`jobs`: build_job and deploy_node_job (the same objects the asset modules define), so the UI
+    """`jobs`: build_job and rollout_job (the same objects the asset modules define), so the UI
     shows the sensor's targets and its runs on those jobs' pages."""
     loaded = code_versions(fleet)
     build_job = "build_job" if any(j.name == "build_job" for j in jobs) else None
@@ -63,7 +63,7 @@ def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.
                jobs=list(jobs) or None,
                description="Compares the loaded fleet's pins (code versions) with those recorded on each step's "
                            "latest materialization and requests exactly the stale steps: build_job from the "
-                           "earliest stale build step, deploy_node_job per node once the build is current.")
+                           "earliest stale build step, then one gated rollout_job once the build is current.")
     def pins_changed(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         # The file is read only to tell the operator; what is requested follows the loaded fleet.
         try:
@@ -80,19 +80,21 @@ def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.
             # The run key holds the code versions: a request is made once per pin change, not per tick.
             requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=[dg.AssetKey(s) for s in after],
                                           job_name=build_job, tags={"pins": ",".join(build)}))
-        else:
-            # A node step is requested only once the build is current: it consumes the build's output.
+        elif nodes:
+            # Node steps only once the build is current (they consume its output), and as one gated
+            # rollout (canary, waves, rollback), never as a deploy per node at once. The run key
+            # holds the code versions: a rollout that stopped on a gate is not retried blindly.
             key = "-".join(f"{s}:{loaded[s]}" for s in PER_NODE)
-            for name, steps in nodes.items():
-                requests.append(dg.RunRequest(run_key=f"{name}-{key}", job_name="deploy_node_job",
-                                              partition_key=name, tags={"pins": ",".join(steps)}))
+            stale = sorted({s for steps in nodes.values() for s in steps}, key=PER_NODE.index)
+            requests.append(dg.RunRequest(run_key=f"rollout-{key}", job_name="rollout_job",
+                                          tags={"pins": ",".join(stale), "nodes": ",".join(nodes)}))
         if requests:
             return dg.SensorResult(run_requests=requests)
         return dg.SensorResult(skip_reason=note or "every step is at the loaded code versions")
 
-    # Carries a rebuilt checkpoint or image to every node (eager conditions on the node steps).
+    # Carries a rebuilt checkpoint or image to the fleet: fleet_rollout's eager condition.
     rollout = dg.AutomationConditionSensorDefinition(
-        "rollout", target=dg.AssetSelection.assets("node_artifacts", "node_deployment"), default_status=dg.DefaultSensorStatus.STOPPED,
-        description="Declarative automation of the node steps: once the build host holds a new checkpoint or "
-                    "image, node_artifacts and node_deployment follow on every node (eager conditions).")
+        "rollout", target=dg.AssetSelection.assets("fleet_rollout"), default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Declarative automation of the rollout: once the build host holds a new checkpoint or image, "
+                    "fleet_rollout runs (canary, waves, gates, rollback of a failed node).")
     return dg.Definitions(sensors=[pins_changed, rollout])

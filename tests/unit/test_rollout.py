@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from spark_pipelines.core.baseline import Baseline, BenchIdentity
 from spark_pipelines.core.gpu import GpuVerdict
+from spark_pipelines.core import rollout
 from spark_pipelines.core.rollout import RolloutRefused, judge, plan_waves
 
 HEALTHY = GpuVerdict(state="healthy", reasons=["full clock"])
@@ -77,3 +78,121 @@ def test_gates_in_order():
               floor_acceptance=0.8, baseline=base())
     assert g.passed and "0.98x" in g.why
     assert judge("s", healthy=True, benched=False).passed
+
+
+# -- executing a plan (core.rollout.execute) with steps that record what they are asked ----------
+
+class FakeFleet:
+    """Steps over a pretend fleet: each node runs a version; deploy, gate, revert and finish act
+    on it as the real steps do (a failed deploy puts its node back itself)."""
+
+    def __init__(self, nodes, *, deploy_fails=(), gate_fails=(), revert_fails=(), interrupt_at=None):
+        self.running = {n: "old" for n in nodes}
+        self.kept: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        self.deploy_fails, self.gate_fails, self.revert_fails = set(deploy_fails), set(gate_fails), set(revert_fails)
+        self.interrupt_at = interrupt_at
+        self.out_at_once = 0
+        self._out: set[str] = set()
+
+    def deploy(self, node):
+        self.calls.append(("deploy", node))
+        if node in self.deploy_fails:
+            raise RuntimeError(f"{node} did not become healthy")
+        self.running[node], self.kept = "new", self.kept | {node}
+        return "new"
+
+    def gate(self, node):
+        self.calls.append(("gate", node))
+        if self.interrupt_at == node:
+            raise KeyboardInterrupt
+        if node in self.gate_fails:
+            return rollout.GateResult(node, False, "baseline", "slower than the fleet")
+        return rollout.GateResult(node, True, "passed", "fine")
+
+    def revert(self, node, why):
+        self.calls.append(("revert", node))
+        if node in self.revert_fails:
+            raise RuntimeError("previous container gone")
+        self.running[node] = "old"
+        self.kept.discard(node)
+        return "put back"
+
+    def finish(self, node):
+        self.calls.append(("finish", node))
+        self.kept.discard(node)
+        return "dropped"
+
+
+def _plan(mu=2):
+    return rollout.plan_waves(NODES, in_rotation=NODES, max_unavailable=mu, min_in_rotation=1)
+
+
+def test_a_clean_rollout_deploys_gates_and_finishes_every_node_wave_by_wave():
+    fake, events = FakeFleet(NODES), []
+    out = rollout.execute(_plan(), fake, {n: "old" for n in NODES}, lambda e, t: events.append(e))
+    assert out.completed and set(fake.running.values()) == {"new"} and not fake.kept
+    order = [n for op, n in fake.calls if op == "deploy"]
+    assert order == [n for w in _plan().waves for n in w.nodes]
+    # every node gated right after its deploy, nobody finished before the last gate
+    first_finish = next(i for i, c in enumerate(fake.calls) if c[0] == "finish")
+    assert all(op != "gate" for op, _ in fake.calls[first_finish:])
+    assert [s.state for s in out.steps] == [rollout.PASSED] * 8 and "completed" in events[-1]
+
+
+def test_a_failed_gate_stops_the_rollout_and_puts_only_that_node_back():
+    plan = _plan()
+    victim = plan.waves[2].nodes[0]
+    fake = FakeFleet(NODES, gate_fails=[victim])
+    out = rollout.execute(plan, fake, {n: "old" for n in NODES})
+    assert not out.completed and out.failed_gate.node == victim and out.failed_gate.gate == "baseline"
+    assert out.stopped_at == "wave 2" and victim in out.headline() and "slower" in out.headline()
+    passed = [n for w in plan.waves[:2] for n in w.nodes]
+    assert {n for n, v in fake.running.items() if v == "new"} == set(passed)
+    assert fake.running[victim] == "old" and ("revert", victim) in fake.calls
+    untouched = [n for n in NODES if n not in passed and n != victim]
+    assert not any(n in untouched for _, n in fake.calls)
+    by = {s.node: s for s in out.steps}
+    assert by[victim].state == rollout.REVERTED and by[victim].now == "old"
+    assert all(by[n].state == rollout.NOT_STARTED for n in untouched)
+    assert not fake.kept  # the passed nodes were finished, the victim's point went with its revert
+
+
+def test_a_failed_deploy_is_the_health_gate_and_needs_no_revert():
+    fake = FakeFleet(NODES, deploy_fails=[NODES[0]])
+    out = rollout.execute(_plan(), fake, {n: "old" for n in NODES})
+    assert out.failed_gate.gate == "health" and out.stopped_at == "canary"
+    assert ("revert", NODES[0]) not in fake.calls and fake.calls == [("deploy", NODES[0])]
+
+
+def test_a_revert_that_fails_is_said():
+    fake = FakeFleet(NODES, gate_fails=[NODES[0]], revert_fails=[NODES[0]])
+    out = rollout.execute(_plan(), fake, {n: "old" for n in NODES})
+    assert out.steps[0].state == rollout.REVERT_FAILED and "previous container gone" in out.steps[0].why
+
+
+def test_a_bench_that_raises_fails_its_gate_and_the_node_goes_back():
+    class Raising(FakeFleet):
+        def gate(self, node):
+            raise RuntimeError("vLLM /metrics does not answer")
+    fake = Raising(NODES)
+    out = rollout.execute(_plan(), fake, {n: "old" for n in NODES})
+    assert out.failed_gate.gate == "bench" and "does not answer" in out.failed_gate.why
+    assert fake.running[NODES[0]] == "old"
+
+
+def test_an_interrupt_puts_back_the_node_being_gated_finishes_the_passed_and_propagates():
+    plan = _plan()
+    at = plan.waves[1].nodes[1]
+    fake = FakeFleet(NODES, interrupt_at=at)
+    with pytest.raises(KeyboardInterrupt):
+        rollout.execute(plan, fake, {n: "old" for n in NODES})
+    assert fake.running[at] == "old" and ("revert", at) in fake.calls
+    assert {n for n, v in fake.running.items() if v == "new"} == {plan.waves[0].nodes[0], plan.waves[1].nodes[0]}
+    assert not fake.kept
+
+
+def test_a_void_bench_does_not_pass():
+    g = rollout.judge("spark1", healthy=True, mean_tok_s=52.0, floor_tok_s=40.0,
+                      gpu_verdict=GpuVerdict(state="healthy", reasons=[]), void=["foreign requests ran"])
+    assert not g.passed and g.gate == "bench void" and "foreign requests" in g.why

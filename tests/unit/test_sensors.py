@@ -87,7 +87,7 @@ def test_pins_sensor_requests_exactly_the_stale_steps_after_a_reload(tmp_path, s
         assert not tick(reloaded, instance).run_requests
 
 
-def test_pins_sensor_launch_change_requests_each_node(tmp_path, seed_data):
+def test_pins_sensor_launch_change_requests_one_gated_rollout(tmp_path, seed_data):
     path = write(tmp_path, seed_data)
     with dg.instance_for_test() as instance:
         built(instance, build_definitions(path))
@@ -95,11 +95,18 @@ def test_pins_sensor_launch_change_requests_each_node(tmp_path, seed_data):
         write(tmp_path, seed_data)
         reloaded = build_definitions(path)
         res = tick(reloaded, instance)
-        assert sorted(r.partition_key for r in res.run_requests) == ["spark1", "spark2"]
-        assert all(r.job_name == "deploy_node_job" and r.tags["pins"] == "node_deployment" for r in res.run_requests)
-        # A node already deployed at the new launch profile is not requested again.
+        # One gated rollout of both nodes, never a deploy per node at once.
+        [req] = res.run_requests
+        assert req.job_name == "rollout_job" and req.partition_key is None
+        assert req.tags["pins"] == "node_deployment" and req.tags["nodes"] == "spark1,spark2"
+        # One node already at the new launch profile: the rollout is for the other; the same run
+        # key, so a rollout that stopped on a gate is not launched again by the next tick.
         record(instance, reloaded, ["node_deployment"], partitions=("spark1",))
-        assert [r.partition_key for r in tick(reloaded, instance).run_requests] == ["spark2"]
+        [again] = tick(reloaded, instance).run_requests
+        assert again.tags["nodes"] == "spark2" and again.run_key == req.run_key
+        # Every node at the new version: nothing to request.
+        record(instance, reloaded, ["node_deployment"], partitions=("spark2",))
+        assert not tick(reloaded, instance).run_requests
 
 
 def test_pins_sensor_skips_a_broken_fleet_file(tmp_path, seed_data):

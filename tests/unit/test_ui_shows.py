@@ -209,7 +209,7 @@ def test_catalog_groups_read_in_pipeline_order(repo):
 
 def test_pins_changed_shows_its_target_jobs(repo):
     sensor = repo.get_sensor_def("pins_changed")
-    assert {t.job_name for t in sensor.targets} == {"build_job", "deploy_node_job"}
+    assert {t.job_name for t in sensor.targets} == {"build_job", "rollout_job"}
 
 
 def test_ab_experiment_launches_with_a_node_by_default(repo):

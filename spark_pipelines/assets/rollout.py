@@ -1,0 +1,210 @@
+"""A new image or checkpoint reaching the fleet as a rollout (`rollout_job`).
+
+Short wiring: `core.rollout` plans the waves, runs them and judges each node; the node steps are
+`runbook.distribution` (the new version onto every node first), `assets.nodes.deploy_recorded`
+(the deploy, keeping the previous version), `runbook.bench.bench_node` (the bench gate) and
+`runbook.rollout` (revert, finish). Progress is an observation on `fleet_rollout` after every
+step (the asset's Events tab: which node runs which version, which wave runs); each deploy and
+bench is also recorded on its node's node_deployment / bench_results partition.
+"""
+
+
+from collections import Counter
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from spark_pipelines.assets import fail, retry_unreachable, step_session
+from spark_pipelines.assets.bench import BENCH_TAG, bench_metadata, bench_records
+from spark_pipelines.assets.gateway import record_rotation
+from spark_pipelines.assets.metadata import table
+from spark_pipelines.assets.nodes import deploy_recorded
+from spark_pipelines.core import baseline
+from spark_pipelines.core import layout
+from spark_pipelines.core import rollout as core
+from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, KERNELS_LABEL, launch_spec
+from spark_pipelines.core.pins import code_versions
+from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.runbook import engine, markers
+from spark_pipelines.runbook import rollout as node_rollout
+from spark_pipelines.runbook.bench import bench_node
+from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
+from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.quarantine import quarantined
+
+ROLLOUT_TAG = "spark/rollout"  # the run queue runs one rollout at a time (team/dagster.yaml)
+
+
+class RolloutConfig(dg.Config):
+    bench_gate: bool = Field(default=True, description="Bench every node after its deploy and gate it on the floor, "
+                                                       "the MTP acceptance floor and the fleet's baseline; off: "
+                                                       "health and the smoke test only.")
+
+
+def version(image_id: str | None, fingerprint: str | None) -> str:
+    """A node's version as the rollout table shows it: image id and launch spec, short."""
+    return f"image {(image_id or 'none')[7:19]}, spec {(fingerprint or 'none')[:8]}"
+
+
+def rollout_definitions(fleet) -> dg.Definitions:
+    cv = code_versions(fleet)
+
+    @dg.asset(
+        group_name="3_nodes",
+        kinds={"docker", "vllm"},
+        # A rebuilt checkpoint or image reaches the fleet as this rollout (the `rollout` sensor).
+        automation_condition=dg.AutomationCondition.eager(),
+        description="The build host's checkpoint and image onto the serving fleet as a rollout: fanned out to "
+                    "every node, then a canary and waves of at most rollout.max_unavailable nodes, each node "
+                    "deployed (its previous version kept), health-checked and benched against the floors and "
+                    "the fleet's baseline. A failed gate stops the rollout and puts that node back on its "
+                    "previous version. Progress: this asset's observations (Events tab).",
+    )
+    @retry_unreachable(fleet.ssh)
+    def fleet_rollout(context: dg.AssetExecutionContext, config: RolloutConfig, ssh: FleetSSH,
+                      litellm: LiteLLMGateway, mtp_weights: Checkpoint, serving_image: BuiltImage):
+        s = step_session(context, ssh, litellm)
+        f = s.fleet
+        log = context.log
+        run_id = context.run.run_id
+        docker = NodeDocker(s)
+        gw = litellm.host()
+
+        # 1. The new version onto every node (the tree; holders are skipped in seconds).
+        payload = Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
+                          manifest=mtp_weights.manifest,
+                          signature=markers.signature(cv["node_artifacts"], mtp_weights.index, mtp_weights.manifest))
+        skip: dict[str, str] = {}
+        try:
+            distribute(s, f.serve_nodes, payload, log=log, run_id=run_id)
+        except DistributionFailed as e:
+            skip.update({n: f"no verified copy of the new version ({e.description[:160]})"
+                         for n in getattr(e, "report").given_up})
+
+        # 2. Who runs what now; who is already on the new version, or kept out of the rollout.
+        new = {n.name: version(serving_image.image_id, launch_spec(f, n).fingerprint) for n in f.serve_nodes}
+        before: dict[str, str] = {}
+        running: dict[str, baseline.BenchIdentity] = {}
+        for n in f.serve_nodes:
+            spec = launch_spec(f, n)
+            c = docker.inspect_container(n.name, spec.container_name)
+            before[n.name] = version(c.get("Image"), container_labels(c).get(DEPLOY_LABEL)) if c else "nothing"
+            if c:
+                running[n.name] = baseline.identity_of(c, container_labels(c), [], launch_label=KERNELS_LABEL,
+                                                       checkpoint_label=CHECKPOINT_LABEL)
+            if before[n.name] == new[n.name] and engine.healthy(f, n):
+                skip.setdefault(n.name, "already serves the new version")
+        for name, rec in quarantined(s).items():
+            skip.setdefault(name, f"quarantined: {rec.summary()}")
+        rotation = gw.rotation()
+        try:
+            plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=rotation,
+                                   max_unavailable=f.rollout.max_unavailable,
+                                   min_in_rotation=f.gateway.min_in_rotation, canary=f.rollout.canary, skip=skip)
+        except core.RolloutRefused as e:
+            if all(why == "already serves the new version" for why in skip.values()) and len(skip) == len(f.serve_nodes):
+                log.info("every serve node already serves the new version: nothing to roll out")
+                return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
+                                                      "versions": table(core.STEP_COLUMNS, _rows(before, new, {}))})
+            fail(RunbookError(f"rollout refused, nothing changed: {e}"))
+        log.info("rollout plan:\n" + plan.text())
+
+        # 3. The baseline every node is judged against: the fleet on the version most of the
+        # rotation runs now (not the newest bench: a canary that failed its gate was benched last).
+        serving = Counter(running[n] for n in rotation if n in running).most_common(1)
+        records = [baseline.BenchRecord.from_dict(v.value)
+                   for n in f.serve_nodes for r in bench_records(context.instance, n.name, limit=20)
+                   if r.asset_materialization and (v := r.asset_materialization.metadata.get("bench_record"))
+                   and isinstance(v.value, dict)]
+        base = baseline.fleet_baseline(records, identity=serving[0][0] if serving else None)
+        log.info(f"baseline on the previous version: {base.text() if base else 'none (no bench that counts)'}")
+
+        def on_progress(event: str, steps: list[core.NodeStep]) -> None:
+            log.info(f"rollout: {event}")
+            context.log_event(dg.AssetObservation(asset_key="fleet_rollout", description=event, metadata={
+                "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(steps)),
+                "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))}))
+
+        outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, new),
+                               before, on_progress)
+        meta: dict[str, Any] = {
+            "completed": outcome.completed,
+            "outcome": outcome.headline(),
+            "nodes": table(core.STEP_COLUMNS, core.rows(outcome.steps)),
+            "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines())),
+            "baseline": base.text() if base else "none",
+        }
+        if not outcome.completed:
+            g = outcome.failed_gate
+            assert g is not None
+            raise dg.Failure(description=outcome.headline(), metadata={
+                "failed_gate": g.gate, "failed_node": g.node, "why": g.why,
+                "nodes": table(core.STEP_COLUMNS, core.rows(outcome.steps))})
+        return dg.MaterializeResult(metadata=meta)
+
+    rollout_job = dg.define_asset_job(
+        "rollout_job", selection=dg.AssetSelection.assets("fleet_rollout"),
+        tags={ROLLOUT_TAG: "fleet", BENCH_TAG: "rollout"},
+        description="Roll the build host's checkpoint and image out to the fleet: fan-out, canary, then waves "
+                    "gated by health and bench; a failed gate stops it and puts the node back "
+                    "(`spark-pipelines plan` shows the waves first).")
+    return dg.Definitions(assets=[fleet_rollout], jobs=[rollout_job])
+
+
+def _rows(before: dict[str, str], new: dict[str, str], why: dict[str, str]) -> list[dict[str, str]]:
+    return [{"node": n, "wave": "-", "before": before[n], "now": before[n], "state": "skipped",
+             "gate": "", "why": why.get(n, "already serves the new version")} for n in before]
+
+
+class _Steps:
+    """core.rollout.RolloutSteps on the fleet: each step holds the node's lease itself."""
+
+    def __init__(self, context: dg.AssetExecutionContext, s, gw, cv: dict[str, str], mtp_weights: Checkpoint,
+                 serving_image: BuiltImage, config: RolloutConfig, base: baseline.Baseline | None,
+                 new: dict[str, str]) -> None:
+        self.context, self.s, self.gw, self.cv = context, s, gw, cv
+        self.mtp_weights, self.image, self.config, self.base, self.new = mtp_weights, serving_image, config, base, new
+        self.run_id = context.run.run_id
+
+    def deploy(self, node: str) -> str:
+        f, n = self.s.fleet, self.s.fleet.node(node)
+        artifacts = NodeArtifacts(node=node, path=layout.hybrid_dir(f, n), image=self.image.ref,
+                                  image_id=self.image.image_id, index=self.mtp_weights.index,
+                                  manifest=self.mtp_weights.manifest)
+        d = deploy_recorded(self.s, n, artifacts, self.cv["node_deployment"], self.context.log,
+                            run_id=self.run_id, keep_previous=True)
+        self.context.log_event(dg.AssetMaterialization("node_deployment", partition=node,
+                                                       metadata={**d.metadata, "rollout_run": self.run_id}))
+        if d.mismatch:  # committed, but not what was meant: back to the previous version
+            said = self.revert(node, d.mismatch)
+            raise RunbookError(f"{d.mismatch}; {said}")
+        return self.new[node]
+
+    def gate(self, node: str) -> core.GateResult:
+        f, n = self.s.fleet, self.s.fleet.node(node)
+        if not self.config.bench_gate:
+            return core.judge(node, healthy=True, benched=False)
+        b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id,
+                       on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
+        self.context.log_event(dg.AssetMaterialization("bench_results", partition=node, metadata={
+            **bench_metadata(self.context, f, node, b), "rollout_run": self.run_id}))
+        return core.judge(node, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance, gpu_verdict=b.gpu_verdict,
+                          floor_tok_s=f.bench_floor(n), floor_acceptance=f.bench.floor_mtp_acceptance,
+                          baseline=self.base, max_regression=f.rollout.max_regression, void=b.record.void)
+
+    def revert(self, node: str, why: str) -> str:
+        n = self.s.fleet.node(node)
+        said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
+                                   run_id=self.run_id)
+        record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})
+        self.context.log_event(dg.AssetObservation("node_deployment", partition=node, description=said,
+                                                   metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]}))
+        return said
+
+    def finish(self, node: str) -> str:
+        n = self.s.fleet.node(node)
+        return node_rollout.finish(self.s, n, launch_spec(self.s.fleet, n), self.context.log, run_id=self.run_id)

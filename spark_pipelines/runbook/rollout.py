@@ -1,0 +1,120 @@
+"""The node-side half of a rollout: put a node's previous deployment back after its commit
+(`revert`), or let it go once the rollout is over (`finish`).
+
+A rollout's deploy (`deploy(..., keep_previous=True)`) commits without dropping the replaced
+container, its image tag or its JIT cache slots, and writes the node's ROLLOUT_POINT marker. A
+node that then fails a later gate (its bench) is reverted from that marker, which survives the
+run: a rollout killed half-way leaves every node either on its new, gated version or with the
+point still there for the next rollout (whose deploy supersedes it) or for a revert by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_pipelines.core import remote
+from spark_pipelines.core.fleet import Node
+from spark_pipelines.core.launch import LaunchSpec
+from spark_pipelines.core.polling import poll_until
+from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.runbook import engine, jit_cache, markers
+from spark_pipelines.runbook.deploy import DEPLOY_MARKER, ROLLBACK_HEALTH_S, ROLLOUT_POINT
+from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.rotation import BENCH_GATE, drained
+
+_T = remote.PROBE_TIMEOUT_S
+
+
+def kept(s: FleetSession, node: Node, spec: LaunchSpec) -> PreviousDeploy | None:
+    """The deployment a rollout kept on the node, or None."""
+    point = markers.read(s, node, ROLLOUT_POINT)
+    if not point or not point.get("container_id"):
+        return None
+    return PreviousDeploy(remote.previous_container_name(spec.container_name), str(point["image_id"]),
+                          remote.previous_image_tag(spec.image), str(point["container_id"]),
+                          str(point.get("fingerprint") or ""))
+
+
+def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str, run_id: str = "") -> str:
+    """Put back the deployment the rollout replaced on `node`: out of the gateway, the kept
+    container (and its image tag, cache mounts and step marker) back, /health waited for, then
+    back in the gateway with the bench gate it had before. Raises RunbookError when there is
+    nothing kept or the previous deployment does not serve again (the node then stays out)."""
+    n = node.name
+    with node_lease(s, n, "rollout revert", run_id=run_id):
+        point = markers.read(s, node, ROLLOUT_POINT) or {}
+        prev = kept(s, node, spec)
+        if prev is None:
+            raise RunbookError(f"{n}: the rollout kept no previous deployment to put back (it had none, or the "
+                               f"ROLLOUT_POINT marker is gone); {n} stays on the new version, out of the gateway: "
+                               f"deploy a known-good version to it")
+        gw = GatewayHost(s)
+        # dead: a node that failed its gate is no backend to count for the rotation's floor.
+        with drained(gw, n, reason=f"rollout revert: {why[:120]}", dead=True) as drain:
+            drain.keep_out = True
+            docker = NodeDocker(s)
+            restored = docker.restore_previous(n, spec.container_name, spec.image, prev)
+            _relink_cache(s, node, point, log)
+            m = point.get("deploy_marker")
+            if m and m.get("container_id") == restored:
+                markers.write(s, node, DEPLOY_MARKER, str(m.get("signature", "-")),
+                              **{k: v for k, v in m.items() if k != "signature"})
+            else:
+                markers.write(s, node, DEPLOY_MARKER, "rolled-back", container_id=restored)
+            limit = min(ROLLBACK_HEALTH_S, s.fleet.launch_for(node).health_timeout_s)
+            if not poll_until(lambda: engine.healthy(s.fleet, node), bool, timeout_s=limit, every_s=2.0).done:
+                markers.write(s, node, BENCH_GATE, "-", promoted=False, by="rollout",
+                              reason=f"rollout reverted it ({why}) but the previous deployment did not answer "
+                                     f"/health within {limit:.0f} s")
+                raise RunbookError(f"{n}: previous deployment put back but NOT healthy after {limit:.0f} s; {n} "
+                                   f"stays out of the gateway: read its container log")
+            gate = point.get("bench_gate") or {"promoted": True, "reason": "previous deployment (rollout reverted)"}
+            markers.write(s, node, BENCH_GATE, "-", **{k: v for k, v in gate.items() if k != "signature"})
+            drain.keep_out = not gate.get("promoted", True)
+        markers.clear(s, node, ROLLOUT_POINT)
+    where = "back in the gateway" if not drain.keep_out else "kept out of the gateway by its earlier bench"
+    return f"previous deployment put back on {n} (container {restored[:12]}, healthy), {where}"
+
+
+def _relink_cache(s: FleetSession, node: Node, point: dict, log: Any) -> None:
+    """The cache mounts as they were before the rollout's deploy (best effort: a cold cache costs
+    a slow boot, never a wrong one: slots are keyed)."""
+    n, failed = node.name, []
+    for mount, target in (point.get("jit_links") or {}).items():
+        try:
+            s.run(n, ["ln", "-sfn", "--", target, mount], log=False, timeout=_T)
+        except Exception as e:
+            failed.append(f"{mount}: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")
+    for mount, aside in reversed(point.get("jit_set_aside") or []):
+        try:
+            s.run(n, ["rm", "-f", "--", mount], log=False, timeout=_T)
+            s.run(n, ["mv", "-T", "--", aside, mount], log=False, timeout=_T)
+        except Exception as e:
+            failed.append(f"{mount} (kept as {aside}): {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")
+    if failed:
+        log.warning(f"[{n}] JIT cache mounts not all put back: {'; '.join(failed)}; the next deploy re-links them")
+
+
+def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "") -> str:
+    """The rollout is over for `node` on its new version: drop the kept container and image tag,
+    wipe cache slots nothing points at any more, clear the marker. Failures are warnings: the
+    node serves either way, and the next deploy supersedes what is left."""
+    n = node.name
+    with node_lease(s, n, "rollout finish", run_id=run_id):
+        prev = kept(s, node, spec)
+        said = []
+        try:
+            if prev is not None:
+                NodeDocker(s).drop_previous(n, spec.container_name, spec.image, prev)
+                said.append(f"previous container {prev.container_id[:12]} dropped")
+            wiped = jit_cache.prune_slots(s, n, spec, jit_cache.linked_slots(s, node, spec))
+            if wiped:
+                said.append(f"stale JIT caches wiped: {', '.join(wiped)}")
+            markers.clear(s, node, ROLLOUT_POINT)
+        except Exception as e:
+            log.warning(f"[{n}] serving its new version, but the rollback point was not all cleared: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}; the next deploy supersedes it")
+        return "; ".join(said) or "nothing kept"

@@ -1,0 +1,200 @@
+"""rollout_job against the simulated fleet (real sshd, dockerd, vLLM stand-ins, a real LiteLLM
+proxy) with a real Dagster instance: a new launch spec reaches both nodes canary first, every
+node deployed, benched against the fleet's baseline and finished; a slower version (no
+FLASHINFER) and one without MTP each stop at the canary on their gate (baseline, MTP
+acceptance), the canary goes back to its previous container while the other node is never
+touched; the gateway keeps a node throughout; a last rollout brings the fleet back."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
+from spark_pipelines.definitions import build_definitions
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.runbook import engine, markers
+from spark_pipelines.runbook.deploy import ROLLOUT_POINT
+from tests.e2e.test_zz_doctor import inspect
+
+pytestmark = pytest.mark.slow
+
+
+def variant(base: str, dest: Path, **launch) -> str:
+    doc = yaml.safe_load(Path(base).read_text())
+    for k, v in launch.items():
+        if k == "env":
+            doc["launch"]["env"] = {**doc["launch"]["env"], **v}
+        else:
+            doc["launch"][k] = v
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(dest)
+
+
+@pytest.fixture(scope="module")
+def env(sim_fleet, tmp_path_factory):
+    """Both serve nodes deployed, in the gateway and benched (the baseline) on the sim's fleet file."""
+    path = str(sim_fleet.fleet_file)
+    fleet = load_fleet(path)
+    root = tmp_path_factory.mktemp("rollout")
+    (root / "dagster").mkdir()
+    instance = dg.DagsterInstance.local_temp(str(root / "dagster"))
+    defs = build_definitions(path)
+    try:
+        assert defs.resolve_job_def("build_job").execute_in_process(instance=instance).success
+        for n in fleet.serve_nodes:
+            assert defs.resolve_job_def("deploy_node_job").execute_in_process(
+                instance=instance, partition_key=n.name).success
+        assert defs.resolve_job_def("gateway_job").execute_in_process(instance=instance).success
+        for n in fleet.serve_nodes:
+            assert defs.resolve_job_def("bench_job").execute_in_process(instance=instance, partition_key=n.name).success
+        yield {"instance": instance, "fleet": fleet, "path": path, "root": root}
+    finally:
+        instance.dispose()
+
+
+class RotationWatch:
+    """Samples the proxy's rotation (its config, as the gateway host holds it) while a rollout runs."""
+
+    def __init__(self, fleet):
+        self.fleet, self.sizes, self._stop = fleet, [], threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        with FleetSession(self.fleet) as s:
+            gw = GatewayHost(s)
+            while not self._stop.wait(0.5):
+                try:
+                    self.sizes.append(len(gw.rotation()))
+                except Exception:
+                    pass
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(timeout=30)
+
+
+def roll_out(env, path: str) -> tuple[dg.ExecuteInProcessResult, list[int]]:
+    defs = build_definitions(path)
+    with RotationWatch(env["fleet"]) as watch:
+        res = defs.resolve_job_def("rollout_job").execute_in_process(instance=env["instance"], raise_on_error=False)
+    return res, watch.sizes
+
+
+def state(env, path: str) -> dict:
+    """node -> (container id, its launch-spec label, the spec the file asks for, leftovers)."""
+    fleet = load_fleet(path)
+    out = {}
+    with FleetSession(fleet) as s:
+        for n in fleet.serve_nodes:
+            spec = launch_spec(fleet, n)
+            c = inspect(s, n.name, spec.container_name)
+            names = s.run(n.name, ["docker", "ps", "-a", "--format", "{{.Names}}"], log=False, timeout=30).stdout.split()
+            out[n.name] = {"id": c["Id"], "label": c["Config"]["Labels"].get(DEPLOY_LABEL), "wanted": spec.fingerprint,
+                           "previous_left": [x for x in names if x.endswith("-previous")],
+                           "point": markers.read(s, n, ROLLOUT_POINT), "healthy": engine.healthy(fleet, n)}
+        out["rotation"] = GatewayHost(s).rotation()
+    return out
+
+
+def observations(env) -> list[dict]:
+    recs = env["instance"].fetch_observations(dg.AssetKey("fleet_rollout"), limit=200).records
+    return [r.asset_observation.metadata for r in reversed(recs)]
+
+
+def table_rows(value) -> list[dict]:
+    return [json.loads(r) if isinstance(r, str) else r.data for r in value.value.records]
+
+
+def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
+    new = variant(env["path"], env["root"] / "fleet-v2.yaml", env={"VLLM_LOGGING_LEVEL": "INFO"})
+    started = time.monotonic()
+    res, sizes = roll_out(env, new)
+    took = time.monotonic() - started
+    assert res.success, res.all_events
+    after = state(env, new)
+    for n in ("spark1", "spark2"):
+        assert after[n]["label"] == after[n]["wanted"] and after[n]["healthy"]
+        assert after[n]["previous_left"] == [] and after[n]["point"] is None  # finished: nothing kept
+    assert sorted(after["rotation"]) == ["spark1", "spark2"]
+    assert sizes and min(sizes) >= 1, sizes  # max_unavailable 1 of 2: the gateway always kept one
+    mat = res.asset_materializations_for_node("fleet_rollout")[-1].metadata
+    rows = {r.data["node"]: r.data for r in mat["nodes"].value.records}
+    assert rows["spark1"]["wave"] == "canary" and rows["spark2"]["wave"] == "wave 1"
+    assert {r["state"] for r in rows.values()} == {"passed"}
+    assert all("vs baseline" in r["why"] for r in rows.values()), rows  # judged against the fleet's benches
+    events = [o["event"].value for o in observations(env)]
+    assert events[0].startswith("canary starts: spark1") and "wave 1: deploying spark2" in events
+    assert events.index("canary: spark1 passed") < events.index("wave 1: deploying spark2")
+    # each node's deploy and bench are on its own partitions too
+    for asset in ("node_deployment", "bench_results"):
+        for n in ("spark1", "spark2"):
+            rec = env["instance"].fetch_materializations(dg.AssetRecordsFilter(
+                asset_key=dg.AssetKey(asset), asset_partitions=[n]), limit=1).records[0]
+            assert rec.asset_materialization.metadata["rollout_run"].value == res.run_id
+    print(f"rollout of 2 nodes: {took:.0f} s; rotation sizes seen {sorted(set(sizes))}")
+
+
+def stopped_at_the_canary(env, path: str, gate: str) -> dict:
+    """Roll `path` out; it must stop at the canary on `gate`, spark1 back on its container, spark2
+    never touched, both serving in the gateway. Returns the failure's metadata."""
+    v2 = str(env["root"] / "fleet-v2.yaml")
+    before = state(env, v2)
+    res, sizes = roll_out(env, path)
+    assert not res.success
+    failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
+    info = failure.step_failure_data.user_failure_data
+    assert info.metadata["failed_gate"].value == gate and info.metadata["failed_node"].value == "spark1", info.description
+    assert "stopped at the canary: spark1" in info.description and "not started: spark2" in info.description
+    after = state(env, v2)
+    # The canary runs its previous container again; spark2 was never touched.
+    assert after["spark1"]["id"] == before["spark1"]["id"] and after["spark1"]["label"] == before["spark1"]["wanted"]
+    assert after["spark1"]["healthy"] and after["spark1"]["point"] is None and after["spark1"]["previous_left"] == []
+    assert after["spark2"]["id"] == before["spark2"]["id"]
+    assert sorted(after["rotation"]) == ["spark1", "spark2"]
+    assert sizes and min(sizes) >= 1, sizes
+    rows = {r.data["node"]: r.data for r in info.metadata["nodes"].value.records}
+    assert rows["spark1"]["state"] == "rolled back" and rows["spark2"]["state"] == "not started"
+    return {k: v.value for k, v in info.metadata.items() if k != "nodes"}
+
+
+def test_a_slower_version_fails_the_baseline_gate_at_the_canary_and_goes_back(env):
+    # Without FLASHINFER: the runbook's "only ~17 tok/s" of 52; above the floor, far below the fleet.
+    slow = variant(str(env["root"] / "fleet-v2.yaml"), env["root"] / "fleet-triton.yaml", attention_backend="TRITON_ATTN")
+    info = stopped_at_the_canary(env, slow, "baseline")
+    assert "below the fleet's baseline" in info["why"]
+
+
+def test_a_version_without_mtp_fails_the_acceptance_gate_at_the_canary_and_goes_back(env):
+    nospec = variant(str(env["root"] / "fleet-v2.yaml"), env["root"] / "fleet-nospec.yaml", speculative=None)
+    info = stopped_at_the_canary(env, nospec, "MTP acceptance")
+    assert "--speculative-config" in info["why"]
+
+
+def test_rolling_back_to_the_original_file_is_a_rollout_too(env):
+    res, sizes = roll_out(env, env["path"])
+    assert res.success
+    after = state(env, env["path"])
+    assert all(after[n]["label"] == after[n]["wanted"] and after[n]["healthy"] for n in ("spark1", "spark2"))
+    assert sorted(after["rotation"]) == ["spark1", "spark2"] and min(sizes) >= 1
+    # Judged against what the rotation ran (v2 on both nodes), not against the newest bench (the
+    # failed canary's, on a version that runs nowhere).
+    base = res.asset_materializations_for_node("fleet_rollout")[-1].metadata["baseline"].value
+    assert "over spark1, spark2" in base, base
+    # A second rollout of the same version touches nothing.
+    again = build_definitions(env["path"]).resolve_job_def("rollout_job").execute_in_process(instance=env["instance"])
+    assert again.success
+    assert again.asset_materializations_for_node("fleet_rollout")[-1].metadata["outcome"].value == "nothing to roll out"
+    assert state(env, env["path"])["spark1"]["id"] == after["spark1"]["id"]
