@@ -101,15 +101,16 @@ def rollout_definitions(fleet) -> dg.Definitions:
         for name, rec in quarantined(s).items():
             skip.setdefault(name, f"quarantined: {rec.summary()}")
         rotation = gw.rotation()
+        missing = [n for n, why in skip.items() if why.startswith("no verified copy")]
+        if len(skip) == len(f.serve_nodes) and not missing:
+            log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in skip.items()))
+            return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
+                                                  "nodes": table(core.STEP_COLUMNS, _rows(before, skip))})
         try:
             plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=rotation,
                                    max_unavailable=f.rollout.max_unavailable,
                                    min_in_rotation=f.gateway.min_in_rotation, canary=f.rollout.canary, skip=skip)
         except core.RolloutRefused as e:
-            if all(why == "already serves the new version" for why in skip.values()) and len(skip) == len(f.serve_nodes):
-                log.info("every serve node already serves the new version: nothing to roll out")
-                return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
-                                                      "versions": table(core.STEP_COLUMNS, _rows(before, new, {}))})
             fail(RunbookError(f"rollout refused, nothing changed: {e}"))
         log.info("rollout plan:\n" + plan.text())
 
@@ -155,9 +156,9 @@ def rollout_definitions(fleet) -> dg.Definitions:
     return dg.Definitions(assets=[fleet_rollout], jobs=[rollout_job])
 
 
-def _rows(before: dict[str, str], new: dict[str, str], why: dict[str, str]) -> list[dict[str, str]]:
+def _rows(before: dict[str, str], skipped: dict[str, str]) -> list[dict[str, str]]:
     return [{"node": n, "wave": "-", "before": before[n], "now": before[n], "state": "skipped",
-             "gate": "", "why": why.get(n, "already serves the new version")} for n in before]
+             "gate": "", "why": skipped.get(n, "")} for n in before]
 
 
 class _Steps:
@@ -198,6 +199,8 @@ class _Steps:
 
     def revert(self, node: str, why: str) -> str:
         n = self.s.fleet.node(node)
+        if node_rollout.kept(self.s, n, launch_spec(self.s.fleet, n)) is None:
+            return "its deploy did not commit and had put the previous version back itself"
         said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
                                    run_id=self.run_id)
         record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})

@@ -11,7 +11,7 @@ A failed gate stops the rollout; the failed nodes go back to their previous depl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from spark_pipelines.core import bench as bench_core
@@ -163,7 +163,8 @@ class RolloutSteps(Protocol):
         """Bench the deployed node and judge it (core.rollout.judge)."""
 
     def revert(self, node: str, why: str) -> str:
-        """Put the previous version back on a committed node; returns what happened."""
+        """Put the previous version back on a committed node; returns what happened (a node
+        whose deploy did not commit, and so put itself back, has nothing to revert)."""
 
     def finish(self, node: str) -> str:
         """The rollout is over for a node on its new version: drop what was kept."""
@@ -175,10 +176,12 @@ class RolloutOutcome:
     completed: bool
     failed_gate: GateResult | None = None
     stopped_at: str = ""  # the wave that failed
+    skipped: Mapping[str, str] = field(default_factory=dict)  # node -> why the plan left it out
 
     def headline(self) -> str:
         if self.completed:
-            return f"rolled out to {', '.join(s.node for s in self.steps if s.state == PASSED)}"
+            return (f"rolled out to {', '.join(s.node for s in self.steps if s.state == PASSED)}"
+                    + "".join(f"; skipped {n}: {why}" for n, why in self.skipped.items()))
         g = self.failed_gate
         assert g is not None
         left = [s.node for s in self.steps if s.state == NOT_STARTED]
@@ -206,7 +209,7 @@ def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
     the node being gated is put back too, the ones passed are finished, and it propagates."""
     table = [NodeStep(n, w.label(), versions.get(n, "?"), now=versions.get(n, "?")) for w in plan.waves for n in w.nodes]
     by_node = {s.node: s for s in table}
-    outcome = RolloutOutcome(table, completed=False)
+    outcome = RolloutOutcome(table, completed=False, skipped=dict(plan.skipped))
 
     def say(event: str) -> None:
         on_progress(event, table)
@@ -266,8 +269,10 @@ def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
         for st in table:
             if st.state == GATING:  # committed, never judged: it goes back
                 put_back(st, "the rollout was interrupted before its gate")
-            elif st.state in (WAITING, DEPLOYING):
-                st.state = NOT_STARTED if st.state == WAITING else "interrupted (the deploy rolled back)"
+            elif st.state == DEPLOYING:  # the interrupt may have landed just after the commit
+                put_back(st, "the rollout was interrupted during its deploy")
+            elif st.state == WAITING:
+                st.state = NOT_STARTED
         raise
     finally:
         settle_passed()

@@ -130,6 +130,8 @@ class _Transaction:
 
     def set_aside(self) -> None:
         n, name = self.node.name, self.spec.container_name
+        if self.keep_previous:  # a point exists only once this deploy committed (an older one is superseded)
+            markers.clear(self.s, self.node, ROLLOUT_POINT)
         self.marker = markers.read(self.s, self.node, DEPLOY_MARKER)
         self.before = self.docker.inspect_container(n, name)
         serving = engine.healthy(self.s.fleet, self.node) if self.before else None

@@ -1,15 +1,25 @@
 """`spark-pipelines demo --nodes 4`, as an operator runs it (a subprocess, its own instance and its
 own simulated fleet of four serve nodes): it ends with four deployed, benched nodes, all four in
-the gateway. Nothing in the chain is written for two nodes."""
+the gateway; then a rollout_job takes a new launch spec to the four in waves of two. Nothing in
+the chain is written for two nodes."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 
 import dagster as dg
 import pytest
+import yaml
+
+from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
+from spark_pipelines.definitions import build_definitions
+from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.ssh import FleetSession
 
 from spark_sim.fleet import SimFleet
 from tests.plugins.sim import sim_slot
@@ -57,7 +67,52 @@ def test_demo_with_four_nodes_ends_with_four_benched_nodes_in_the_gateway(tmp_pa
                 last = instance.fetch_materializations(dg.AssetKey("bench_results"), limit=1).records[0]
                 rows = last.asset_materialization.metadata["vs_fleet"].value.records
                 assert len(rows) == NODES and all(r.data["counts"] == "yes" for r in rows), rows
+                rolled_out_in_waves(instance, str(fleet_out), tmp_path, nodes)
             finally:
                 instance.dispose()
         finally:
             sim.down()
+
+
+def rolled_out_in_waves(instance, fleet_file: str, tmp_path, nodes: list[str]) -> None:
+    """A new launch spec onto the four, two out at a time: canary, then waves of 2 and 1; every
+    node gated against the fleet's baseline; the gateway never below N - max_unavailable."""
+    doc = yaml.safe_load(open(fleet_file))
+    doc["launch"]["env"]["VLLM_LOGGING_LEVEL"] = "INFO"
+    doc.setdefault("rollout", {})["max_unavailable"] = 2
+    path = tmp_path / "fleet-v2.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    fleet = load_fleet(str(path))
+    sizes: list[int] = []
+    stop = threading.Event()
+
+    def watch():
+        with FleetSession(fleet) as s:
+            gw = GatewayHost(s)
+            while not stop.wait(0.5):
+                try:
+                    sizes.append(len(gw.rotation()))
+                except Exception:
+                    pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        res = build_definitions(str(path)).resolve_job_def("rollout_job").execute_in_process(instance=instance)
+    finally:
+        stop.set()
+        watcher.join(30)
+    assert res.success
+    meta = res.asset_materializations_for_node("fleet_rollout")[-1].metadata
+    rows = {r.data["node"]: r.data for r in meta["nodes"].value.records}
+    waves = [r["wave"] for r in rows.values()]
+    assert waves.count("canary") == 1 and waves.count("wave 1") == 2 and waves.count("wave 2") == 1, rows
+    assert all(r["state"] == "passed" and "vs baseline" in r["why"] for r in rows.values()), rows
+    assert sizes and min(sizes) >= NODES - 2 and max(sizes) == NODES, sorted(set(sizes))
+    with FleetSession(fleet) as s:
+        for n in nodes:
+            spec = launch_spec(fleet, fleet.node(n))
+            c = NodeDocker(s).inspect_container(n, spec.container_name)
+            assert container_labels(c).get(DEPLOY_LABEL) == spec.fingerprint, n
+        assert sorted(GatewayHost(s).rotation()) == sorted(nodes)
+    print(f"rollout of {NODES} nodes, max_unavailable 2: rotation sizes seen {sorted(set(sizes))}")

@@ -7,7 +7,7 @@ touched; the gateway keeps a node throughout; a last rollout brings the fleet ba
 
 from __future__ import annotations
 
-import json
+import _thread
 import threading
 import time
 from pathlib import Path
@@ -114,10 +114,6 @@ def observations(env) -> list[dict]:
     return [r.asset_observation.metadata for r in reversed(recs)]
 
 
-def table_rows(value) -> list[dict]:
-    return [json.loads(r) if isinstance(r, str) else r.data for r in value.value.records]
-
-
 def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
     new = variant(env["path"], env["root"] / "fleet-v2.yaml", env={"VLLM_LOGGING_LEVEL": "INFO"})
     started = time.monotonic()
@@ -181,6 +177,43 @@ def test_a_version_without_mtp_fails_the_acceptance_gate_at_the_canary_and_goes_
     nospec = variant(str(env["root"] / "fleet-v2.yaml"), env["root"] / "fleet-nospec.yaml", speculative=None)
     info = stopped_at_the_canary(env, nospec, "MTP acceptance")
     assert "--speculative-config" in info["why"]
+
+
+def test_a_rollout_terminated_once_the_canary_committed_puts_the_canary_back(env):
+    """The interrupt (what a run termination is in the step) lands once the canary's deploy has
+    committed (its rollout point exists: the deploy's last steps or its bench run), before its
+    gate judged it: the canary goes back to its previous container, the interrupt propagates,
+    spark2 is never touched."""
+    v2 = str(env["root"] / "fleet-v2.yaml")
+    before = state(env, v2)
+    seen = threading.Event()
+
+    def interrupt_when_committed():
+        with FleetSession(env["fleet"]) as s:
+            node = env["fleet"].node("spark1")
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                if markers.read(s, node, ROLLOUT_POINT) is not None:
+                    seen.set()
+                    _thread.interrupt_main()
+                    return
+                time.sleep(0.2)
+
+    watcher = threading.Thread(target=interrupt_when_committed, daemon=True)
+    watcher.start()
+    defs = build_definitions(env["path"])
+    try:
+        res = defs.resolve_job_def("rollout_job").execute_in_process(instance=env["instance"], raise_on_error=False)
+        interrupted = not res.success
+    except KeyboardInterrupt:
+        interrupted = True
+    watcher.join(10)
+    assert seen.is_set() and interrupted
+    after = state(env, v2)
+    assert after["spark1"]["id"] == before["spark1"]["id"] and after["spark1"]["healthy"]
+    assert after["spark1"]["point"] is None and after["spark1"]["previous_left"] == []
+    assert after["spark2"]["id"] == before["spark2"]["id"]
+    assert sorted(after["rotation"]) == ["spark1", "spark2"]
 
 
 def test_rolling_back_to_the_original_file_is_a_rollout_too(env):

@@ -196,3 +196,24 @@ def test_a_void_bench_does_not_pass():
     g = rollout.judge("spark1", healthy=True, mean_tok_s=52.0, floor_tok_s=40.0,
                       gpu_verdict=GpuVerdict(state="healthy", reasons=[]), void=["foreign requests ran"])
     assert not g.passed and g.gate == "bench void" and "foreign requests" in g.why
+
+
+def test_an_interrupt_just_after_a_deploy_committed_puts_that_node_back():
+    class CommitsThenInterrupted(FakeFleet):
+        def deploy(self, node):
+            super().deploy(node)
+            if node == NODES[1]:
+                raise KeyboardInterrupt  # the termination lands between the commit and the return
+            return "new"
+    plan = _plan(mu=1)
+    fake = CommitsThenInterrupted(NODES)
+    with pytest.raises(KeyboardInterrupt):
+        rollout.execute(plan, fake, {n: "old" for n in NODES})
+    assert fake.running[NODES[1]] == "old" and ("revert", NODES[1]) in fake.calls
+    assert fake.running[NODES[0]] == "new" and ("finish", NODES[0]) in fake.calls
+
+
+def test_a_completed_rollout_names_the_nodes_it_skipped():
+    plan = rollout.plan_waves(NODES[:3], in_rotation=NODES[:3], skip={"spark3": "quarantined: crash-loop"})
+    out = rollout.execute(plan, FakeFleet(NODES[:3]), {n: "old" for n in NODES[:3]})
+    assert out.completed and out.headline() == "rolled out to spark1, spark2; skipped spark3: quarantined: crash-loop"
