@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 NODES = 4
 
 
-def test_demo_with_four_nodes_ends_with_four_benched_nodes_in_the_gateway(tmp_path):
+def test_demo_with_four_nodes_ends_with_four_benched_nodes_in_the_gateway(tmp_path, monkeypatch):
     with sim_slot() as slot:
         root = f"/var/lib/spark-sim-pytest-{slot}"
         sim = SimFleet(root=root, slot=slot)
@@ -67,6 +67,8 @@ def test_demo_with_four_nodes_ends_with_four_benched_nodes_in_the_gateway(tmp_pa
                 last = instance.fetch_materializations(dg.AssetKey("bench_results"), limit=1).records[0]
                 rows = last.asset_materialization.metadata["vs_fleet"].value.records
                 assert len(rows) == NODES and all(r.data["counts"] == "yes" for r in rows), rows
+                # In this process too, the proxy's key as the demo read it (the sim made it).
+                monkeypatch.setenv("LITELLM_MASTER_KEY", sim.master_key_file.read_text().strip())
                 rolled_out_in_waves(instance, str(fleet_out), tmp_path, nodes)
             finally:
                 instance.dispose()
