@@ -173,7 +173,8 @@ def run(fleet, args, counts: list[int]) -> int:
                        f"throughput ours/scp {wire / ours:.2f} (goal >= 0.9)")
         for k in counts:
             alone, tree, rounds = results[k]
-            figures.append(f"{k} node(s): build-host-only {alone:.1f} s, tree {tree:.1f} s ({rounds} rounds), "
+            figures.append(f"{k} receiver(s){f' ({k + 1} nodes)' if args.with_build_host else ''}: "
+                           f"build-host-only {alone:.1f} s, tree {tree:.1f} s ({rounds} rounds), "
                            f"tree/build-host-only {tree / alone:.2f}")
     print()
     for line in figures:
