@@ -100,7 +100,12 @@ def rollout_definitions(fleet) -> dg.Definitions:
                 skip.setdefault(n.name, "already serves the new version")
         for name, rec in quarantined(s).items():
             skip.setdefault(name, f"quarantined: {rec.summary()}")
-        rotation = gw.rotation()
+        try:
+            rotation = gw.rotation()
+        except Exception as e:  # no plan without knowing who serves: nothing was deployed
+            fail(RunbookError(f"rollout refused, nothing deployed: the gateway host {f.gateway.host} could not be "
+                              f"read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); bring it back "
+                              f"and rerun rollout_job"))
         missing = [n for n, why in skip.items() if why.startswith("no verified copy")]
         if len(skip) == len(f.serve_nodes) and not missing:
             log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in skip.items()))

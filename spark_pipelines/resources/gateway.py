@@ -395,7 +395,11 @@ class GatewayHost:
             raise GatewayAuthError(f"LiteLLM on {self.gw.host}: /model/info refused the key (HTTP {r.status_code}): "
                                f"set {self.gw.master_key_env} to the proxy's master key")
         if r.status_code != 200:
-            raise GatewayError(f"LiteLLM on {self.gw.host}: /model/info answered HTTP {r.status_code}")
+            # LiteLLM 1.108 answers a request without a key with a 500, not a 401, when it has a
+            # master key (its auth error handler fails importing prisma): say what is likely missing.
+            hint = "" if self._master_key else (f"; no key was sent: if the proxy has a master_key, set "
+                                                f"{self.gw.master_key_env} to it")
+            raise GatewayError(f"LiteLLM on {self.gw.host}: /model/info answered HTTP {r.status_code}{hint}")
         return gateway_core.nodes_in_rotation({"model_list": r.json().get("data") or []})
 
     def wait_serving(self, node: str, present: bool) -> None:

@@ -161,10 +161,14 @@ class _Transaction:
         self.jit = jit_cache.switch(self.s, self.node, self.spec, key, self.log, fresh=fresh)
 
     def commit(self) -> None:
-        self.committed = True
         if self.keep_previous:
+            # Written before the deploy counts as committed: a point that could not be written
+            # (SSH dropped here) is a failed deploy, rolled back, never a committed node no
+            # revert could find.
             self._keep_rollout_point()
+            self.committed = True
             return
+        self.committed = True
         if self.jit is not None:
             try:
                 gone = jit_cache.seal(self.s, self.jit)
@@ -210,6 +214,11 @@ class _Transaction:
         Exception: each failure is part of the answer (a BaseException still propagates)."""
         n, name, f = self.node.name, self.spec.container_name, self.s.fleet
         restored: str | None = None
+        if self.keep_previous:  # a point written just before a failure describes nothing now
+            try:
+                markers.clear(self.s, self.node, ROLLOUT_POINT)
+            except Exception as e:
+                self.s.log.warning(f"[{n}] the rollout point was not cleared: {_first_line(e)}")
         if self.jit is not None:  # first: the previous deployment restarts on its own cache
             jit_cache.undo(self.s, self.jit, self.log)
         try:

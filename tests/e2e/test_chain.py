@@ -247,7 +247,8 @@ def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):
         frontier = {c.to_user_string() for k in frontier for c in graph.get(dg.AssetKey(k)).child_keys} - follow
         follow |= frontier
     assert roots | follow == {"base_image", "serving_image", "node_artifacts", "artifact_distribution",
-                              "node_deployment", "jit_cache", "gateway", "bench_results", "fleet_summary"}
+                              "node_deployment", "jit_cache", "gateway", "bench_results", "fleet_summary",
+                              "fleet_rollout"}
     assert status["base_model"] == status["hybrid_checkpoint"] == status["mtp_weights"] == {StaleStatus.FRESH}
 
 
