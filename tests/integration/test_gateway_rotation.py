@@ -296,11 +296,12 @@ def test_a_graceful_reload_that_ends_the_proxy_is_followed_by_a_restart(operator
         assert host.ready() and host.serving_nodes() == ["spark1", "spark2"]
 
 
-def test_a_key_left_unset_is_named_when_the_proxy_refuses(operator_gateway):
+def test_a_key_left_unset_is_named_when_the_proxy_refuses(operator_gateway, monkeypatch):
     """The real proxy has a master key; an orchestrator without it gets LiteLLM's 500 (not a 401),
     and the error names the variable to set rather than a bare status."""
     fleet, s, host = operator_gateway
     assert host.serving_nodes()  # with the key: the rotation
+    monkeypatch.delenv(fleet.gateway.master_key_env)  # the host falls back to it
     with pytest.raises(GatewayError) as e:
         GatewayHost(s, master_key=None).serving_nodes()
     assert fleet.gateway.master_key_env in str(e.value) and "no key was sent" in str(e.value)
