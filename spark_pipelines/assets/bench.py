@@ -86,6 +86,16 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     return rows
 
 
+def recorded_benches(instance: dg.DagsterInstance, node: str, limit: int = 20) -> list[baseline.BenchRecord]:
+    """The node's benches as they recorded what makes them comparable (bench_record), newest first."""
+    out = []
+    for r in bench_records(instance, node, limit=limit):
+        v = r.asset_materialization.metadata.get("bench_record") if r.asset_materialization else None
+        if v is not None and isinstance(v.value, dict):
+            out.append(baseline.BenchRecord.from_dict(v.value))
+    return out
+
+
 def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, rec: baseline.BenchRecord) -> dict:
     """This bench next to every node's latest and the fleet's baseline on the same image, checkpoint
     and launch spec (void benches never count); read back from each node's recorded bench_record."""
@@ -94,11 +104,7 @@ def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: F
         if n.name == rec.node:
             latest[n.name] = rec
             continue
-        mine = []
-        for r in bench_records(context.instance, n.name, limit=20):
-            v = r.asset_materialization.metadata.get("bench_record") if r.asset_materialization else None
-            if v is not None and isinstance(v.value, dict):
-                mine.append(baseline.BenchRecord.from_dict(v.value))
+        mine = recorded_benches(context.instance, n.name)
         records += mine
         latest[n.name] = mine[0] if mine else None
     base = baseline.fleet_baseline(records, identity=rec.identity)

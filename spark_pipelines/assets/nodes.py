@@ -101,6 +101,14 @@ def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_
         mismatch or f"{node.name}: healthy; smoke test answered {done.smoke_tokens} tokens")
 
 
+def distribution_payload(cv: dict[str, str], mtp_weights: Checkpoint, serving_image: BuiltImage) -> Payload:
+    """What the tree fans out: the build host's checkpoint and image, and the node_artifacts
+    marker signature a verified receiver gets (artifact_distribution and a rollout)."""
+    return Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
+                   manifest=mtp_weights.manifest,
+                   signature=markers.signature(cv["node_artifacts"], mtp_weights.index, mtp_weights.manifest))
+
+
 def node_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     partitions = node_partitions(fleet)
@@ -179,9 +187,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                               serving_image: BuiltImage) -> dg.MaterializeResult:
         # Fleet-wide (not partitioned): a tree spans nodes, so its rounds run in one step.
         s = ssh.session
-        payload = Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
-                          manifest=mtp_weights.manifest,
-                          signature=markers.signature(cv["node_artifacts"], mtp_weights.index, mtp_weights.manifest))
+        payload = distribution_payload(cv, mtp_weights, serving_image)
         try:
             report = distribute(s, s.fleet.serve_nodes, payload, log=context.log, run_id=context.run.run_id)
         except DistributionFailed as e:

@@ -16,10 +16,10 @@ import dagster as dg
 from pydantic import Field
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.bench import BENCH_TAG, bench_metadata, bench_records
+from spark_pipelines.assets.bench import BENCH_TAG, bench_metadata, recorded_benches
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.metadata import table
-from spark_pipelines.assets.nodes import deploy_recorded
+from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload
 from spark_pipelines.core import baseline
 from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
@@ -29,11 +29,11 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import engine, markers
+from spark_pipelines.runbook import engine
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook.bench import bench_node
-from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.distribution import DistributionFailed, distribute
+from spark_pipelines.runbook.errors import RunbookError, first_line
 from spark_pipelines.runbook.quarantine import quarantined
 
 ROLLOUT_TAG = "spark/rollout"  # the run queue runs one rollout at a time (team/dagster.yaml)
@@ -75,9 +75,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
         gw = litellm.host()
 
         # 1. The new version onto every node (the tree; holders are skipped in seconds).
-        payload = Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
-                          manifest=mtp_weights.manifest,
-                          signature=markers.signature(cv["node_artifacts"], mtp_weights.index, mtp_weights.manifest))
+        payload = distribution_payload(cv, mtp_weights, serving_image)
         skip: dict[str, str] = {}
         try:
             distribute(s, f.serve_nodes, payload, log=log, run_id=run_id)
@@ -104,7 +102,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
             rotation = gw.rotation()
         except Exception as e:  # no plan without knowing who serves: nothing was deployed
             fail(RunbookError(f"rollout refused, nothing deployed: the gateway host {f.gateway.host} could not be "
-                              f"read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); bring it back "
+                              f"read ({first_line(e)}); bring it back "
                               f"and rerun rollout_job"))
         missing = [n for n, why in skip.items() if why.startswith("no verified copy")]
         if len(skip) == len(f.serve_nodes) and not missing:
@@ -122,10 +120,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
         # 3. The baseline every node is judged against: the fleet on the version most of the
         # rotation runs now (not the newest bench: a canary that failed its gate was benched last).
         serving = Counter(running[n] for n in rotation if n in running).most_common(1)
-        records = [baseline.BenchRecord.from_dict(v.value)
-                   for n in f.serve_nodes for r in bench_records(context.instance, n.name, limit=20)
-                   if r.asset_materialization and (v := r.asset_materialization.metadata.get("bench_record"))
-                   and isinstance(v.value, dict)]
+        records = [r for n in f.serve_nodes for r in recorded_benches(context.instance, n.name)]
         base = baseline.fleet_baseline(records, identity=serving[0][0] if serving else None)
         log.info(f"baseline on the previous version: {base.text() if base else 'none (no bench that counts)'}")
 

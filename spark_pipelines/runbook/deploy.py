@@ -44,7 +44,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import engine, jit_cache, markers, preflight, quarantine
-from spark_pipelines.runbook.errors import DeployFailed, RunbookError
+from spark_pipelines.runbook.errors import DeployFailed, RunbookError, first_line
 from spark_pipelines.runbook.rotation import BENCH_GATE, Drain, drained
 
 READY_LINE = "Application startup complete"
@@ -107,9 +107,14 @@ class _NotServing(RunbookError):
     """The launch ran but did not serve (blocked preflight, unhealthy, no smoke tokens)."""
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+def restore_deploy_marker(s: FleetSession, node: Node, marker: dict[str, Any] | None, restored_id: str) -> None:
+    """The step marker must describe what runs after a rollback: the one read before the deploy
+    when the restored container is the one it names, else a marker no skip can match."""
+    if marker and marker.get("container_id") == restored_id:
+        markers.write(s, node, DEPLOY_MARKER, str(marker.get("signature", "-")),
+                      **{k: v for k, v in marker.items() if k != "signature"})
+    else:
+        markers.write(s, node, DEPLOY_MARKER, "rolled-back", container_id=restored_id)
 
 
 class _Transaction:
@@ -154,7 +159,7 @@ class _Transaction:
             preflight.restore_exporters(self.s, self.node, self.prepared)
         except Exception as e:  # monitoring, not serving: say so, do not mask the deploy's outcome
             self.s.log.warning(f"[{self.node.name}] could not start the GPU exporters again "
-                               f"({', '.join(self.prepared.stopped_exporters)}): {_first_line(e)}; "
+                               f"({', '.join(self.prepared.stopped_exporters)}): {first_line(e)}; "
                                f"start them by hand with `docker start`")
 
     def switch_jit_cache(self, key: str, fresh: bool) -> None:
@@ -170,35 +175,36 @@ class _Transaction:
             return
         self.committed = True
         if self.jit is not None:
-            try:
-                gone = jit_cache.seal(self.s, self.jit)
-                if gone:
-                    self.s.log.info(f"[{self.node.name}] the stale JIT cache's archive was deleted: {', '.join(gone)}")
-            except Exception as e:  # serving; only the back-up of this cache waits for the next deploy
-                self.s.log.warning(f"[{self.node.name}] healthy, but its JIT cache was not marked sealed: "
-                                   f"{_first_line(e)}; it is backed up after the next healthy deploy")
+            self._seal()
             try:
                 wiped = jit_cache.prune(self.s, self.jit, self.spec)
                 if wiped:
                     self.s.log.info(f"[{self.node.name}] stale JIT caches wiped: {', '.join(wiped)}")
             except Exception as e:  # serving; the stale slots are never mounted and the next deploy retries
                 self.s.log.warning(f"[{self.node.name}] healthy, but stale JIT caches were not wiped: "
-                                   f"{_first_line(e)}; the next deploy tries again")
+                                   f"{first_line(e)}; the next deploy tries again")
         try:
             self.docker.drop_previous(self.node.name, self.spec.container_name, self.spec.image, self.kept)
             markers.clear(self.s, self.node, ROLLOUT_POINT)  # an unfinished rollout's point is gone with it
         except Exception as e:  # the new deployment serves; a stale rollback point is superseded next time
-            self.s.log.warning(f"[{self.node.name}] healthy, but the rollback point was not removed: {_first_line(e)}")
+            self.s.log.warning(f"[{self.node.name}] healthy, but the rollback point was not removed: {first_line(e)}")
         self._clear_deploy_gate()
+
+    def _seal(self) -> None:
+        if self.jit is None:
+            return
+        try:
+            gone = jit_cache.seal(self.s, self.jit)
+            if gone:
+                self.s.log.info(f"[{self.node.name}] the stale JIT cache's archive was deleted: {', '.join(gone)}")
+        except Exception as e:  # serving; only the back-up of this cache waits for the next deploy
+            self.s.log.warning(f"[{self.node.name}] healthy, but its JIT cache was not marked sealed: "
+                               f"{first_line(e)}; it is backed up after the next healthy deploy")
 
     def _keep_rollout_point(self) -> None:
         """A rollout's commit: seal the new cache, keep the previous deployment and its cache
         slots (not pruned), and say on the node what a revert puts back."""
-        if self.jit is not None:
-            try:
-                jit_cache.seal(self.s, self.jit)
-            except Exception as e:  # serving; only the back-up of this cache waits
-                self.s.log.warning(f"[{self.node.name}] healthy, but its JIT cache was not marked sealed: {_first_line(e)}")
+        self._seal()
         k = self.kept
         links = {st.path: st.target for st in (self.jit.before if self.jit else []) if st.kind == "link" and st.target}
         gate = markers.read(self.s, self.node, BENCH_GATE)
@@ -218,7 +224,7 @@ class _Transaction:
             try:
                 markers.clear(self.s, self.node, ROLLOUT_POINT)
             except Exception as e:
-                self.s.log.warning(f"[{n}] the rollout point was not cleared: {_first_line(e)}")
+                self.s.log.warning(f"[{n}] the rollout point was not cleared: {first_line(e)}")
         if self.jit is not None:  # first: the previous deployment restarts on its own cache
             jit_cache.undo(self.s, self.jit, self.log)
         try:
@@ -236,7 +242,7 @@ class _Transaction:
                 elif live is not None:
                     self.docker.remove(n, str(live["Id"]), force=True)  # ours, and nothing to put back
         except Exception as e:
-            return False, f"the rollback on {n} failed ({_first_line(e)})"
+            return False, f"the rollback on {n} failed ({first_line(e)})"
         if restored is None:
             return False, f"no previous deployment on {n} to put back"
         limit = min(ROLLBACK_HEALTH_S, f.launch_for(self.node).health_timeout_s)
@@ -258,13 +264,8 @@ class _Transaction:
         return False, f"previous deployment put back on {n} but NOT healthy ({how})"
 
     def _restore_marker(self, restored_id: str) -> None:
-        """The step marker must describe what runs after the rollback, or nothing."""
-        m = self.marker
-        if m is not None and m.get("container_id") == restored_id:
-            markers.write(self.s, self.node, DEPLOY_MARKER, str(m.get("signature", "-")),
-                          **{k: v for k, v in m.items() if k != "signature"})
-        elif m is not None:
-            markers.write(self.s, self.node, DEPLOY_MARKER, "rolled-back", container_id=restored_id)
+        if self.marker is not None:
+            restore_deploy_marker(self.s, self.node, self.marker, restored_id)
 
     def take_out_of_gateway(self, why: str) -> str:
         """The node does not serve: out of every pool, and the reason where promotion reads it."""
@@ -277,7 +278,7 @@ class _Transaction:
             markers.write(self.s, self.node, BENCH_GATE, "-", promoted=False, by="deploy", before=gate,
                           reason=f"held out by a failed deploy: {why}")
         except Exception as e:
-            said.append(f"the hold-out reason could not be recorded on {n} ({_first_line(e)})")
+            said.append(f"the hold-out reason could not be recorded on {n} ({first_line(e)})")
         try:
             gw = GatewayHost(self.s)
             if self.drain is not None and self.drain.was_in:
@@ -290,7 +291,7 @@ class _Transaction:
             else:
                 said.insert(0, f"{n} is not in the gateway")
         except Exception as e:
-            said.insert(0, f"{n} could NOT be taken out of the gateway ({_first_line(e)}); drain it by hand")
+            said.insert(0, f"{n} could NOT be taken out of the gateway ({first_line(e)}); drain it by hand")
         return "; ".join(said)
 
     def _clear_deploy_gate(self) -> None:
@@ -302,7 +303,7 @@ class _Transaction:
                 markers.write(self.s, self.node, BENCH_GATE, "-", **{k: v for k, v in before.items() if k != "signature"})
         except Exception as e:
             self.s.log.warning(f"[{self.node.name}] the failed deploy's hold-out marker was not cleared: "
-                               f"{_first_line(e)}; the gateway keeps the node out until its next bench")
+                               f"{first_line(e)}; the gateway keeps the node out until its next bench")
 
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
@@ -337,7 +338,7 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
         return gw if gw.read().config is not None else None
     except Exception as e:
         raise DeployFailed(f"node {node.name}: the gateway host {s.fleet.gateway.host} could not be read "
-                           f"({_first_line(e)}), so {node.name} cannot be taken out of rotation before its old "
+                           f"({first_line(e)}), so {node.name} cannot be taken out of rotation before its old "
                            f"container stops; nothing was changed: bring the gateway host back, then deploy again") from None
 
 
@@ -394,7 +395,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     except BaseException as e:
         if txn.committed:
             raise
-        why = e.description if isinstance(e, _NotServing) else f"deploy on {node.name} failed: {_first_line(e)}"
+        why = e.description if isinstance(e, _NotServing) else f"deploy on {node.name} failed: {first_line(e)}"
         log.warning(f"[{node.name}] {why}; rolling back")
         back, outcome = txn.roll_back()
         if not back:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def first_line(e: BaseException) -> str:
+    """An exception as one line for a log or a message: its type and the first line of its text."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
 class RunbookError(Exception):
     """A procedure could not go on. `description` names the node and the fix; `details` holds
     markdown blocks (diagnosis, log tail, preflight) that the UI shows as metadata."""

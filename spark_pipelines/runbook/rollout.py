@@ -21,8 +21,8 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import engine, jit_cache, markers
-from spark_pipelines.runbook.deploy import DEPLOY_MARKER, ROLLBACK_HEALTH_S, ROLLOUT_POINT
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, restore_deploy_marker
+from spark_pipelines.runbook.errors import RunbookError, first_line
 from spark_pipelines.runbook.rotation import BENCH_GATE, drained
 
 _T = remote.PROBE_TIMEOUT_S
@@ -58,12 +58,7 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
             docker = NodeDocker(s)
             restored = docker.restore_previous(n, spec.container_name, spec.image, prev)
             _relink_cache(s, node, point, log)
-            m = point.get("deploy_marker")
-            if m and m.get("container_id") == restored:
-                markers.write(s, node, DEPLOY_MARKER, str(m.get("signature", "-")),
-                              **{k: v for k, v in m.items() if k != "signature"})
-            else:
-                markers.write(s, node, DEPLOY_MARKER, "rolled-back", container_id=restored)
+            restore_deploy_marker(s, node, point.get("deploy_marker"), restored)
             limit = min(ROLLBACK_HEALTH_S, s.fleet.launch_for(node).health_timeout_s)
             if not poll_until(lambda: engine.healthy(s.fleet, node), bool, timeout_s=limit, every_s=2.0).done:
                 markers.write(s, node, BENCH_GATE, "-", promoted=False, by="rollout",
@@ -87,13 +82,13 @@ def _relink_cache(s: FleetSession, node: Node, point: dict, log: Any) -> None:
         try:
             s.run(n, ["ln", "-sfn", "--", target, mount], log=False, timeout=_T)
         except Exception as e:
-            failed.append(f"{mount}: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")
+            failed.append(f"{mount}: {first_line(e)}")
     for mount, aside in reversed(point.get("jit_set_aside") or []):
         try:
             s.run(n, ["rm", "-f", "--", mount], log=False, timeout=_T)
             s.run(n, ["mv", "-T", "--", aside, mount], log=False, timeout=_T)
         except Exception as e:
-            failed.append(f"{mount} (kept as {aside}): {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")
+            failed.append(f"{mount} (kept as {aside}): {first_line(e)}")
     if failed:
         log.warning(f"[{n}] JIT cache mounts not all put back: {'; '.join(failed)}; the next deploy re-links them")
 
@@ -116,5 +111,5 @@ def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
             markers.clear(s, node, ROLLOUT_POINT)
         except Exception as e:
             log.warning(f"[{n}] serving its new version, but the rollback point was not all cleared: "
-                        f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}; the next deploy supersedes it")
+                        f"{first_line(e)}; the next deploy supersedes it")
         return "; ".join(said) or "nothing kept"

@@ -38,7 +38,7 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.runbook import engine, markers
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.runbook.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import GPU_QUERY
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
@@ -58,11 +58,6 @@ PERSISTENCED_WAIT_S = 120.0
 SSH_PROBE_S = 3.0
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
-
-
 # ------------------------------------------------------------------------------ quarantine
 
 
@@ -80,7 +75,7 @@ def quarantine_node(s: FleetSession, node: Node, verdict: str, reason: str, gw: 
         markers.write(s, node, BENCH_GATE, "-", promoted=False, by=verdict, before=gate,
                       reason=f"quarantined ({verdict}): {reason}")
     except Exception as e:
-        said.append(f"the hold-out reason could not be recorded on {n} ({_first_line(e)})")
+        said.append(f"the hold-out reason could not be recorded on {n} ({first_line(e)})")
     try:
         gw = gw or GatewayHost(s)
         if n in gw.rotation():
@@ -89,7 +84,7 @@ def quarantine_node(s: FleetSession, node: Node, verdict: str, reason: str, gw: 
         else:
             said.insert(0, f"{n} is not in the gateway")
     except Exception as e:
-        said.insert(0, f"{n} could NOT be taken out of the gateway ({_first_line(e)})")
+        said.insert(0, f"{n} could NOT be taken out of the gateway ({first_line(e)})")
     return "; ".join(said)
 
 
@@ -127,7 +122,7 @@ class SustainedLoad:
             try:
                 httpx.post(self._url, json=body, timeout=LOAD_REQUEST_TIMEOUT_S)
             except httpx.HTTPError as e:
-                self.errors.append(_first_line(e))
+                self.errors.append(first_line(e))
                 self._stop.wait(1.0)
 
     def __enter__(self) -> SustainedLoad:
@@ -218,7 +213,7 @@ def _reset_clocks(ev: _Evidence, persistence_was_off: bool) -> list[str]:
             if not r.ok:
                 failed.append(f"`sudo {' '.join(argv)}` exited {r.exit_status}: {(r.stderr or r.stdout).strip()[:160]}")
         except RemoteError as e:
-            failed.append(f"`sudo {' '.join(argv)}` failed: {_first_line(e)}")
+            failed.append(f"`sudo {' '.join(argv)}` failed: {first_line(e)}")
     return failed
 
 
@@ -320,7 +315,7 @@ def _store(s: FleetSession, node: Node, label: str, when: datetime, files: dict[
                   timeout=STORE_TIMEOUT_S, log=False)
     except RemoteError as e:
         raise RunbookError(f"{node.name}: the wedge evidence could not be stored on the build host {build.name} "
-                           f"({_first_line(e)}); nothing was changed on {node.name}: run the capture again") from None
+                           f"({first_line(e)}); nothing was changed on {node.name}: run the capture again") from None
     got = r.stdout.split()[0] if r.stdout.split() else ""
     if got != want:
         raise RunbookError(f"{node.name}: the evidence tarball on {build.name} ({path}) reads back as sha256 "
@@ -375,7 +370,7 @@ def power_off(s: FleetSession, node: Node) -> list[str]:
     try:
         r = s.run(n, ["poweroff"], sudo=True, check=False, timeout=30)
     except RemoteError as e:
-        return [f"sudo poweroff: connection ended ({_first_line(e)[:80]})"]
+        return [f"sudo poweroff: connection ended ({first_line(e)[:80]})"]
     if not r.ok and "password" in (r.stderr + r.tail).lower():
         raise RunbookError(f"{n}: `sudo -n poweroff` wants a password; add `{node.user} ALL=(root) NOPASSWD: "
                            f"/usr/sbin/poweroff` to the sudoers on {n}; its vLLM container is stopped: "

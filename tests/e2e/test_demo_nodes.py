@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import dagster as dg
 import pytest
@@ -22,6 +21,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 
 from spark_sim.fleet import SimFleet
+from tests.e2e.test_zz_rollout import RotationWatch
 from tests.plugins.sim import sim_slot
 
 pytestmark = pytest.mark.slow
@@ -85,25 +85,9 @@ def rolled_out_in_waves(instance, fleet_file: str, tmp_path, nodes: list[str]) -
     path = tmp_path / "fleet-v2.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     fleet = load_fleet(str(path))
-    sizes: list[int] = []
-    stop = threading.Event()
-
-    def watch():
-        with FleetSession(fleet) as s:
-            gw = GatewayHost(s)
-            while not stop.wait(0.5):
-                try:
-                    sizes.append(len(gw.rotation()))
-                except Exception:
-                    pass
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with RotationWatch(fleet) as watch:
         res = build_definitions(str(path)).resolve_job_def("rollout_job").execute_in_process(instance=instance)
-    finally:
-        stop.set()
-        watcher.join(30)
+    sizes = watch.sizes
     assert res.success
     meta = res.asset_materializations_for_node("fleet_rollout")[-1].metadata
     rows = {r.data["node"]: r.data for r in meta["nodes"].value.records}
