@@ -44,7 +44,7 @@ OUR_PYTHON = sys.executable
 # Runs in a child process so its CPU is measured apart from this script's.
 OURS = r"""
 import json, sys, time
-from spark_pipelines import bench_client
+from spark_pipelines.resources import bench_client
 base, model, n, c, out_len, result = sys.argv[1:7]
 t0 = time.process_time()
 report = bench_client.run_bench(base, model, "loaded", int(c), 1, loaded_requests=int(n),
@@ -191,7 +191,7 @@ def standin_comparison(args: argparse.Namespace, work: Path) -> dict[str, object
 
 
 def standin_pacing(args: argparse.Namespace, work: Path) -> list[tuple[int, float, float, float]]:
-    from spark_pipelines import bench_client
+    from spark_pipelines.resources import bench_client
 
     factory = StandinFactory(work)
     rows = []

@@ -33,7 +33,7 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, SshSettings
 from spark_pipelines.resources.transfer import NodeStreams, write_manifest
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.distribution import Payload, copy_to, distribute
 from spark_sim.fleet import SimFleet
 

@@ -153,7 +153,7 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import bench_client, demo, doctor
+    from spark_pipelines import bench_command, demo, doctor
     from spark_pipelines.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
@@ -162,8 +162,8 @@ def parser() -> Parser:
     add_plan_arguments(plan)
     plan.set_defaults(run=cmd_plan)
     bench = sub.add_parser("bench", help="the bench harness", description="Run the runbook's bench suite.")
-    bench_client.add_arguments(bench)
-    bench.set_defaults(run=bench_client.bench_run)
+    bench_command.add_arguments(bench)
+    bench.set_defaults(run=bench_command.bench_run)
     dem = sub.add_parser("demo", help="sim up + the whole chain", description=demo.__doc__)
     demo.add_arguments(dem)
     dem.set_defaults(run=demo.demo_command)

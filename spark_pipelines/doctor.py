@@ -134,9 +134,3 @@ def doctor_run(args: argparse.Namespace) -> int:
     print(render_json(verdicts) if args.format == "json" else render_text(verdicts))
     return health.summary_exit_status(verdicts)
 
-
-def doctor_command(argv: list[str]) -> int:
-    """`spark-pipelines doctor ARGS` (the entry point tests call)."""
-    from spark_pipelines.cli import main
-
-    return main(["doctor", *argv])

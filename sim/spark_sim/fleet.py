@@ -45,7 +45,7 @@ from spark_sim.layout import (DEFAULT_FLEET_OUT, DEFAULT_TOKENS_PER_SECOND, GPU_
                               REQUIRED_BINARIES, SSH_PORT, Layout, Member, SimError)
 from spark_sim.node_host import NodeHost
 
-__all__ = ["Layout", "Member", "SimError", "SimFleet", "sim_command"]
+__all__ = ["Layout", "Member", "SimError", "SimFleet"]
 
 
 class SimFleet:
@@ -375,9 +375,3 @@ def _check_reachable(root: Path) -> None:
             raise SimError(f"SPARK_SIM_ROOT={root} lies under {d} (mode {mode & 0o777:o}), which the simulated "
                            f"nodes' users cannot enter; choose a root outside it, e.g. /var/lib/spark-sim")
 
-
-def sim_command(argv: list[str]) -> int:
-    """`spark-pipelines sim ...` (kept here for callers of the old path; the CLI lives in cli.py)."""
-    from spark_sim.cli import sim_command as command
-
-    return command(argv)

@@ -11,7 +11,7 @@ import dagster as dg
 
 from spark_pipelines.core.fleet_settings import SshSettings
 from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 
 def fail(e: RunbookError) -> NoReturn:

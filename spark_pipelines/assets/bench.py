@@ -22,8 +22,8 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
-from spark_pipelines.runbook.engine import api_root
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.resources.engine import api_root
+from spark_pipelines.core.errors import RunbookError
 
 
 # Every bench run carries this tag; the instance's run queue runs one at a time (demo.prepare_instance_home).
@@ -117,7 +117,7 @@ def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: F
 
 def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str, mean: float) -> dict:
     """The fleet's bench history: a PNG file (path, inline) and the same image as markdown."""
-    from spark_pipelines.bench_chart import render_fleet_history_png
+    from spark_pipelines.assets.bench_chart import render_fleet_history_png
 
     series = {n.name: history_points(context, n.name) for n in fleet.serve_nodes}
     series[node] = series.get(node, []) + ([(time.time(), mean)] if mean > 0 else [])

@@ -13,7 +13,7 @@ import dagster as dg
 from pydantic import Field
 
 from spark_pipelines.assets import fail
-from spark_pipelines.bench_client import run_bench
+from spark_pipelines.resources.bench_client import run_bench
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.fleet import Fleet, FleetError, parse_fleet
@@ -22,8 +22,8 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.bench import wait_idle
 from spark_pipelines.runbook.deploy import deploy
-from spark_pipelines.runbook.engine import api_root
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.resources.engine import api_root
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.rotation import drained
 
 

@@ -15,8 +15,8 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import markers
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.state import markers
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.rotation import promotion
 
 

@@ -18,7 +18,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import quarantine as quarantine_rb
 from spark_pipelines.runbook import reconcile, sweep
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 
 class QuarantineConfig(dg.Config):

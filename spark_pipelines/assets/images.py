@@ -16,7 +16,7 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.build_steps import checkout
 
 # Patch 03's marker: proves the INT8 LM head v2 is baked into the serving image.

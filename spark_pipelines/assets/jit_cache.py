@@ -16,7 +16,7 @@ from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import jit_cache as jit_steps
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 
 def jit_cache_definitions(fleet: Fleet) -> dg.Definitions:

@@ -19,7 +19,7 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.hub import ModelHub
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.build_steps import checkout, checkpoint_step, verify_on_node
 
 EXPECTED_FP8_SCALES = checkpoint_core.EXPECTED_FP8_SCALES

@@ -24,12 +24,12 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.build_steps import verify_on_node
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy, diagnosis_md, serving_mismatch
-from spark_pipelines.runbook.engine import api_root, healthy
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.resources.engine import api_root, healthy
+from spark_pipelines.core.errors import RunbookError
 
 
 class DeployConfig(dg.Config):

@@ -29,11 +29,11 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import engine
+from spark_pipelines.resources import engine
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook.bench import bench_node
 from spark_pipelines.runbook.distribution import DistributionFailed, distribute
-from spark_pipelines.runbook.errors import RunbookError, first_line
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.quarantine import quarantined
 
 ROLLOUT_TAG = "spark/rollout"  # the run queue runs one rollout at a time (team/dagster.yaml)

@@ -14,7 +14,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import wedge
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 MANIFEST_SCHEMA = dg.TableSchema(columns=[dg.TableColumn("file", "string"), dg.TableColumn("bytes", "int"),
                                           dg.TableColumn("sha256", "string")])

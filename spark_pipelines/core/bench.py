@@ -1,6 +1,6 @@
 """The runbook's bench, as data and arithmetic: suite, per-request figures, spread, verdicts.
 
-Pure: no network, no clock. The client (`spark_pipelines.bench_client`) records timestamps and
+Pure: no network, no clock. The client (`spark_pipelines.resources.bench_client`) records timestamps and
 server counters; everything it measured is turned into figures here, so the arithmetic can be
 unit-tested against hand-computed numbers.
 

@@ -32,7 +32,7 @@ from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.core.remote import TIMEOUT_EXIT_CODES
 from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, RemoteError
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 HISTORY_KEEP = 5  # timestamped copies in <config>.history/ besides <config>.previous
 WRITE_RETRIES = 5  # re-reads after another run changed the config between our read and write

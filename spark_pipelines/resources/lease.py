@@ -29,7 +29,7 @@ import paramiko
 from spark_pipelines.core import remote
 from spark_pipelines.core.layout import STATE_DIR
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 LOCK_DIR = f"{STATE_DIR}/locks"
 BUSY_EXIT = 75  # flock -E: the lock is held by someone else (EX_TEMPFAIL)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spark_pipelines.bench_client import run_bench
+from spark_pipelines.resources.bench_client import run_bench
 from spark_pipelines.core import baseline, gpu
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
@@ -20,9 +20,10 @@ from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, markers
-from spark_pipelines.runbook.engine import api_root
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
+from spark_pipelines.resources.engine import api_root
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.preflight import read_gpu
 from spark_pipelines.runbook.rotation import BENCH_GATE, drained
 

@@ -13,7 +13,7 @@ from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core.fleet import GitPin, Node
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources.transfer import write_manifest
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 
 GIT_TIMEOUT_S = 1800  # a first clone of a large repo over a slow uplink
 VERIFY_TIMEOUT_S = 600  # reading 14 shard headers of a ~71 GB checkpoint (hashing: transfer.DIGEST_TIMEOUT_S)

@@ -43,8 +43,10 @@ from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, contain
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, jit_cache, markers, preflight, quarantine
-from spark_pipelines.runbook.errors import DeployFailed, RunbookError, first_line
+from spark_pipelines.runbook import jit_cache, preflight, quarantine
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
+from spark_pipelines.core.errors import DeployFailed, RunbookError, first_line
 from spark_pipelines.runbook.rotation import BENCH_GATE, Drain, drained
 
 READY_LINE = "Application startup complete"

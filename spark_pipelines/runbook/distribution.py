@@ -32,8 +32,8 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources.transfer import NodeStreams
-from spark_pipelines.runbook import markers
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.state import markers
+from spark_pipelines.core.errors import RunbookError
 
 STEP = "node_artifacts"  # the marker a verified receiver gets: node_artifacts then verifies and skips
 

@@ -23,7 +23,7 @@ from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import MODELS_MOUNT, LaunchSpec, expand_home
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources.transfer import NodeStreams
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 COMPLETE = "COMPLETE"  # written last into an archived key: a half-copied backup is never restored
 _T = remote.PROBE_TIMEOUT_S

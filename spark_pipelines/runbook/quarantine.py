@@ -21,8 +21,8 @@ from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.healing import NOTE_PREFIX
 from spark_pipelines.resources.gateway import EXIT_CHANGED, EXIT_LOCK, GatewayHost
 from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, RemoteError
-from spark_pipelines.runbook import engine
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.resources import engine
+from spark_pipelines.core.errors import RunbookError
 
 SUFFIX = ".quarantine.json"
 TIMEOUT_S = 30.0

@@ -16,7 +16,8 @@ from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import healing
 from spark_pipelines.resources.gateway import GatewayHost, Snapshot
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
-from spark_pipelines.runbook import engine, markers
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.quarantine import Quarantined, quarantined
 from spark_pipelines.runbook.rotation import BENCH_GATE
 

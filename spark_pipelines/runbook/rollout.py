@@ -20,9 +20,11 @@ from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, jit_cache, markers
+from spark_pipelines.runbook import jit_cache
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, restore_deploy_marker
-from spark_pipelines.runbook.errors import RunbookError, first_line
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.rotation import BENCH_GATE, drained
 
 _T = remote.PROBE_TIMEOUT_S

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, markers
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.quarantine import quarantined
 
 BENCH_GATE = "bench_gate"  # marker the bench step leaves on a node: promoted or held out, and why

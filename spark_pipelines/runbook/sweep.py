@@ -31,7 +31,7 @@ from spark_pipelines.resources.ssh import (
     RemoteError,
     SshSettings,
 )
-from spark_pipelines.runbook import engine
+from spark_pipelines.resources import engine
 from spark_pipelines.runbook.preflight import GPU_QUERY
 
 # Per-step limits: a probe is a glance, not a wait.

@@ -37,8 +37,9 @@ from spark_pipelines.core.fleet_settings import SmartPlug
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
-from spark_pipelines.runbook import engine, markers
-from spark_pipelines.runbook.errors import RunbookError, first_line
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import GPU_QUERY
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
@@ -471,7 +472,7 @@ BenchRunner = Callable[[FleetSession, Node], tuple[float | None, list[gpu.GpuRea
 
 def bench_node(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
     """The fleet's bench straight at the node (it is out of the gateway), GPU sampled under load."""
-    from spark_pipelines.bench_client import run_bench
+    from spark_pipelines.resources.bench_client import run_bench
     from spark_pipelines.runbook.bench import GpuSampler, wait_idle
 
     f = s.fleet

@@ -29,7 +29,7 @@ from spark_pipelines.core import health, healing
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import reconcile, sweep
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 
 ASSET = dg.AssetKey("node_deployment")
 CHECK = "health"

@@ -20,7 +20,7 @@ from spark_pipelines.core.diagnosis import METRIC_RUNNING
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH, RemoteError
-from spark_pipelines.runbook.engine import engine_metrics
+from spark_pipelines.resources.engine import engine_metrics
 from spark_pipelines.runbook import sweep
 from spark_pipelines.runbook.preflight import read_gpu
 

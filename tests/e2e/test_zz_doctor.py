@@ -21,9 +21,10 @@ import pytest
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.definitions import build_definitions
-from spark_pipelines.doctor import doctor_command
+from spark_pipelines import cli
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, sweep
+from spark_pipelines.runbook import sweep
+from spark_pipelines.resources import engine
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def deployed(sim_fleet, tmp_path_factory):
 
 
 def doctor(capsys, *args):
-    rc = doctor_command(list(args))
+    rc = cli.main(["doctor", *args])
     out = capsys.readouterr()
     return rc, out.out, out.err
 

@@ -18,7 +18,8 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, quarantine
+from spark_pipelines.runbook import quarantine
+from spark_pipelines.resources import engine
 from tests.e2e.test_zz_doctor import inspect, production_aside, wait_serving
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, markers
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.deploy import ROLLOUT_POINT
 from tests.e2e.test_zz_doctor import inspect
 

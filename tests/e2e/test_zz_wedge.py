@@ -26,7 +26,9 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import engine, markers, wedge
+from spark_pipelines.runbook import wedge
+from spark_pipelines.resources import engine
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
 pytestmark = pytest.mark.slow

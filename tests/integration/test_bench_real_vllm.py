@@ -8,9 +8,15 @@ import json
 import httpx
 import pytest
 
-from spark_pipelines import bench_client
+from spark_pipelines import cli
+from spark_pipelines.resources import bench_client
 from spark_pipelines.core import bench as core
 from spark_pipelines.core.diagnosis import parse_metrics
+
+
+def bench(argv) -> int:
+    return cli.main(["bench", *argv])
+
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +65,7 @@ def test_through_real_litellm_proxy(real_vllm, real_litellm, capsys):
             "--suite", "loaded", "--concurrency", "3", "--repeats", "2", "--format", "json",
             "--api-key-env", real_litellm.extra["key_env"],
             "--metrics-url", real_vllm.base_url + "/metrics"]
-    assert bench_client.bench_command(argv) == 0
+    assert bench(argv) == 0
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert data["failures"] == []
@@ -76,7 +82,7 @@ def test_through_real_litellm_proxy(real_vllm, real_litellm, capsys):
 def test_litellm_without_key_is_one_clear_error(real_litellm, capsys):
     argv = ["--base-url", real_litellm.base_url, "--model", real_litellm.model,
             "--suite", "loaded", "--concurrency", "1", "--repeats", "1"]
-    assert bench_client.bench_command(argv) == 2
+    assert bench(argv) == 2
     err = capsys.readouterr().err
     assert "api key" in err.lower() and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

@@ -35,9 +35,9 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import NodeBusy, node_lease
 from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, SshSettings
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.rotation import BENCH_GATE
 
 pytestmark = pytest.mark.slow

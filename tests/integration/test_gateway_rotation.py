@@ -16,7 +16,7 @@ from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.fleet import Fleet, parse_fleet
 from spark_pipelines.resources.gateway import GatewayError, GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.rotation import drained
 
 pytestmark = pytest.mark.slow

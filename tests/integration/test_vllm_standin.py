@@ -14,10 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spark_pipelines import bench_client
+from spark_pipelines import cli
+from spark_pipelines.resources import bench_client
 from spark_pipelines.core import bench as core
 from spark_pipelines.core import diagnosis
 from tests.plugins.servers import HEALTHY_GPU, MANDATORY_ENV, RECIPE_FLAGS, STANDIN
+
+
+def bench(argv) -> int:
+    return cli.main(["bench", *argv])
+
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +205,7 @@ def test_busy_node_is_refused_and_bad_input_is_one_line(vllm_standin, capsys):
                 "model": served.model, "max_tokens": 200,
                 "messages": [{"role": "user", "content": "keep busy"}]}))
             await asyncio.sleep(0.5)
-            code = await asyncio.to_thread(bench_client.bench_command, [
+            code = await asyncio.to_thread(lambda a: cli.main(["bench", *a]), [
                 "--base-url", served.base_url, "--model", served.model, "--suite", "recipe"])
             hold.cancel()
             return code
@@ -218,14 +224,14 @@ def test_busy_node_is_refused_and_bad_input_is_one_line(vllm_standin, capsys):
          "NO_SUCH_VAR_X"),
         (["--model", "m"], "--base-url"),
     ]:
-        assert bench_client.bench_command(argv) == 2, argv
+        assert bench(argv) == 2, argv
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
 
 
 def test_unknown_model_fails_every_request_with_the_servers_message(healthy_standin, capsys):
-    code = bench_client.bench_command(["--base-url", healthy_standin.base_url, "--model", "nope",
+    code = bench(["--base-url", healthy_standin.base_url, "--model", "nope",
                                        "--suite", "loaded", "--concurrency", "1", "--repeats", "1"])
     assert code == 2
     assert "does not exist" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from spark_pipelines.core import layout
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources.transfer import write_manifest
-from spark_pipelines.runbook import markers
+from spark_pipelines.state import markers
 from spark_pipelines.runbook.distribution import Payload
 from spark_sim.fleet import SimFleet
 from tests.plugins.remote import busybox_rootfs_tar

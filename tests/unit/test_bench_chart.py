@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from spark_pipelines.bench_chart import render_history_png
-from spark_pipelines.bench_client import _carries_text
+from spark_pipelines.assets.bench_chart import render_history_png
+from spark_pipelines.resources.bench_client import _carries_text
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

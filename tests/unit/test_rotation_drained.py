@@ -7,7 +7,7 @@ import pytest
 
 from spark_pipelines.core.gateway import RotationRefused
 from spark_pipelines.resources.gateway import GatewayError
-from spark_pipelines.runbook.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.rotation import drained
 
 

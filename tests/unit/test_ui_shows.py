@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 
 from spark_pipelines.assets.metadata import bench_rows, bench_table, num, readable, table
-from spark_pipelines.bench_chart import render_fleet_history_png, x_range, y_range
+from spark_pipelines.assets.bench_chart import render_fleet_history_png, x_range, y_range
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
 
@@ -112,7 +112,7 @@ def test_fleet_chart_draws_one_series_per_node_with_floor_and_reference(monkeypa
 
 
 def test_chart_ticks_carry_the_year():
-    from spark_pipelines import bench_chart
+    from spark_pipelines.assets import bench_chart
 
     assert "%Y" in bench_chart.DATE_FORMAT
 
