@@ -1,17 +1,31 @@
-"""Step markers on nodes: what a heavy step last produced, and from which inputs.
+"""Markers on nodes: what a step last produced and from which inputs, and what a deploy or a
+rollout left for the next run to finish or undo.
 
-A marker is written only after the step's output was verified, so "marker matches + cheap check
-passes" is a safe reason to skip the heavy remote work on a rerun with unchanged pins.
+A step marker is written only after the step's output was verified, so "marker matches + cheap
+check passes" is a safe reason to skip the heavy remote work on a rerun with unchanged pins.
+
+The deploy's and the rollout's markers are typed (`DeployMarker`, `RolloutPoint`,
+`DeployJournal`): they are read by other runs than the one that wrote them (the next deploy, a
+rollout's revert, the health sweep), so their fields are one declaration, not dict keys kept in
+sync by hand. A torn or unreadable marker reads as absent: the step is redone, never skipped.
 """
 
+from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypeVar
 
-from spark_pipelines.core.layout import marker_path
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from spark_pipelines.core.fleet import Node
+from spark_pipelines.core.layout import marker_path
 from spark_pipelines.resources.ssh import FleetSession
+
+# The step names of the typed markers (files under core.layout.STATE_DIR/markers/).
+DEPLOY = "node_deployment"  # what node_deployment skips on: the container that serves the launch spec
+ROLLOUT_POINT = "rollout_point"  # what a rollout's revert puts back (kept until the rollout finishes)
+DEPLOY_JOURNAL = "deploy_journal"  # a deploy in flight: what it set aside, for whoever finds it dead
 
 
 def signature(*parts: Any) -> str:
@@ -23,9 +37,10 @@ def read(session: FleetSession, node: Node, step: str) -> dict[str, Any] | None:
     if not session.exists(node.name, path):
         return None
     try:
-        return json.loads(session.read_text(node.name, path))
+        data = json.loads(session.read_text(node.name, path))
     except ValueError:
         return None  # a torn marker means "not done": redo the step
+    return data if isinstance(data, dict) else None
 
 
 def write(session: FleetSession, node: Node, step: str, sig: str, **facts: Any) -> None:
@@ -39,3 +54,80 @@ def matches(session: FleetSession, node: Node, step: str, sig: str) -> dict[str,
 
 def clear(session: FleetSession, node: Node, step: str) -> None:
     session.run(node.name, ["rm", "-f", "--", marker_path(node, step)], log=False, timeout=60)
+
+
+# ------------------------------------------------------------------------------ typed markers
+
+
+class Marker(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+M = TypeVar("M", bound=Marker)
+
+
+def read_typed(session: FleetSession, node: Node, step: str, model: type[M]) -> M | None:
+    data = read(session, node, step)
+    if data is None:
+        return None
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None  # written by another version, or torn: absent (the step is redone, nothing skipped)
+
+
+def write_typed(session: FleetSession, node: Node, step: str, marker: Marker) -> None:
+    session.put_text(node.name, marker_path(node, step), marker.model_dump_json())
+
+
+class DeployMarker(Marker):
+    """What serves on the node, as node_deployment recorded it: the step skips while the running
+    container is this one. `adopted`: a container spark-pipelines did not launch (a hand deploy
+    of the runbook) found equal to the launch spec; it carries no labels (they cannot be added to
+    a running container), so this marker is where its launch-spec fingerprint is recorded."""
+
+    signature: str
+    container_id: str | None = None
+    fingerprint: str | None = None
+    image_id: str | None = None
+    adopted: bool = False
+    metadata: dict[str, Any] = {}
+
+
+class RolloutPoint(Marker):
+    """What a rollout's revert puts back on the node after its deploy committed: the kept
+    container, its image and launch spec, the cache links and set-aside folders, the deploy
+    marker from before, and the node's hold-outs from before (so a revert also undoes the bench)."""
+
+    container_id: str | None = None
+    image_id: str | None = None
+    fingerprint: str | None = None
+    jit_links: dict[str, str] = {}
+    jit_set_aside: list[tuple[str, str]] = []
+    deploy_marker: DeployMarker | None = None
+    holds_before: dict[str, dict[str, Any]] = {}
+
+
+class DeployJournal(Marker):
+    """A deploy in flight, written before it changes anything and removed when it committed or
+    rolled back: a run that died between the two (kill -9, a lost host) leaves it, and the next
+    run on the node (or the health sweep) finishes the rollback it describes."""
+
+    run_id: str
+    started: str
+    phase: str  # "set-aside" | "launching" | "committing"
+    kept_container_id: str | None = None
+    kept_image_id: str | None = None
+    kept_fingerprint: str | None = None
+    drained: bool = False  # the deploy took the node out of the gateway
+    jit_links: dict[str, str] = {}
+    jit_set_aside: list[tuple[str, str]] = []
+    deploy_marker: DeployMarker | None = None
+
+
+def read_deploy(session: FleetSession, node: Node) -> DeployMarker | None:
+    return read_typed(session, node, DEPLOY, DeployMarker)
+
+
+def write_deploy(session: FleetSession, node: Node, marker: DeployMarker) -> None:
+    write_typed(session, node, DEPLOY, marker)
