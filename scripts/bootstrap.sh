@@ -38,7 +38,8 @@ apt_packages() {
   local missing=() wanted=("$@")
   ((${#wanted[@]})) || wanted=("${APT_PACKAGES[@]}")
   # The simulated fleet's base image is assembled with `apt-get download`: it needs package lists.
-  compgen -G "/var/lib/apt/lists/*_Packages" >/dev/null || apt-get update -qq
+  # Debian may keep them compressed (`*_Packages.lz4`): any form counts.
+  compgen -G "/var/lib/apt/lists/*_Packages*" >/dev/null || apt-get update -qq
   for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
