@@ -641,6 +641,13 @@ def promotion_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict, *,
     return True, why if acceptance_floor is None else f"{why}; {acc_why}"
 
 
+def void_verdict(void: Sequence[str], *, was_in: bool) -> str:
+    """Why a void bench (it did not measure the node alone, or measured a wedge) promotes nothing."""
+    where = "back in the gateway as before" if was_in else "left out of the gateway as before"
+    return (f"void bench, not a verdict ({'; '.join(void)}): not promoted, {where}; rerun the bench once "
+            f"nothing else talks to the node (every gateway route to it drained)")
+
+
 def acceptance_gate(acceptance: float | None, floor: float | None) -> tuple[bool, str]:
     """(passes, why) for the MTP acceptance floor; no floor set passes, an unreadable rate with a
     floor set fails (a gate that cannot read its figure does not open)."""

@@ -386,6 +386,8 @@ async def run_bench_async(
             after = await read_metrics(client, metrics_url, headers)
             if after is not None:
                 counters = core.counter_check(before, after, samples)
+                if not counters.tokens_match:  # idle at the start is not isolated throughout
+                    isolation = f"NOT isolated: {counters.text}"
     if all(not s.ok for s in samples):
         first = next((s.error for s in samples if s.error), "no completion tokens")
         raise BenchError(f"every request failed; first error: {first}")

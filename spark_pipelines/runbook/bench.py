@@ -21,11 +21,11 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
+from spark_pipelines.state import ledger
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.preflight import read_gpu
-from spark_pipelines.runbook.rotation import BENCH_GATE, drained
+from spark_pipelines.runbook.rotation import drained
 
 DRAIN_TIMEOUT_S = 120
 GPU_SAMPLE_EVERY_S = 2.0
@@ -139,12 +139,23 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
                                              counters_match=report.counters.tokens_match if report.counters else None,
                                              acceptance_rate=acceptance))
-                promoted, reason = bench_core.promotion_gate(mean, floor, verdict, acceptance=acceptance,
-                                                             acceptance_floor=f.bench.floor_mtp_acceptance)
-                markers.write(s, node, BENCH_GATE, "-", promoted=promoted, reason=reason, mean_tok_s=mean)
-                drain.keep_out = not promoted
-                log.info(f"{'restore' if promoted else 'keep out'} {node.name}: {reason}")
-            if promoted:
+                # A bench made void by somebody else's requests judged nothing: never promoted, the
+                # node goes back where it was with its hold-outs as they were. One that saw the
+                # wedge judged the GPU: the gate holds the node out.
+                neutral = bool(rec.void) and verdict.state != "wedged"
+                if neutral:
+                    promoted, reason = False, bench_core.void_verdict(rec.void, was_in=drain.was_in)
+                    drain.keep_out = not drain.was_in
+                else:
+                    promoted, reason = bench_core.promotion_gate(mean, floor, verdict, acceptance=acceptance,
+                                                                 acceptance_floor=f.bench.floor_mtp_acceptance)
+                    if promoted:
+                        ledger.lift(s, node.name, ledger.BY_BENCH)
+                    else:
+                        ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean)
+                    drain.keep_out = not promoted
+                log.info(f"{'keep out' if drain.keep_out else 'restore'} {node.name}: {reason}")
+            if not drain.keep_out:
                 on_rotation(f"restore {node.name}", {})
             else:
                 on_rotation(f"keep out {node.name}", {node.name: reason})

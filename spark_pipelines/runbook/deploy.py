@@ -45,13 +45,14 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import jit_cache, preflight, quarantine
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
+from spark_pipelines.state import ledger, markers
+from spark_pipelines.state.markers import DeployMarker, RolloutPoint
 from spark_pipelines.core.errors import DeployFailed, RunbookError, first_line
-from spark_pipelines.runbook.rotation import BENCH_GATE, Drain, drained
+from spark_pipelines.runbook.rotation import Drain, drained
 
 READY_LINE = "Application startup complete"
-DEPLOY_MARKER = "node_deployment"  # the step marker node_deployment skips on
-ROLLOUT_POINT = "rollout_point"  # what a rollout's revert puts back on the node (kept until it finishes)
+DEPLOY_MARKER = markers.DEPLOY  # the step marker node_deployment skips on
+ROLLOUT_POINT = markers.ROLLOUT_POINT  # what a rollout's revert puts back on the node (kept until it finishes)
 # The previous deployment restarts warm (kernels cached): the runbook's warm boot is 7-10 min.
 ROLLBACK_HEALTH_S = 600
 
@@ -66,9 +67,12 @@ def diagnosis_md(findings: list[diagnosis.Finding]) -> str:
     )
 
 
-def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str | None, fingerprint: str) -> str | None:
+def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str | None, fingerprint: str,
+                     adopted: DeployMarker | None = None) -> str | None:
     """Why the running container is not the deployment node_artifacts and the fleet file ask for
-    (None when it is): the image id and the launch-spec label must both match."""
+    (None when it is): the image id and the launch-spec label must both match. A container
+    adopted from a hand deploy has no label: its deploy marker (`adopted`, same container id)
+    holds the launch spec it was found equal to."""
     if container is None or not container.get("State", {}).get("Running"):
         return f"{node}: the serving container is not running; rerun node_deployment for {node}"
     running = str(container.get("Image", ""))
@@ -77,6 +81,8 @@ def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str 
                 f"put the previous image back); rerun node_artifacts for {node} to copy the image again, "
                 f"then node_deployment deploys it")
     label = container_labels(container).get(DEPLOY_LABEL)
+    if label is None and adopted is not None and adopted.adopted and adopted.container_id == container.get("Id"):
+        label = adopted.fingerprint
     if label != fingerprint:
         return (f"{node} runs launch spec {label or '(unlabelled, deployed by an older version)'} but the fleet "
                 f"file gives {fingerprint}; rerun node_deployment for {node}")
@@ -109,14 +115,13 @@ class _NotServing(RunbookError):
     """The launch ran but did not serve (blocked preflight, unhealthy, no smoke tokens)."""
 
 
-def restore_deploy_marker(s: FleetSession, node: Node, marker: dict[str, Any] | None, restored_id: str) -> None:
+def restore_deploy_marker(s: FleetSession, node: Node, marker: DeployMarker | None, restored_id: str) -> None:
     """The step marker must describe what runs after a rollback: the one read before the deploy
     when the restored container is the one it names, else a marker no skip can match."""
-    if marker and marker.get("container_id") == restored_id:
-        markers.write(s, node, DEPLOY_MARKER, str(marker.get("signature", "-")),
-                      **{k: v for k, v in marker.items() if k != "signature"})
+    if marker and marker.container_id == restored_id:
+        markers.write_deploy(s, node, marker)
     else:
-        markers.write(s, node, DEPLOY_MARKER, "rolled-back", container_id=restored_id)
+        markers.write_deploy(s, node, DeployMarker(signature="rolled-back", container_id=restored_id))
 
 
 class _Transaction:
@@ -130,7 +135,7 @@ class _Transaction:
         self.docker = NodeDocker(s)
         self.before: dict[str, Any] | None = None  # the live container before anything changed
         self.kept: PreviousDeploy | None = None
-        self.marker: dict[str, Any] | None = None
+        self.marker: DeployMarker | None = None
         self.prepared: preflight.Prepared | None = None
         self.jit: jit_cache.Switch | None = None  # the cache mounts as switched for this launch
         self.committed = False
@@ -139,7 +144,7 @@ class _Transaction:
         n, name = self.node.name, self.spec.container_name
         if self.keep_previous:  # a point exists only once this deploy committed (an older one is superseded)
             markers.clear(self.s, self.node, ROLLOUT_POINT)
-        self.marker = markers.read(self.s, self.node, DEPLOY_MARKER)
+        self.marker = markers.read_deploy(self.s, self.node)
         self.before = self.docker.inspect_container(n, name)
         serving = engine.healthy(self.s.fleet, self.node) if self.before else None
         self.kept = self.docker.keep_previous(n, name, self.spec.image, serving=serving)
@@ -209,12 +214,12 @@ class _Transaction:
         self._seal()
         k = self.kept
         links = {st.path: st.target for st in (self.jit.before if self.jit else []) if st.kind == "link" and st.target}
-        gate = markers.read(self.s, self.node, BENCH_GATE)
-        markers.write(self.s, self.node, ROLLOUT_POINT, "-", container_id=k.container_id if k else None,
-                      image_id=k.image_id if k else None, fingerprint=k.fingerprint if k else None,
-                      jit_links=links, jit_set_aside=[list(p) for p in (self.jit.set_aside if self.jit else [])],
-                      deploy_marker=self.marker,
-                      bench_gate=gate if not (gate and gate.get("by") == "deploy") else gate.get("before"))
+        holds = ledger.read(self.s).entry(self.node.name).holds
+        markers.write_typed(self.s, self.node, ROLLOUT_POINT, RolloutPoint(
+            container_id=k.container_id if k else None, image_id=k.image_id if k else None,
+            fingerprint=k.fingerprint if k else None, jit_links=links,
+            jit_set_aside=list(self.jit.set_aside if self.jit else []), deploy_marker=self.marker,
+            holds_before={by: h.model_dump() for by, h in holds.items() if by not in ledger.LIFTED_BY_DEPLOY}))
         self._clear_deploy_gate()
 
     def roll_back(self) -> tuple[bool, str]:
@@ -274,13 +279,9 @@ class _Transaction:
         n = self.node.name
         said = []
         try:
-            gate = markers.read(self.s, self.node, BENCH_GATE)
-            if gate and gate.get("by") == "deploy":
-                gate = gate.get("before")
-            markers.write(self.s, self.node, BENCH_GATE, "-", promoted=False, by="deploy", before=gate,
-                          reason=f"held out by a failed deploy: {why}")
+            ledger.hold(self.s, n, ledger.BY_DEPLOY, f"held out by a failed deploy: {why}")
         except Exception as e:
-            said.append(f"the hold-out reason could not be recorded on {n} ({first_line(e)})")
+            said.append(f"the hold-out reason could not be recorded for {n} ({first_line(e)})")
         try:
             gw = GatewayHost(self.s)
             if self.drain is not None and self.drain.was_in:
@@ -297,15 +298,13 @@ class _Transaction:
         return "; ".join(said)
 
     def _clear_deploy_gate(self) -> None:
-        """A hold-out a failed deploy recorded ends with a healthy deploy (a bench's stays)."""
+        """The hold-outs a failed deploy or a rollout's revert recorded end with a healthy deploy
+        (a bench's stays: only a bench lifts it)."""
         try:
-            gate = markers.read(self.s, self.node, BENCH_GATE)
-            if gate and gate.get("by") == "deploy":
-                before = gate.get("before") or {"promoted": True, "reason": "healthy deploy"}
-                markers.write(self.s, self.node, BENCH_GATE, "-", **{k: v for k, v in before.items() if k != "signature"})
+            ledger.lift(self.s, self.node.name, *ledger.LIFTED_BY_DEPLOY)
         except Exception as e:
-            self.s.log.warning(f"[{self.node.name}] the failed deploy's hold-out marker was not cleared: "
-                               f"{first_line(e)}; the gateway keeps the node out until its next bench")
+            self.s.log.warning(f"[{self.node.name}] a failed deploy's hold-out was not lifted: {first_line(e)}; "
+                               f"the gateway keeps the node out until its next deploy or a release")
 
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",

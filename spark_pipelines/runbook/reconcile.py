@@ -1,7 +1,7 @@
 """Gateway reconcile: read what the rotation is and should be, and apply core.healing's plan.
 
 `read_view` gathers the plan's inputs besides the sweep's verdicts: the gateway config (its
-rotation and drain notes), the quarantine records and each healthy node's bench gate. `apply`
+rotation and drain notes) and the ledger (quarantines and each node's hold-outs). `apply`
 makes the plan's changes one node at a time, each re-checked right before it is made (a put-back
 node must still answer /health and not be quarantined; a serving node is never drained below
 gateway.min_in_rotation: the gateway code refuses, and that refusal is reported, not raised).
@@ -15,33 +15,25 @@ from dataclasses import dataclass
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import healing
 from spark_pipelines.resources.gateway import GatewayHost, Snapshot
-from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
-from spark_pipelines.runbook.quarantine import Quarantined, quarantined
-from spark_pipelines.runbook.rotation import BENCH_GATE
+from spark_pipelines.state import ledger
+from spark_pipelines.state.ledger import Quarantine
 
 
 @dataclass(frozen=True)
 class View:
     snapshot: Snapshot
-    quarantined: dict[str, Quarantined]
+    quarantined: dict[str, Quarantine]
     promoted: dict[str, bool]
 
 
 def read_view(s: FleetSession, healthy: list[str]) -> View:
-    """The gateway config, the quarantine records, and the bench gate of the `healthy` nodes
-    (the others are not put back whatever their gate says, so it is not read)."""
+    """The gateway config and the ledger: quarantines, and whether each `healthy` node is free of
+    hold-outs (the others are not put back whatever the ledger says)."""
     snap = GatewayHost(s).read()
-    held = quarantined(s)
-    promoted: dict[str, bool] = {}
-    for name in healthy:
-        try:
-            gate = markers.read(s, s.fleet.node(name), BENCH_GATE)
-        except RemoteError:
-            continue  # unread: no put-back on a guess (promoted defaults to False below)
-        promoted[name] = not gate or bool(gate.get("promoted", True))
-    return View(snap, held, promoted)
+    led = ledger.read(s)
+    return View(snap, led.quarantined(), {name: not led.entry(name).holds for name in healthy})
 
 
 def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Mapping[str, bool],
@@ -56,7 +48,7 @@ def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Map
 def apply(s: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list[str]:
     """Make the plan's changes; returns one line per node saying what was done or why not."""
     said: list[str] = []
-    held = quarantined(s) if plan.put_back else {}
+    held = ledger.quarantined(s) if plan.put_back else {}
     for m in plan.take_out:
         try:
             gw.drain(m.node, reason=f"{healing.NOTE_PREFIX}{m.reason[:100]}", wait_s=0, dead=m.dead)

@@ -22,22 +22,26 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import jit_cache
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
+from spark_pipelines.state import ledger, markers
+from spark_pipelines.state.markers import RolloutPoint
 from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, restore_deploy_marker
 from spark_pipelines.core.errors import RunbookError, first_line
-from spark_pipelines.runbook.rotation import BENCH_GATE, drained
+from spark_pipelines.runbook.rotation import drained
 
 _T = remote.PROBE_TIMEOUT_S
 
 
-def kept(s: FleetSession, node: Node, spec: LaunchSpec) -> PreviousDeploy | None:
-    """The deployment a rollout kept on the node, or None."""
-    point = markers.read(s, node, ROLLOUT_POINT)
-    if not point or not point.get("container_id"):
+def read_point(s: FleetSession, node: Node) -> RolloutPoint | None:
+    return markers.read_typed(s, node, ROLLOUT_POINT, RolloutPoint)
+
+
+def kept(s: FleetSession, node: Node, spec: LaunchSpec, point: RolloutPoint | None = None) -> PreviousDeploy | None:
+    """The deployment a rollout kept on the node (from its point, read when not given), or None."""
+    point = point or read_point(s, node)
+    if point is None or not point.container_id:
         return None
-    return PreviousDeploy(remote.previous_container_name(spec.container_name), str(point["image_id"]),
-                          remote.previous_image_tag(spec.image), str(point["container_id"]),
-                          str(point.get("fingerprint") or ""))
+    return PreviousDeploy(remote.previous_container_name(spec.container_name), str(point.image_id),
+                          remote.previous_image_tag(spec.image), point.container_id, point.fingerprint or "")
 
 
 def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str, run_id: str = "") -> str:
@@ -47,8 +51,8 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
     nothing kept or the previous deployment does not serve again (the node then stays out)."""
     n = node.name
     with node_lease(s, n, "rollout revert", run_id=run_id):
-        point = markers.read(s, node, ROLLOUT_POINT) or {}
-        prev = kept(s, node, spec)
+        point = read_point(s, node) or RolloutPoint()
+        prev = kept(s, node, spec, point)
         if prev is None:
             raise RunbookError(f"{n}: the rollout kept no previous deployment to put back (it had none, or the "
                                f"ROLLOUT_POINT marker is gone); {n} stays on the new version, out of the gateway: "
@@ -60,32 +64,31 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
             docker = NodeDocker(s)
             restored = docker.restore_previous(n, spec.container_name, spec.image, prev)
             _relink_cache(s, node, point, log)
-            restore_deploy_marker(s, node, point.get("deploy_marker"), restored)
+            restore_deploy_marker(s, node, point.deploy_marker, restored)
             limit = min(ROLLBACK_HEALTH_S, s.fleet.launch_for(node).health_timeout_s)
             if not poll_until(lambda: engine.healthy(s.fleet, node), bool, timeout_s=limit, every_s=2.0).done:
-                markers.write(s, node, BENCH_GATE, "-", promoted=False, by="rollout",
-                              reason=f"rollout reverted it ({why}) but the previous deployment did not answer "
-                                     f"/health within {limit:.0f} s")
+                ledger.hold(s, n, ledger.BY_ROLLOUT, f"rollout reverted it ({why}) but the previous deployment "
+                                                     f"did not answer /health within {limit:.0f} s")
                 raise RunbookError(f"{n}: previous deployment put back but NOT healthy after {limit:.0f} s; {n} "
                                    f"stays out of the gateway: read its container log")
-            gate = point.get("bench_gate") or {"promoted": True, "reason": "previous deployment (rollout reverted)"}
-            markers.write(s, node, BENCH_GATE, "-", **{k: v for k, v in gate.items() if k != "signature"})
-            drain.keep_out = not gate.get("promoted", True)
+            # The hold-outs the node had before the rollout's deploy (its bench's included) come back.
+            led = ledger.set_holds(s, n, {by: ledger.Hold.model_validate(h) for by, h in point.holds_before.items()})
+            drain.keep_out = not led.promoted(n)
         markers.clear(s, node, ROLLOUT_POINT)
-    where = "back in the gateway" if not drain.keep_out else "kept out of the gateway by its earlier bench"
+    where = "back in the gateway" if not drain.keep_out else "kept out of the gateway by the hold-outs it had before the rollout"
     return f"previous deployment put back on {n} (container {restored[:12]}, healthy), {where}"
 
 
-def _relink_cache(s: FleetSession, node: Node, point: dict, log: Any) -> None:
+def _relink_cache(s: FleetSession, node: Node, point: RolloutPoint, log: Any) -> None:
     """The cache mounts as they were before the rollout's deploy (best effort: a cold cache costs
     a slow boot, never a wrong one: slots are keyed)."""
     n, failed = node.name, []
-    for mount, target in (point.get("jit_links") or {}).items():
+    for mount, target in point.jit_links.items():
         try:
             s.run(n, ["ln", "-sfn", "--", target, mount], log=False, timeout=_T)
         except Exception as e:
             failed.append(f"{mount}: {first_line(e)}")
-    for mount, aside in reversed(point.get("jit_set_aside") or []):
+    for mount, aside in reversed(point.jit_set_aside):
         try:
             s.run(n, ["rm", "-f", "--", mount], log=False, timeout=_T)
             s.run(n, ["mv", "-T", "--", aside, mount], log=False, timeout=_T)

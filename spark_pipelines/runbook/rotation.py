@@ -14,32 +14,25 @@ from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
 from spark_pipelines.core.errors import RunbookError
-from spark_pipelines.runbook.quarantine import quarantined
-
-BENCH_GATE = "bench_gate"  # marker the bench step leaves on a node: promoted or held out, and why
+from spark_pipelines.state import ledger
 
 
 def promotion(s: FleetSession) -> tuple[list[str], dict[str, str]]:
-    """Nodes to put in rotation, and the reason each other node is left out (a quarantined
-    node stays out until it is released)."""
+    """Nodes to put in rotation, and the reason each other node is left out: quarantined or held
+    out by a gate (the ledger), or its vLLM does not answer /health."""
     f = s.fleet
     rotation: list[str] = []
     out: dict[str, str] = {}
-    held = quarantined(s)
+    led = ledger.read(s)
     for node in f.serve_nodes:
-        if node.name in held:
-            out[node.name] = f"quarantined: {held[node.name].summary()}"
-            continue
-        if not engine.healthy(f, node):
+        held = led.why_held(node.name)
+        if held:
+            out[node.name] = held
+        elif not engine.healthy(f, node):
             out[node.name] = "vLLM /health does not answer"
-            continue
-        gate = markers.read(s, node, BENCH_GATE)
-        if gate and not gate.get("promoted", True):
-            out[node.name] = gate.get("reason", "held out by its last bench")
-            continue
-        rotation.append(node.name)
+        else:
+            rotation.append(node.name)
     return rotation, out
 
 
@@ -85,7 +78,7 @@ def _put_back(gw: GatewayHost, node: str) -> None:
     """Restore, unless the node was quarantined while it was out (a health sweep's policy acted
     meanwhile): the quarantine keeps it out until an operator or a healthy deploy releases it."""
     try:
-        held = quarantined(gw.session).get(node)
+        held = ledger.quarantined(gw.session).get(node)
     except Exception:  # an unreadable record decides nothing: the drain's promise is the restore
         held = None
     if held is not None:

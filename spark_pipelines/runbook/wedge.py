@@ -1,8 +1,8 @@
 """The PD-firmware wedge on one node (runbook "Known Firmware Issues"): quarantine, the pre-drain
 evidence, the AC cold drain and the post-drain validation. Framework-free; `core.wedge` judges.
 
-- `quarantine_node`: out of every pool, and the hold-out marker promotion reads (the gateway step
-  keeps it out until the hold-out is lifted).
+- `quarantine_node`: the node's quarantine in the ledger, then out of every pool (the gateway step
+  keeps it out until the quarantine is lifted).
 - `capture_evidence`: BEFORE anything else changes the state, every reading the runbook's capture
   script takes (full `nvidia-smi -q`, clocks, power, throttle reasons, the SW power-cap counter, the
   clock-lock-ignored test under load, kernel log, BIOS string, container log), packed into a tarball
@@ -38,10 +38,10 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
+from spark_pipelines.runbook import quarantine
+from spark_pipelines.state import ledger
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import GPU_QUERY
-from spark_pipelines.runbook.rotation import BENCH_GATE
 
 WEDGED = "wedged"  # the verdict a quarantine records (core.health's name)
 EVIDENCE_TIMEOUT_S = 60.0  # each evidence command: a read, seconds
@@ -63,35 +63,22 @@ SSH_PROBE_S = 3.0
 
 
 def quarantine_node(s: FleetSession, node: Node, verdict: str, reason: str, gw: GatewayHost | None = None) -> str:
-    """Out of the gateway with `reason`, and the hold-out marker promotion reads, so the gateway
-    step keeps the node out until `lift_quarantine`. A drain that would leave fewer than
-    gateway.min_in_rotation nodes is refused (a wedged node still serves, slowly): the marker is
-    written and the refusal said. Returns what was done, one line."""
-    n = node.name
-    said: list[str] = []
+    """The node's quarantine in the ledger (the gateway step keeps it out until `lift_quarantine`),
+    then out of every pool. A drain that would leave fewer than gateway.min_in_rotation nodes is
+    refused (a wedged node still serves, slowly): the quarantine stays recorded and the refusal
+    is said. Returns what was done, one line."""
     try:
-        gate = markers.read(s, node, BENCH_GATE)
-        if gate and gate.get("by") == verdict:
-            gate = gate.get("before")
-        markers.write(s, node, BENCH_GATE, "-", promoted=False, by=verdict, before=gate,
-                      reason=f"quarantined ({verdict}): {reason}")
-    except Exception as e:
-        said.append(f"the hold-out reason could not be recorded on {n} ({first_line(e)})")
-    try:
-        gw = gw or GatewayHost(s)
-        if n in gw.rotation():
-            gw.drain(n, reason=f"{verdict}: " + (reason.splitlines() or [""])[0][:160], wait_s=0)
-            said.insert(0, f"{n} taken out of the gateway ({verdict})")
-        else:
-            said.insert(0, f"{n} is not in the gateway")
-    except Exception as e:
-        said.insert(0, f"{n} could NOT be taken out of the gateway ({first_line(e)})")
-    return "; ".join(said)
+        done = quarantine.quarantine(s, node, verdict, reason, by="wedge_watch", gw=gw)
+    except RunbookError as e:
+        return f"{node.name} could NOT be quarantined ({e})"
+    return f"{done.note} (quarantined: {verdict})"
 
 
 def lift_quarantine(s: FleetSession, node: Node, reason: str, gw: GatewayHost, **facts: Any) -> None:
-    """The hold-out ends and the node is back in every pool (never refused)."""
-    markers.write(s, node, BENCH_GATE, "-", promoted=True, by="cold-drain", reason=reason, **facts)
+    """The quarantine ends (the cold drain's validation proved the wedge over) and the node is
+    back in every pool (never refused)."""
+    ledger.end_quarantine(s, node.name)
+    s.log.info(f"[{node.name}] quarantine lifted: {reason}" + "".join(f"; {k} {v}" for k, v in facts.items()))
     gw.restore(node.name)
 
 

@@ -28,8 +28,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import wedge
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
-from spark_pipelines.runbook.rotation import BENCH_GATE
+from spark_pipelines.state import ledger
 
 pytestmark = pytest.mark.slow
 
@@ -111,9 +110,8 @@ def put_back(fleet_file, sim_fleet, node="spark2"):
         if not engine.healthy(fleet, n):
             s.run(node, ["docker", "start", fleet.launch_for(n).container_name], check=False, timeout=60)
             assert engine.wait_healthy(fleet, n, 120)
-        gate = markers.read(s, n, BENCH_GATE)
-        if gate and not gate.get("promoted", True):
-            markers.write(s, n, BENCH_GATE, "-", promoted=True, reason="test put back")
+        ledger.end_quarantine(s, node)
+        ledger.lift(s, node, *ledger.read(s).entry(node).holds)
         gw = gateway(s)
         if node not in gw.rotation():
             gw.restore(node)
@@ -152,9 +150,9 @@ def test_wedge_watch_requests_the_capture_and_the_capture_quarantines(fleet_file
             # The REAL proxy no longer routes to spark2 (its /model/info), and the config says why.
             assert "spark2" not in gw.serving_nodes() and "spark1" in gw.serving_nodes()
             assert "spark2" in gw.read().drains and gw.read().drains["spark2"].startswith("wedged: ")
-            gate = markers.read(s, fleet.node("spark2"), BENCH_GATE)
+            held = ledger.read(s).entry("spark2").quarantine
             tarball = s.read_bytes("spark1", meta["tarball"])  # on the build host, off the node
-        assert gate["promoted"] is False and gate["by"] == "wedged" and "708 MHz" in gate["reason"]
+        assert held is not None and held.verdict == "wedged" and "708 MHz" in held.reason
         assert f"/wedge-evidence/{started:%Y-%m-%d}/spark2-wedge-evidence-pre-drain-" in meta["tarball"]
         assert meta["wedge_confirmed"] is True and meta["clock_lock_test"] == "ignored"
         assert meta["gpu_under_load"] == "wedged" and meta["stored_on"] == "spark1"
@@ -228,7 +226,7 @@ def test_cold_drain_with_the_smart_plug_resolves_the_wedge(fleet_file, instance,
     try:
         with FleetSession(fleet) as s:
             said = wedge.quarantine_node(s, fleet.node("spark2"), "wedged", "test", gateway(s))
-            assert said == "spark2 taken out of the gateway (wedged)", said
+            assert said == "spark2 taken out of the gateway (quarantined: wedged)", said
         result = cold_drain(fleet_file, instance)
         assert result.success
         meta = latest(instance, "cold_drain")
@@ -238,10 +236,10 @@ def test_cold_drain_with_the_smart_plug_resolves_the_wedge(fleet_file, instance,
         assert "sudo poweroff" in meta["steps"] and meta["drain_seconds"] >= fleet.cold_drain.off_s
         with FleetSession(fleet) as s:
             assert "spark2" in gateway(s).serving_nodes()  # back in the real rotation
-            gate = markers.read(s, fleet.node("spark2"), BENCH_GATE)
+            led = ledger.read(s)
             verdict = s.read_text("spark1", meta["verdict_file"])
             assert s.exists("spark1", meta["post_drain_tarball"])
-        assert gate["promoted"] is True and gate["reason"].startswith("WEDGE RESOLVED")
+        assert led.promoted("spark2")  # the validation ended the quarantine
         assert verdict.startswith("WEDGE RESOLVED\n") and "MHz" in verdict
         assert engine.healthy(fleet, fleet.node("spark2"))
     finally:
@@ -264,9 +262,9 @@ def test_cold_drain_that_does_not_clear_the_wedge_persists(fleet_file, instance,
         assert gpu_state(sim_fleet)["state"] == "wedged" and gpu_state(sim_fleet)["locked_clocks"] is None
         with FleetSession(fleet) as s:
             assert "spark2" not in gateway(s).serving_nodes() and "spark1" in gateway(s).serving_nodes()
-            gate = markers.read(s, fleet.node("spark2"), BENCH_GATE)
+            held = ledger.read(s).entry("spark2").quarantine
             assert s.read_text("spark1", meta["verdict_file"]).startswith("WEDGE PERSISTS\n")
-        assert gate["promoted"] is False and "WEDGE PERSISTS" in gate["reason"]
+        assert held is not None and "WEDGE PERSISTS" in held.reason
     finally:
         put_back(fleet_file, sim_fleet)
 

@@ -38,7 +38,7 @@ from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, S
 from spark_pipelines.state import markers
 from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy
 from spark_pipelines.core.errors import RunbookError
-from spark_pipelines.runbook.rotation import BENCH_GATE
+from spark_pipelines.state import ledger
 
 pytestmark = pytest.mark.slow
 
@@ -407,8 +407,8 @@ def test_rollback_that_cannot_serve_drains_the_node_with_the_reason(env, s, sim_
     why = failure_of(res)
     assert "preflight blocked spark1" in why and "NOT healthy" in why and "spark1 taken out of the gateway" in why
     assert NODE not in GatewayHost(s).rotation()
-    gate = markers.read(s, s.fleet.node(NODE), BENCH_GATE)
-    assert gate["promoted"] is False and gate["by"] == "deploy" and "NOT healthy" in gate["reason"]
+    held = ledger.read(s).entry(NODE).holds
+    assert list(held) == [ledger.BY_DEPLOY] and "NOT healthy" in held[ledger.BY_DEPLOY].reason
     from spark_pipelines.runbook.rotation import promotion
 
     rotation, out = promotion(s)
@@ -419,7 +419,7 @@ def test_rollback_that_cannot_serve_drains_the_node_with_the_reason(env, s, sim_
     for job, part in (("deploy_node_job", NODE), ("gateway_job", None)):
         assert defs.resolve_job_def(job).execute_in_process(instance=env["instance"], partition_key=part,
                                                             raise_on_error=False).success
-    assert markers.read(s, s.fleet.node(NODE), BENCH_GATE).get("promoted", True) is True
+    assert ledger.read(s).promoted(NODE)
     assert NODE in GatewayHost(s).rotation()
 
 

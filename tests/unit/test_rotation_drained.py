@@ -98,13 +98,13 @@ def test_a_node_quarantined_while_drained_stays_out(monkeypatch):
     from spark_pipelines.runbook import rotation
 
     held = SimpleNamespace(summary=lambda: "residue, by node_health")
-    monkeypatch.setattr(rotation, "quarantined", lambda s: {"spark1": held})
+    monkeypatch.setattr(rotation.ledger, "quarantined", lambda s: {"spark1": held})
     gw = RecordingGateway()
     gw.session = SimpleNamespace(log=logging.getLogger("test"))
     with drained(gw, "spark1"):
         pass
     assert gw.calls == ["drain spark1"]
-    monkeypatch.setattr(rotation, "quarantined", lambda s: {})
+    monkeypatch.setattr(rotation.ledger, "quarantined", lambda s: {})
     gw = RecordingGateway()
     gw.session = SimpleNamespace(log=logging.getLogger("test"))
     with drained(gw, "spark1"):

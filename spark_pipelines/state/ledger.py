@@ -1,0 +1,286 @@
+"""Why a node is out of the gateway: one ledger, on the gateway host.
+
+A node leaves the rotation for one of three reasons, each recorded here or in the config itself:
+- a drain: the LiteLLM config's own header notes (`core.gateway`), written with the config;
+- a quarantine: out until released by an operator, or by a healthy deploy for the verdicts a
+  deploy proves over (residue, crash-loop, engine-down); a wedge is released only by its
+  cold-drain validation;
+- a hold-out by a gate that judged the node: its bench (below the floor, wedged under load, a
+  void bench), a failed deploy whose previous version did not serve again, a rollout's revert.
+  Hold-outs stack by who put them: each actor lifts only its own, and a node is promoted when it
+  has no hold-out and no quarantine.
+
+The ledger lives OFF the nodes (a node held out may be SSH-dead or rebooting) in one JSON file
+next to the gateway config, `<config>.ledger.json`, and is changed like the config: one bounded
+remote command under `flock` on `<config>.lock` (never interleaved with a config change),
+written only if the file still has the digest this process read (else re-read and retry),
+through a temp file renamed into place. `why_out` answers "why is this node out?" from one read
+of both files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.resources.gateway import EXIT_CHANGED, EXIT_LOCK, GatewayHost
+from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, RemoteError
+
+SUFFIX = ".ledger.json"
+LEGACY_SUFFIX = ".quarantine.json"  # quarantines recorded before the ledger (read while no ledger exists)
+TIMEOUT_S = 30.0
+LOCK_WAIT_S = 20
+RETRIES = 5
+
+# Who puts a hold-out on a node (each lifts only its own).
+BY_BENCH, BY_DEPLOY, BY_ROLLOUT = "bench", "deploy", "rollout"
+# A healthy deploy proves over these hold-outs (the node serves its launch spec again).
+LIFTED_BY_DEPLOY = (BY_DEPLOY, BY_ROLLOUT)
+# Quarantine verdicts a healthy deploy (its preflight passed) proves over; wedged and regressed
+# need their own proof (a cold drain's validation, a bench).
+RELEASED_BY_DEPLOY = frozenset({"residue", "crash-loop", "engine-down"})
+
+_READ = r'''for f in "$1" "$2"; do
+if [ -f "$f" ]; then echo "== $(sha256sum < "$f" | cut -c1-64)"; cat -- "$f"; echo; else echo "== absent"; fi
+done'''
+
+# $1 file  $2 digest expected.  stdin: the new content.
+_WRITE = r'''set -u
+f=$1 want=$2 tmp="$1.tmp-$$"
+cat > "$tmp" || { rm -f "$tmp"; exit 70; }
+have=absent; [ -f "$f" ] && have=$(sha256sum < "$f" | cut -c1-64)
+if [ "$have" != "$want" ]; then rm -f "$tmp"; echo "changed since read" >&2; exit 75; fi
+chmod 600 "$tmp" && mv -f "$tmp" "$f" || { rm -f "$tmp"; exit 70; }
+echo written'''
+
+
+class LedgerError(RunbookError):
+    pass
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Hold(_Model):
+    by: str
+    reason: str
+    since: str = ""
+    facts: dict[str, Any] = {}
+
+    def summary(self) -> str:
+        return f"held out by its {self.by}: {self.reason}"
+
+
+class Quarantine(_Model):
+    node: str = ""
+    verdict: str
+    reason: str
+    since: str = ""
+    by: str = ""
+
+    def summary(self) -> str:
+        return f"{self.verdict}: {self.reason} (since {self.since}, by {self.by})"
+
+
+class NodeEntry(_Model):
+    quarantine: Quarantine | None = None
+    holds: dict[str, Hold] = {}
+
+    @property
+    def empty(self) -> bool:
+        return self.quarantine is None and not self.holds
+
+
+class Ledger(_Model):
+    nodes: dict[str, NodeEntry] = {}
+    digest: str = "absent"  # the file's digest as read (not stored)
+
+    def entry(self, node: str) -> NodeEntry:
+        return self.nodes.get(node) or NodeEntry()
+
+    def promoted(self, node: str) -> bool:
+        return self.entry(node).empty
+
+    def quarantined(self) -> dict[str, Quarantine]:
+        return {n: e.quarantine for n, e in self.nodes.items() if e.quarantine is not None}
+
+    def why_held(self, node: str) -> str | None:
+        """The reason a gate keeps the node out (None: promoted)."""
+        e = self.entry(node)
+        if e.quarantine is not None:
+            return f"quarantined: {e.quarantine.summary()}"
+        if e.holds:
+            return "; ".join(h.summary() for h in e.holds.values())
+        return None
+
+    def with_entry(self, node: str, entry: NodeEntry) -> Ledger:
+        nodes = {k: v for k, v in self.nodes.items() if k != node}
+        if not entry.empty:
+            nodes[node] = entry
+        return Ledger(nodes=dict(sorted(nodes.items())), digest=self.digest)
+
+    def text(self) -> str:
+        body = {n: e.model_dump(exclude_defaults=True) for n, e in self.nodes.items()}
+        return json.dumps({"nodes": body}, indent=2, sort_keys=True) + "\n"
+
+
+def _parse(text: str, legacy: str | None) -> dict[str, NodeEntry]:
+    if text:
+        data = json.loads(text)
+        return {n: NodeEntry.model_validate(e) for n, e in (data.get("nodes") or {}).items()}
+    if legacy:  # node -> {verdict, reason, since, by}
+        data = json.loads(legacy)
+        return {n: NodeEntry(quarantine=Quarantine(node=n, **{k: str(v) for k, v in rec.items()
+                                                                if k in ("verdict", "reason", "since", "by")}))
+                for n, rec in data.items() if isinstance(rec, dict)}
+    return {}
+
+
+def _path(gw: GatewayHost, suffix: str = SUFFIX) -> str:
+    return gw.config_path + suffix
+
+
+def read(s: FleetSession) -> Ledger:
+    """The ledger as the gateway host holds it (one remote read)."""
+    gw = GatewayHost(s)
+    try:
+        r = s.run(GATEWAY_KEY, ["sh", "-c", _READ, "ledger-read", _path(gw), _path(gw, LEGACY_SUFFIX)],
+                  log=False, timeout=TIMEOUT_S)
+    except RemoteError as e:
+        raise LedgerError(f"gateway {gw.gw.host}: reading {_path(gw)} failed: {first_line(e)}") from None
+    parts = r.stdout.split("== ")[1:]
+    files = []
+    for part in parts:
+        head, _, text = part.partition("\n")
+        files.append((head.strip(), "" if head.strip() == "absent" else text.strip()))
+    (digest, text), (_, legacy) = (files + [("absent", ""), ("absent", "")])[:2]
+    try:
+        nodes = _parse(text, legacy if digest == "absent" else None)
+    except (ValueError, ValidationError):
+        raise LedgerError(f"gateway {gw.gw.host}: {_path(gw)} is not a ledger spark-pipelines can read: fix it, "
+                          f"or put back its last good copy (it lists the quarantined and held-out nodes)") from None
+    return Ledger(nodes=nodes, digest=digest)
+
+
+def change(s: FleetSession, edit: Callable[[Ledger], Ledger]) -> Ledger:
+    """Read, edit, write under the gateway config's lock; retried while another run changes it."""
+    gw = GatewayHost(s)
+    path = _path(gw)
+    for _ in range(RETRIES):
+        before = read(s)
+        after = edit(before)
+        if after.nodes == before.nodes and before.digest != "absent":
+            return before
+        argv = ["flock", "-w", str(LOCK_WAIT_S), "-E", str(EXIT_LOCK), f"{gw.config_path}.lock",
+                "sh", "-c", _WRITE, "ledger-write", path, before.digest]
+        try:
+            r = s.run(GATEWAY_KEY, argv, stdin=after.text(), check=False, log=False, timeout=LOCK_WAIT_S + TIMEOUT_S)
+        except RemoteError as e:
+            raise LedgerError(f"gateway {gw.gw.host}: writing {path} failed: {first_line(e)}") from None
+        if r.exit_status == 0:
+            return after
+        if r.exit_status == EXIT_CHANGED:
+            continue
+        if r.exit_status == EXIT_LOCK:
+            raise LedgerError(f"gateway {gw.gw.host}: {gw.config_path}.lock held for more than {LOCK_WAIT_S} s "
+                              f"(a config change or reload in progress); {path} not changed, retry")
+        raise LedgerError(f"gateway {gw.gw.host}: writing {path} exited {r.exit_status}: {r.tail.strip()[-200:]}")
+    raise LedgerError(f"gateway {gw.gw.host}: {path} kept changing under this run; not changed, retry")
+
+
+# ------------------------------------------------------------------------------ hold-outs
+
+
+def hold(s: FleetSession, node: str, by: str, reason: str, **facts: Any) -> Ledger:
+    """Hold `node` out of the gateway for `by`'s reason (replacing `by`'s earlier hold-out)."""
+    h = Hold(by=by, reason=reason, since=now(), facts=facts)
+
+    def edit(led: Ledger) -> Ledger:
+        e = led.entry(node)
+        return led.with_entry(node, NodeEntry(quarantine=e.quarantine, holds={**e.holds, by: h}))
+
+    return change(s, edit)
+
+
+def lift(s: FleetSession, node: str, *by: str) -> Ledger:
+    """End the hold-outs `by` put on `node` (the others stay)."""
+
+    def edit(led: Ledger) -> Ledger:
+        e = led.entry(node)
+        return led.with_entry(node, NodeEntry(quarantine=e.quarantine,
+                                              holds={k: v for k, v in e.holds.items() if k not in by}))
+
+    return change(s, edit)
+
+
+def set_holds(s: FleetSession, node: str, holds: dict[str, Hold]) -> Ledger:
+    """Put `node`'s hold-outs back to exactly `holds` (a rollout's revert); its quarantine stays."""
+
+    def edit(led: Ledger) -> Ledger:
+        return led.with_entry(node, NodeEntry(quarantine=led.entry(node).quarantine, holds=dict(holds)))
+
+    return change(s, edit)
+
+
+# ------------------------------------------------------------------------------ quarantine
+
+
+def record_quarantine(s: FleetSession, node: str, verdict: str, reason: str, by: str) -> Quarantine:
+    q = Quarantine(node=node, verdict=verdict, reason=reason, since=now(), by=by)
+
+    def edit(led: Ledger) -> Ledger:
+        return led.with_entry(node, NodeEntry(quarantine=q, holds=led.entry(node).holds))
+
+    change(s, edit)
+    return q
+
+
+def end_quarantine(s: FleetSession, node: str) -> Quarantine | None:
+    """End `node`'s quarantine; returns the one it had."""
+    had: list[Quarantine | None] = [None]
+
+    def edit(led: Ledger) -> Ledger:
+        e = led.entry(node)
+        had[0] = e.quarantine
+        return led.with_entry(node, NodeEntry(quarantine=None, holds=e.holds))
+
+    change(s, edit)
+    return had[0]
+
+
+def quarantined(s: FleetSession) -> dict[str, Quarantine]:
+    return read(s).quarantined()
+
+
+# ------------------------------------------------------------------------------ the answer
+
+
+def why_out(s: FleetSession, snapshot: Any = None) -> dict[str, list[str]]:
+    """Every serve node out of the gateway's rotation, with every reason recorded for it: its
+    drain note, its quarantine, its hold-outs (or that nothing records why)."""
+    snap = snapshot or GatewayHost(s).read()
+    led = read(s)
+    rotation = set(snap.rotation)
+    out: dict[str, list[str]] = {}
+    for node in s.fleet.serve_nodes:
+        if node.name in rotation:
+            continue
+        reasons = []
+        if node.name in snap.drains:
+            reasons.append(f"drained: {snap.drains[node.name]}")
+        held = led.why_held(node.name)
+        if held:
+            reasons.append(held)
+        out[node.name] = reasons or ["not in the gateway config: left out by the last gateway step"]
+    return out
+
