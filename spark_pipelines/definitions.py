@@ -27,6 +27,7 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import model_hub
 from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.resources.step_outputs import StepOutputs
 from spark_pipelines.schedules import schedule_definitions
 from spark_pipelines.sensors.health import health_sensors
 from spark_pipelines.sensors.pins import pins_sensors
@@ -70,7 +71,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         health_sensors(fleet, jobs=[*(nodes.jobs or []), *(bench.jobs or []), *(healing.jobs or [])]),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
-        dg.Definitions(resources={"ssh": ssh, "hub": model_hub(),
+        dg.Definitions(resources={"ssh": ssh, "hub": model_hub(), "io_manager": StepOutputs(),
                                   "litellm": litellm_resource(fleet.gateway.master_key_env, ssh)}),
     )
 

@@ -27,7 +27,8 @@ from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers
 from spark_pipelines.runbook.build_steps import verify_on_node
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
-from spark_pipelines.runbook.deploy import DEPLOY_MARKER, deploy, diagnosis_md, serving_mismatch
+from spark_pipelines.runbook.deploy import deploy, diagnosis_md, serving_mismatch
+from spark_pipelines.state.markers import DeployMarker
 from spark_pipelines.resources.engine import api_root, healthy
 from spark_pipelines.core.errors import RunbookError
 
@@ -84,7 +85,7 @@ def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_
     running = NodeDocker(s).inspect_container(node.name, spec.container_name)
     mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint)
     if mismatch is None:
-        markers.write(s, node, DEPLOY_MARKER, sig, container_id=done.container_id, metadata=done.metadata)
+        markers.write_deploy(s, node, DeployMarker(signature=sig, container_id=done.container_id, metadata=done.metadata))
     return Recorded(
         Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
         sig if mismatch is None else f"mismatch-{sig}",
@@ -222,15 +223,19 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         recorded = node_artifacts.image_id
         sig = markers.signature(cv["node_deployment"], spec.fingerprint, recorded, node_artifacts.index)
         current = docker.inspect_container(node.name, spec.container_name)
-        marker = markers.matches(s, node, DEPLOY_MARKER, sig)
+        marker = markers.read_deploy(s, node)
         # The skip needs the running container to BE what the marker says: its id, the image
-        # node_artifacts recorded and the launch-spec label (a rollback can put an older image back).
-        if (not config.fresh_jit_cache and marker and current and marker.get("container_id") == current.get("Id")
-                and serving_mismatch(node.name, current, recorded, spec.fingerprint) is None and healthy(f, node)):
+        # node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
+        # an adopted hand deploy's labels are in its marker).
+        if (not config.fresh_jit_cache and marker and marker.signature == sig and current
+                and marker.container_id == current.get("Id")
+                and serving_mismatch(node.name, current, recorded, spec.fingerprint, marker) is None
+                and healthy(f, node)):
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
                 data_version=dg.DataVersion(sig),
-                metadata=readable({"skipped": True, **marker.get("metadata", {}), **where(f, node, spec, current)}),
+                metadata=readable({"skipped": True, "adopted": marker.adopted, **marker.metadata,
+                                   **where(f, node, spec, current)}),
             )
             yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
                                       description=f"{node.name}: already serving this launch spec")

@@ -26,13 +26,15 @@ from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, KERNELS_LABEL, launch_spec
 from spark_pipelines.core.pins import code_versions
-from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.resources import engine
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook.bench import bench_node
+from spark_pipelines.runbook.deploy import labels_of
 from spark_pipelines.runbook.distribution import DistributionFailed, distribute
+from spark_pipelines.state import markers
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.quarantine import quarantined
 
@@ -90,9 +92,10 @@ def rollout_definitions(fleet) -> dg.Definitions:
         for n in f.serve_nodes:
             spec = launch_spec(f, n)
             c = docker.inspect_container(n.name, spec.container_name)
-            before[n.name] = version(c.get("Image"), container_labels(c).get(DEPLOY_LABEL)) if c else "nothing"
+            labels = labels_of(c, markers.read_deploy(s, n)) if c else {}
+            before[n.name] = version(c.get("Image"), labels.get(DEPLOY_LABEL)) if c else "nothing"
             if c:
-                running[n.name] = baseline.identity_of(c, container_labels(c), [], launch_label=KERNELS_LABEL,
+                running[n.name] = baseline.identity_of(c, labels, [], launch_label=KERNELS_LABEL,
                                                        checkpoint_label=CHECKPOINT_LABEL)
             if before[n.name] == new[n.name] and engine.healthy(f, n):
                 skip.setdefault(n.name, "already serves the new version")

@@ -200,8 +200,10 @@ def stale_slots(mount: str, entries: Sequence[str], keep: Sequence[str]) -> list
     """Of the names in the mount's parent folder, the slots of `mount` to wipe after a committed
     deploy: every `<name>.jit-*` (other keys' slots, slots set aside as stale / failed / unsealed /
     unkeyed) except those in `keep` (the running key's slot and the replaced deployment's, which
-    a rollback would boot on). Anything else in the folder is not the cache's and never touched."""
+    a rollback would boot on). A hand-made cache set aside as `unkeyed` is the operator's (its
+    kernels may be exactly a key's: `spark-pipelines adopt` names it), so it is never wiped here.
+    Anything else in the folder is not the cache's and never touched."""
     prefix = posixpath.basename(mount.rstrip("/")) + SLOT_INFIX
     kept = {posixpath.basename(k.rstrip("/")) for k in keep}
     return sorted(e for e in entries if e.startswith(prefix) and e not in kept and "/" not in e
-                  and e not in (".", ".."))
+                  and e not in (".", "..") and not e.startswith(prefix + UNKEYED))

@@ -92,6 +92,17 @@ class NodeDocker:
             raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
         return json.loads(r.stdout.strip() or "null") or {}
 
+    def image_env(self, node: str, ref: str) -> list[str]:
+        """The image's own environment (`KEY=VALUE`), which a container inherits beside its `-e`."""
+        names.check(names.IMAGE_REF, ref, "image reference")
+        r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Env}}", ref], check=False, log=False,
+                         timeout=remote.PROBE_TIMEOUT_S)
+        if self._missing(r):
+            raise DockerError(f"node {node}: image {ref} does not exist there")
+        if r.exit_status != 0:
+            raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
+        return [str(e) for e in json.loads(r.stdout.strip() or "null") or []]
+
     def tag(self, node: str, source: str, target: str) -> None:
         self._docker(node, ["tag", source, target], log=False)
 

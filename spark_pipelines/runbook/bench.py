@@ -16,12 +16,13 @@ from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.polling import poll_until
-from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
-from spark_pipelines.state import ledger
+from spark_pipelines.state import ledger, markers
+from spark_pipelines.runbook.deploy import labels_of
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.preflight import read_gpu
@@ -134,7 +135,8 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                 # wait_idle returned: num_requests_running == 0 was read before the start.
                 rec = baseline.record(
                     node.name, time.time(), mean,
-                    baseline.identity_of(container, container_labels(container), sampler.readings,
+                    baseline.identity_of(container, labels_of(container, markers.read_deploy(s, node)),
+                                         sampler.readings,
                                          launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
                     baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
                                              counters_match=report.counters.tokens_match if report.counters else None,

@@ -67,12 +67,21 @@ def diagnosis_md(findings: list[diagnosis.Finding]) -> str:
     )
 
 
+def labels_of(container: dict[str, Any] | None, marker: DeployMarker | None) -> dict[str, str]:
+    """The container's spark-pipelines labels. A container adopted from a hand deploy has none
+    (labels cannot be added to a running container): while it is the one its deploy marker names,
+    the labels recorded there stand for them."""
+    labels = container_labels(container)
+    if (DEPLOY_LABEL not in labels and container is not None and marker is not None and marker.adopted
+            and marker.container_id == container.get("Id")):
+        return {**labels, **marker.labels}
+    return labels
+
+
 def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str | None, fingerprint: str,
-                     adopted: DeployMarker | None = None) -> str | None:
+                     marker: DeployMarker | None = None) -> str | None:
     """Why the running container is not the deployment node_artifacts and the fleet file ask for
-    (None when it is): the image id and the launch-spec label must both match. A container
-    adopted from a hand deploy has no label: its deploy marker (`adopted`, same container id)
-    holds the launch spec it was found equal to."""
+    (None when it is): the image id and the launch-spec label must both match (`labels_of`)."""
     if container is None or not container.get("State", {}).get("Running"):
         return f"{node}: the serving container is not running; rerun node_deployment for {node}"
     running = str(container.get("Image", ""))
@@ -80,9 +89,7 @@ def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str 
         return (f"{node} runs image {running[7:19]} but node_artifacts recorded {image_id[7:19]} (a rollback "
                 f"put the previous image back); rerun node_artifacts for {node} to copy the image again, "
                 f"then node_deployment deploys it")
-    label = container_labels(container).get(DEPLOY_LABEL)
-    if label is None and adopted is not None and adopted.adopted and adopted.container_id == container.get("Id"):
-        label = adopted.fingerprint
+    label = labels_of(container, marker).get(DEPLOY_LABEL)
     if label != fingerprint:
         return (f"{node} runs launch spec {label or '(unlabelled, deployed by an older version)'} but the fleet "
                 f"file gives {fingerprint}; rerun node_deployment for {node}")

@@ -77,20 +77,20 @@ def read_typed(session: FleetSession, node: Node, step: str, model: type[M]) -> 
 
 
 def write_typed(session: FleetSession, node: Node, step: str, marker: Marker) -> None:
-    session.put_text(node.name, marker_path(node, step), marker.model_dump_json())
+    session.put_text(node.name, marker_path(node, step), marker.model_dump_json(exclude_defaults=True))
 
 
 class DeployMarker(Marker):
     """What serves on the node, as node_deployment recorded it: the step skips while the running
     container is this one. `adopted`: a container spark-pipelines did not launch (a hand deploy
     of the runbook) found equal to the launch spec; it carries no labels (they cannot be added to
-    a running container), so this marker is where its launch-spec fingerprint is recorded."""
+    a running container), so `labels` holds those a deploy would have put on it (launch spec,
+    image, kernels, checkpoint) and stand for them while that container runs."""
 
     signature: str
     container_id: str | None = None
-    fingerprint: str | None = None
-    image_id: str | None = None
     adopted: bool = False
+    labels: dict[str, str] = {}
     metadata: dict[str, Any] = {}
 
 

@@ -62,3 +62,4 @@ def test_fleet_file_ssh_settings(seed_data):
     seed_data["ssh"] = {"connect_retries": -1}
     with pytest.raises(FleetError, match="ssh.connect_retries"):
         parse_fleet(seed_data, "f.yaml")
+

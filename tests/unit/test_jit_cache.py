@@ -104,8 +104,9 @@ def test_stale_slots_are_every_slot_of_the_mount_but_the_kept_ones():
     entries = ["vllm", "vllm.jit-aaaa", "vllm.jit-bbbb", "vllm.jit-aaaa.stale-20261204", "vllm.jit-cccc.failed-1",
                "vllm.jit-unkeyed", "flashinfer.jit-aaaa", "huggingface", "vllm.jitter", "pip"]
     keep = ["/home/op/.cache/vllm.jit-aaaa", "vllm.jit-bbbb"]
+    # a hand-made cache set aside (`unkeyed`) is the operator's: never wiped
     assert stale_slots("/home/op/.cache/vllm", entries, keep) == [
-        "vllm.jit-aaaa.stale-20261204", "vllm.jit-cccc.failed-1", "vllm.jit-unkeyed"]
+        "vllm.jit-aaaa.stale-20261204", "vllm.jit-cccc.failed-1"]
     # another mount's slots and anything that is not a slot are never touched
     assert stale_slots("/home/op/.cache/flashinfer", entries, ["flashinfer.jit-aaaa"]) == []
 

@@ -1,0 +1,157 @@
+"""First contact with a serve node deployed by hand: adopt what serves, change nothing that does.
+
+`adopt_deployment`: the running container (`docker inspect`) is compared with the fleet's launch
+spec for the node (core.adoption.container_differences). Equal and healthy: recorded as the
+node's deployment (its deploy marker, `adopted`, with the labels a deploy would have put on it),
+so node_deployment skips and benches and rollouts know which launch spec it runs; no restart.
+Different: listed field by field and left as it is; the node's next deploy is an ordinary drained
+deploy or rollout.
+
+`adopt_jit_cache`: a hand deploy mounts real directories (`~/.cache/vllm`, ...) where a deploy of
+spark-pipelines mounts links to keyed slots. Each becomes the slot of the key the running
+container compiled for (its image, checkpoint and kernel-shaping flags): renamed beside itself
+(same parent: a rename, never a copy; the running container's bind mount follows the directory)
+and linked back, sealed when the engine is healthy. The next deploy with the same key boots warm
+on it instead of setting it aside as "unkeyed" and wiping it after the commit.
+
+Both hold the node's lease and take `check=True` to say what they would do and touch nothing.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from spark_pipelines.core import adoption as core
+from spark_pipelines.core import jit_cache as jit_core
+from spark_pipelines.core.adoption import Finding
+from spark_pipelines.core.errors import first_line
+from spark_pipelines.core.fleet import Node
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, launch_spec
+from spark_pipelines.core.remote import PROBE_TIMEOUT_S
+from spark_pipelines.resources import engine
+from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.runbook import jit_cache
+from spark_pipelines.state import markers
+from spark_pipelines.state.markers import DeployMarker
+
+DEPLOYMENT, JIT = "node_deployment", "jit_cache"
+
+
+def deploy_signature(code_version: str, fingerprint: str, image_id: str | None, index: str) -> str:
+    """The node_deployment marker's signature: what the step skips on (assets/nodes.py)."""
+    return markers.signature(code_version, fingerprint, image_id, index)
+
+
+def adopt_deployment(s: FleetSession, node: Node, *, code_version: str, image_id: str | None, index: str,
+                     manifest: str | None, check: bool) -> Finding:
+    """The node's running container against its launch spec (see the module doc). `image_id`,
+    `index`, `manifest`: the serving image and checkpoint node_artifacts records for the node."""
+    f = s.fleet
+    spec = launch_spec(f, node)
+    docker = NodeDocker(s)
+    container = docker.inspect_container(node.name, spec.container_name)
+    sig = deploy_signature(code_version, spec.fingerprint, image_id, index)
+    if container is None or not container.get("State", {}).get("Running"):
+        return Finding(node.name, DEPLOYMENT, core.RELAUNCH,
+                       f"no running {spec.container_name}: the deploy launches it (drained, with rollback)")
+    cid = str(container.get("Id"))
+    marker = markers.read_deploy(s, node)
+    if marker and marker.signature == sig and marker.container_id == cid:
+        return Finding(node.name, DEPLOYMENT, core.CURRENT, "recorded by spark-pipelines and still running",
+                       facts={"container_id": cid, "data_version": sig})
+    labels = container_labels(container)
+    if labels.get(DEPLOY_LABEL):
+        return Finding(node.name, DEPLOYMENT, core.DIFFERS,
+                       f"a spark-pipelines deploy of launch spec {labels[DEPLOY_LABEL]} (the fleet file gives "
+                       f"{spec.fingerprint}): the next rollout or deploy replaces it",
+                       facts={"container_id": cid})
+    image_env = docker.image_env(node.name, str(container.get("Image")))
+    diffs = core.container_differences(spec, container, image_env, image_id)
+    healthy = engine.healthy(f, node)
+    if not healthy:
+        diffs.append("vLLM /health does not answer")
+    if diffs:
+        return Finding(node.name, DEPLOYMENT, core.DIFFERS,
+                       f"{spec.container_name} ({cid[:12]}) is not what the fleet file asks for: left as it is; "
+                       f"its next deploy or rollout replaces it through a drain", tuple(diffs),
+                       facts={"container_id": cid})
+    adopted = DeployMarker(signature=sig, container_id=cid, adopted=True, labels={
+        DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: str(container.get("Image")),
+        KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
+        **({CHECKPOINT_LABEL: index} if index else {})},
+        metadata={"adopted_from": "a hand deploy (no labels)", "container": spec.container_name})
+    if not check:
+        markers.write_deploy(s, node, adopted)
+    return Finding(node.name, DEPLOYMENT, core.ADOPT,
+                   f"{spec.container_name} ({cid[:12]}) runs the fleet's launch spec {spec.fingerprint} on the "
+                   f"serving image and answers /health: recorded as the node's deployment, not restarted",
+                   facts={"container_id": cid, "data_version": sig, "fingerprint": spec.fingerprint})
+
+
+def running_key(s: FleetSession, node: Node, container: dict[str, Any], checkpoint: str | None) -> str | None:
+    """The JIT cache key of what the container runs (its own image, args and `-e` env)."""
+    if not checkpoint:
+        return None
+    image = str(container.get("Image") or "")
+    base = dict(e.partition("=")[::2] for e in NodeDocker(s).image_env(node.name, image))
+    env = {k: v for k, v in (str(e).partition("=")[::2] for e in (container.get("Config") or {}).get("Env") or [])
+           if base.get(k) != v}
+    args = [str(a) for a in (container.get("Config") or {}).get("Cmd") or []]
+    return jit_core.cache_key(image, checkpoint, args, env) if image else None
+
+
+def adopt_jit_cache(s: FleetSession, node: Node, *, checkpoint: str | None, check: bool) -> Finding:
+    """The node's hand-made cache folders as the slots of the key its container compiled for."""
+    spec = launch_spec(s.fleet, node)
+    mounts = jit_cache.cache_mounts(spec)
+    container = NodeDocker(s).inspect_container(node.name, spec.container_name)
+    if container is None:
+        return Finding(node.name, JIT, core.BUILD, "nothing runs: the first deploy compiles or restores the cache")
+    key = running_key(s, node, container, checkpoint)
+    if key is None:
+        return Finding(node.name, JIT, core.DIFFERS, "the checkpoint is not verified, so no cache key can be "
+                                                     "named: the cache folders are left as they are")
+    states = jit_cache.read(s, node, key, mounts)
+    if all(st.kind == "link" and jit_core.key_of_target(st.path, st.target) == key for st in states):
+        return Finding(node.name, JIT, core.CURRENT, f"the mounts point at the slots of key {key}", facts={"key": key})
+    bad = [st.path for st in states if st.kind == "other" or (st.kind == "dir" and st.slot_exists)]
+    if bad:
+        return Finding(node.name, JIT, core.DIFFERS, f"cannot become the slots of key {key} (not a folder, or the "
+                                                     f"slot exists already): left as they are",
+                       tuple(bad), facts={"key": key})
+    dirs = [st for st in states if st.kind == "dir"]
+    if not dirs:
+        return Finding(node.name, JIT, core.CURRENT, "no hand-made cache folder to adopt", facts={"key": key})
+    healthy = engine.healthy(s.fleet, node)
+    what = (f"{', '.join(st.path for st in dirs)} become the slots of key {key} (renamed beside themselves, linked "
+            f"back{'; sealed: the engine that compiled them is healthy' if healthy else ''})")
+    if check:
+        return Finding(node.name, JIT, core.ADOPT, what, facts={"key": key})
+    done: list[tuple[str, str]] = []
+    try:
+        for st in dirs:
+            slot = jit_core.slot_path(st.path, key)
+            s.run(node.name, ["mv", "-T", "--", st.path, slot], log=False, timeout=PROBE_TIMEOUT_S)
+            done.append((st.path, slot))
+            s.run(node.name, ["ln", "-s", "--", posixpath.basename(slot), st.path], log=False, timeout=PROBE_TIMEOUT_S)
+            if healthy:
+                s.run(node.name, ["touch", posixpath.join(slot, jit_core.SEALED)], log=False, timeout=PROBE_TIMEOUT_S)
+    except BaseException as e:
+        undone = _put_back(s, node.name, done)
+        if isinstance(e, Exception):
+            return Finding(node.name, JIT, core.DIFFERS, f"adopting the cache failed ({first_line(e)}); {undone}")
+        raise
+    return Finding(node.name, JIT, core.ADOPT, what, facts={"key": key})
+
+
+def _put_back(s: FleetSession, n: str, done: list[tuple[str, str]]) -> str:
+    failed = []
+    for mount, slot in reversed(done):
+        try:
+            s.run(n, ["rm", "-f", "--", mount], log=False, timeout=PROBE_TIMEOUT_S)
+            s.run(n, ["mv", "-T", "--", slot, mount], log=False, timeout=PROBE_TIMEOUT_S)
+        except Exception as e:  # noqa: PERF203 - each mount on its own
+            failed.append(f"{mount} (now {slot}): {first_line(e)}")
+    return "put back as it was" if not failed else "NOT all put back: " + "; ".join(failed)
