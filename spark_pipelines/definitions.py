@@ -23,6 +23,7 @@ from spark_pipelines.assets.jit_cache import jit_cache_definitions
 from spark_pipelines.assets.nodes import node_definitions
 from spark_pipelines.assets.rollout import rollout_definitions
 from spark_pipelines.assets.wedge import wedge_definitions
+from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import model_hub
@@ -67,7 +68,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         fleet_summary_definitions(fleet),
         experiment_definitions(fleet),
         pins_sensors(fleet, fleet_path, jobs=[j for j in [*(images.jobs or []), *(rollout.jobs or [])]
-                                              if j.name in ("build_job", "rollout_job")]),
+                                              if j.name in (steps.BUILD_JOB, steps.ROLLOUT_JOB)]),
         health_sensors(fleet, jobs=[*(nodes.jobs or []), *(bench.jobs or []), *(healing.jobs or [])]),
         wedge_sensors(fleet),
         schedule_definitions(fleet),

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from spark_pipelines.console import Console, ConsoleError, stop_leftovers
+from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.team.instance import TEMPLATE
 
@@ -85,23 +86,23 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
         return False
 
     log("build host: model download, hybrid checkpoint, MTP weights, images")
-    if not run("build_job"):
+    if not run(steps.BUILD_JOB):
         return failures
     log("nodes: checkpoint + image along the distribution tree (each holder serves the next)")
-    if not run("distribute_job"):
+    if not run(steps.DISTRIBUTE_JOB):
         # Not fatal: each node's deploy copies what it still lacks from the build host.
         failures.pop("*", None)
         log("  distribute_job failed: each node's deploy_node_job copies what is missing from the build host")
     log("nodes: artifacts verified + deployment")
     for n in nodes:
-        run("deploy_node_job", n)
+        run(steps.DEPLOY_JOB, n)
     log("gateway")
-    if not run("gateway_job"):
+    if not run(steps.GATEWAY_JOB):
         return failures
     log("bench (each node drained from the gateway while measured)")
     for n in nodes:
         if n not in failures:
-            run("bench_job", n)
+            run(steps.BENCH_JOB, n)
     return failures
 
 

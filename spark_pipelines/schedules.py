@@ -7,20 +7,20 @@ runs when the gateway is quietest and drains one node at a time.
 
 import dagster as dg
 
-from spark_pipelines.assets.bench import BENCH_TAG
+from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import Fleet
 
 
 def schedule_definitions(fleet: Fleet) -> dg.Definitions:
     nodes = [n.name for n in fleet.serve_nodes]
     weekly_rebuild = dg.ScheduleDefinition(
-        name="weekly_rebuild", job_name="build_job", cron_schedule="0 3 * * 0",
+        name=steps.WEEKLY_REBUILD, job_name=steps.BUILD_JOB, cron_schedule="0 3 * * 0",
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Sundays 03:00: build_job re-verifies the checkpoint and images and rebuilds only what a pin "
                     "or a failed verification says is stale.",
     )
 
-    @dg.schedule(name="nightly_bench", job_name="bench_job", cron_schedule="30 4 * * *",
+    @dg.schedule(name=steps.NIGHTLY_BENCH, job_name=steps.BENCH_JOB, cron_schedule="30 4 * * *",
                  default_status=dg.DefaultScheduleStatus.STOPPED,
                  description=f"04:30 daily: benches every serve node ({', '.join(nodes)}), one bench_job run per "
                              "node, one at a time: each drained from the gateway while measured, then restored or, "
@@ -28,7 +28,7 @@ def schedule_definitions(fleet: Fleet) -> dg.Definitions:
     def nightly_bench(context: dg.ScheduleEvaluationContext):
         stamp = context.scheduled_execution_time.strftime("%Y%m%d")
         for node in nodes:
-            # The run queue's limit on BENCH_TAG (1) is what makes it one node at a time.
-            yield dg.RunRequest(run_key=f"bench-{node}-{stamp}", partition_key=node, tags={BENCH_TAG: "nightly"})
+            # The run queue's limit on steps.BENCH_TAG (1) is what makes it one node at a time.
+            yield dg.RunRequest(run_key=f"bench-{node}-{stamp}", partition_key=node, tags={steps.BENCH_TAG: "nightly"})
 
     return dg.Definitions(schedules=[weekly_rebuild, nightly_bench])

@@ -14,6 +14,7 @@ from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import bench_table, count, num, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
+from spark_pipelines.core import steps
 from spark_pipelines.core import baseline
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
@@ -24,10 +25,6 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError
-
-
-# Every bench run carries this tag; the instance's run queue runs one at a time (demo.prepare_instance_home).
-BENCH_TAG = "spark/bench"
 
 
 GROUP = "5_bench"
@@ -41,7 +38,7 @@ ABOVE_FLOOR_DESCRIPTION = (
 def bench_records(instance: dg.DagsterInstance, node: str, limit: int = 50) -> list:
     """The node's bench materializations, newest first."""
     return list(instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[node]), limit=limit
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(steps.BENCH_RESULTS), asset_partitions=[node]), limit=limit
     ).records)
 
 
@@ -196,7 +193,7 @@ def above_floor(fleet: Fleet, node: str, b: Benched) -> dict:
 
 def bench_events(context: dg.AssetExecutionContext, fleet: Fleet, node: str, b: Benched):
     yield dg.Output(b.report.to_dict(), metadata=bench_metadata(context, fleet, node, b))
-    yield dg.AssetCheckResult(check_name="above_floor", severity=dg.AssetCheckSeverity.ERROR,
+    yield dg.AssetCheckResult(check_name=steps.ABOVE_FLOOR_CHECK, severity=dg.AssetCheckSeverity.ERROR,
                               **above_floor(fleet, node, b))
 
 
@@ -208,11 +205,11 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         group_name=GROUP,
         kinds={"vllm"},
         partitions_def=partitions,
-        code_version=cv["bench_results"],
+        code_version=cv[steps.BENCH_RESULTS],
         # The bench drains the node through the gateway (and keeps a node below its floor out of it):
         # it needs the deployed node and a gateway that holds it.
-        deps=["node_deployment", "gateway"],
-        check_specs=[node_check("above_floor", "bench_results", partitions, ABOVE_FLOOR_DESCRIPTION)],
+        deps=[steps.NODE_DEPLOYMENT, steps.GATEWAY],
+        check_specs=[node_check(steps.ABOVE_FLOOR_CHECK, steps.BENCH_RESULTS, partitions, ABOVE_FLOOR_DESCRIPTION)],
         description="The recipe's suite (+ loaded phase) on one node in isolation: drained from the gateway, zero "
                     "requests in flight, nvidia-smi sampled under load, then restored; a node below its floor "
                     "stays out (above_floor says why).",
@@ -231,7 +228,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         yield from bench_events(context, f, node.name, b)
 
     bench_job = dg.define_asset_job(
-        "bench_job", selection=dg.AssetSelection.assets("bench_results"), tags={BENCH_TAG: "bench"},
+        steps.BENCH_JOB, selection=dg.AssetSelection.assets(steps.BENCH_RESULTS), tags={steps.BENCH_TAG: "bench"},
         description="Isolated bench of one node (a partition): drain it from the gateway, wait for zero requests in "
                     "flight, run the recipe suite + loaded phase with nvidia-smi sampled, restore it (or keep it out "
                     "below its floor: the above_floor gate fails the run for that node only).")

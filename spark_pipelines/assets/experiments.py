@@ -14,6 +14,7 @@ from pydantic import Field
 
 from spark_pipelines.assets import fail
 from spark_pipelines.resources.bench_client import run_bench
+from spark_pipelines.core import steps
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.fleet import Fleet, FleetError, parse_fleet
@@ -83,7 +84,7 @@ def comparison_md(node: str, reports: dict[str, bench_core.BenchReport], verdict
     return "\n".join(lines)
 
 
-@dg.op(description="Drain the node, deploy variant A and bench it, deploy variant B and bench it, compare the "
+@dg.op(name=steps.AB_OP, description="Drain the node, deploy variant A and bench it, deploy variant B and bench it, compare the "
                    "two honestly, then put the production launch back and restore the node.")
 def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSSH, litellm: LiteLLMGateway) -> dict:
     s = ssh.session
@@ -124,7 +125,7 @@ def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSS
         verdicts.append(f"loaded N={fleet.bench.loaded_concurrency}: " + bench_core.compare(la, lb, names=(na, nb)).text)
     table = comparison_md(node.name, reports, verdicts)
     context.log_event(dg.AssetMaterialization(
-        asset_key=dg.AssetKey(["ab_experiments", node.name]),
+        asset_key=dg.AssetKey([steps.AB_EXPERIMENTS, node.name]),
         description=f"{na} vs {nb} on {node.name}",
         metadata={"comparison": dg.MetadataValue.md(table), "verdicts": dg.MetadataValue.json(verdicts)},
     ))
@@ -145,7 +146,7 @@ def ab_job(fleet: Fleet | None = None) -> dg.JobDefinition:
         config = {"ops": {"ab_experiment": {"config": {"node": names[0]}}}}
         description += f" Nodes: {', '.join(names)} (config ops.ab_experiment.config.node)."
 
-    @dg.job(name="ab_experiment_job", description=description, config=config)
+    @dg.job(name=steps.AB_JOB, description=description, config=config)
     def ab_experiment_job():
         ab_experiment()
 

@@ -12,13 +12,14 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.assets.metadata import count, table
+from spark_pipelines.core import steps
 from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
 
 GROUP = "0_fleet"
-SUMMARY_KEY = dg.AssetKey("fleet_summary")
+SUMMARY_KEY = dg.AssetKey(steps.FLEET_SUMMARY)
 # The observations that change a row without any materialization.
-OBSERVED = (dg.AssetKey("node_deployment"), dg.AssetKey("gateway"))
+OBSERVED = (dg.AssetKey(steps.NODE_DEPLOYMENT), dg.AssetKey(steps.GATEWAY))
 
 
 def _values(event: Any) -> dict[str, Any]:
@@ -34,7 +35,7 @@ def _latest(instance: dg.DagsterInstance, asset: str, node: str | None, observat
 
 def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     """The gateway's rotation as of its newest event: its materialization or a bench's observation."""
-    recs = [r for r in (_latest(instance, "gateway", None), _latest(instance, "gateway", None, observation=True)) if r]
+    recs = [r for r in (_latest(instance, steps.GATEWAY, None), _latest(instance, steps.GATEWAY, None, observation=True)) if r]
     if not recs:
         return summary.Rotation()
     rec = max(recs, key=lambda r: r.storage_id)
@@ -49,7 +50,7 @@ def _health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> dic
     """The newest sweep's verdict and evidence, with the newest quarantine state over it: a
     quarantine or release observation (no verdict of its own) must not blank the health column."""
     records = instance.fetch_observations(dg.AssetRecordsFilter(
-        asset_key=dg.AssetKey("node_deployment"), asset_partitions=[node]), limit=look_back).records
+        asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
     seen = [_values(r.event_log_entry.asset_observation) for r in records]
     if not seen:
         return None
@@ -60,9 +61,9 @@ def _health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> dic
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
     facts = []
     for node in fleet.serve_nodes:
-        dep = _latest(instance, "node_deployment", node.name)
-        art = _latest(instance, "node_artifacts", node.name)
-        bench = _latest(instance, "bench_results", node.name)
+        dep = _latest(instance, steps.NODE_DEPLOYMENT, node.name)
+        art = _latest(instance, steps.NODE_ARTIFACTS, node.name)
+        bench = _latest(instance, steps.BENCH_RESULTS, node.name)
         health = _health(instance, node.name)
         facts.append(summary.NodeFacts(
             node=node.name,
@@ -94,7 +95,7 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         key=SUMMARY_KEY,
         group_name=GROUP,
         kinds={"table"},
-        deps=["node_artifacts", "node_deployment", "gateway", "bench_results"],
+        deps=[steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.GATEWAY, steps.BENCH_RESULTS],
         automation_condition=dg.AutomationCondition.any_deps_updated() & ~dg.AutomationCondition.in_progress(),
         description="One row per node: health sweep verdict and evidence, in or out of the gateway and why, the "
                     "image id and checkpoint it serves, last bench tok/s against the reference and its floor, MTP "
@@ -111,7 +112,7 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
             "nodes_total": count(len(rows)),
         })
 
-    @dg.sensor(name="fleet_summary_refresh", minimum_interval_seconds=30, asset_selection=[SUMMARY_KEY],
+    @dg.sensor(name=steps.SUMMARY_SENSOR, minimum_interval_seconds=30, asset_selection=[SUMMARY_KEY],
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="Requests fleet_summary when a new observation lands on node_deployment (a health "
                            "sweep's verdict) or on gateway (a bench's drain or restore); read-only, cursor by "
@@ -126,7 +127,7 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
                                cursor=str(newest))
 
     automation = dg.AutomationConditionSensorDefinition(
-        "fleet_summary_automation", target=dg.AssetSelection.assets(SUMMARY_KEY),
+        steps.SUMMARY_AUTOMATION, target=dg.AssetSelection.assets(SUMMARY_KEY),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Declarative automation of fleet_summary: refreshed once a deploy, artifacts copy, gateway "
                     "write or bench has materialized (read-only, no node touched).")

@@ -10,6 +10,7 @@ import httpx
 
 from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.assets.metadata import table
+from spark_pipelines.core import steps
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
@@ -39,7 +40,7 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
         context.log.warning(f"gateway rotation not read after '{event}': {e}")
         return
     context.log_event(dg.AssetObservation(
-        asset_key="gateway", description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
+        asset_key=steps.GATEWAY, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
         metadata={"event": event, "rotation": ", ".join(rotation), "nodes_in_rotation": len(rotation),
                   "left_out_by_node": dg.MetadataValue.json(left_out)}))
 
@@ -60,10 +61,10 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="4_gateway",
         kinds={"litellm"},
-        code_version=cv["gateway"],
-        deps=["node_deployment"],
+        code_version=cv[steps.GATEWAY],
+        deps=[steps.NODE_DEPLOYMENT],
         check_specs=[dg.AssetCheckSpec(
-            "routes_through_proxy", asset="gateway",
+            "routes_through_proxy", asset=steps.GATEWAY,
             description="One streamed chat request through the first LiteLLM pool reaches a live vLLM backend "
                         "(HTTP 200 with SSE data): the proxy routes after its reload.")],
         # bench_results comes after the gateway (it drains its node through it); its gate reaches
@@ -138,7 +139,7 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
         )
 
     gateway_job = dg.define_asset_job(
-        "gateway_job", selection=dg.AssetSelection.assets("gateway"),
+        steps.GATEWAY_JOB, selection=dg.AssetSelection.assets(steps.GATEWAY),
         description="Phase 5: write the LiteLLM pools (fast / reasoning / code) over every healthy, promoted "
                     "node to the gateway host, reload the proxy, and prove it routes.")
     return dg.Definitions(assets=[gateway], jobs=[gateway_job])

@@ -12,7 +12,7 @@ import dagster as dg
 from spark_pipelines.assets import fail
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_partitions
-from spark_pipelines.core import healing
+from spark_pipelines.core import healing, steps
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
@@ -38,13 +38,13 @@ class ReconcileConfig(dg.Config):
 
 
 def _by(context: dg.OpExecutionContext) -> str:
-    reason = context.run.tags.get("reason")
+    reason = context.run.tags.get(steps.REASON_TAG)
     return f"run {context.run_id[:8]}" + (f" ({reason})" if reason else "")
 
 
 def _record(context: dg.OpExecutionContext, node: str, quarantined: str, what: str) -> None:
     """The health history per node shows quarantines and releases next to the sweeps' verdicts."""
-    context.log_event(dg.AssetObservation(asset_key="node_deployment", partition=node, description=what,
+    context.log_event(dg.AssetObservation(asset_key=steps.NODE_DEPLOYMENT, partition=node, description=what,
                                           metadata={"quarantined": dg.MetadataValue.text(quarantined),
                                                     "policy": dg.MetadataValue.text(what)}))
 
@@ -52,7 +52,7 @@ def _record(context: dg.OpExecutionContext, node: str, quarantined: str, what: s
 def health_definitions(fleet: Fleet) -> dg.Definitions:
     partitions = node_partitions(fleet)
 
-    @dg.op(name="quarantine_node", description="Record the quarantine on the gateway host, then drain the node.")
+    @dg.op(name=steps.QUARANTINE_OP, description="Record the quarantine on the gateway host, then drain the node.")
     def quarantine_node(context: dg.OpExecutionContext, config: QuarantineConfig, ssh: FleetSSH,
                         litellm: LiteLLMGateway) -> None:
         node = context.partition_key
@@ -65,7 +65,7 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
         _record(context, node, out.record.summary(), f"quarantined; {out.note}")
         record_rotation(context, gw, f"quarantine {node}", {node: f"quarantined: {out.record.summary()}"})
 
-    @dg.op(name="release_quarantine", description="End a node's quarantine (the gateway takes it back once healthy).")
+    @dg.op(name=steps.RELEASE_OP, description="End a node's quarantine (the gateway takes it back once healthy).")
     def release_quarantine(context: dg.OpExecutionContext, ssh: FleetSSH) -> None:
         node = context.partition_key
         try:
@@ -77,7 +77,7 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
         context.log.info(f"{node}: {what}")
         _record(context, node, "", what)
 
-    @dg.op(name="reconcile_gateway", description="Apply a reconcile plan (or plan one now), each move re-checked.")
+    @dg.op(name=steps.RECONCILE_OP, description="Apply a reconcile plan (or plan one now), each move re-checked.")
     def reconcile_gateway(context: dg.OpExecutionContext, config: ReconcileConfig, ssh: FleetSSH,
                           litellm: LiteLLMGateway) -> None:
         s = ssh.session
@@ -108,7 +108,7 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
             record_rotation(context, gw, f"reconcile: {plan.describe()}",
                             {m.node: m.reason for m in plan.take_out})
 
-    @dg.job(name=healing.QUARANTINE_JOB, partitions_def=partitions, tags={"spark/health": "quarantine"},
+    @dg.job(name=steps.QUARANTINE_JOB, partitions_def=partitions, tags={steps.HEALTH_TAG: "quarantine"},
             description="Quarantine one node (a partition): recorded off the node on the gateway host (verdict, "
                         "reason, since, by) and drained from the gateway; no gateway step puts it back until it "
                         "is released (release_quarantine_job, or a healthy deploy for residue / crash-loop / "
@@ -116,19 +116,19 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
     def quarantine_job():
         quarantine_node()
 
-    @dg.job(name="release_quarantine_job", partitions_def=partitions,
+    @dg.job(name=steps.RELEASE_JOB, partitions_def=partitions,
             description="End one node's quarantine; gateway_job or the next reconcile puts it back once healthy.")
     def release_quarantine_job():
         release_quarantine()
 
-    @dg.job(name=healing.RECONCILE_JOB,
+    @dg.job(name=steps.RECONCILE_JOB,
             description="The gateway's rotation made exactly the healthy, promoted, not-quarantined nodes: a node "
                         "failing two sweeps in a row out, a healthy node drained longer than a bench takes back, "
                         "never below gateway.min_in_rotation (a dead node excepted).")
     def gateway_reconcile_job():
         reconcile_gateway()
 
-    @dg.asset_check(asset="node_deployment", name="health",
+    @dg.asset_check(asset=steps.NODE_DEPLOYMENT, name=steps.HEALTH_CHECK,
                     description="The health sweep's verdict per node (node_health reports one result per node "
                                 "each sweep, the node named in its metadata); run here, it sweeps every serve node "
                                 "and passes when each is healthy or starting.")

@@ -8,6 +8,7 @@ The Dockerfile edits come from core/dockerfile.py, each refusing to go on when i
 import dagster as dg
 
 from spark_pipelines.assets import retry_unreachable, step_session
+from spark_pipelines.core import steps
 from spark_pipelines.core import dockerfile as dockerfile_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage
@@ -21,7 +22,6 @@ from spark_pipelines.runbook.build_steps import checkout
 
 # Patch 03's marker: proves the INT8 LM head v2 is baked into the serving image.
 LMHEAD_MARKER = "DGX_SPARK_INT8_LMHEAD_V2"
-BUILD_TAG = "spark/build"
 SIGNATURE_LABEL = "org.spark-pipelines.signature"
 
 TORCH_VERSION_PY = "import torch; print(torch.__version__)"
@@ -42,9 +42,9 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="2_images",
         kinds={"docker", "ssh"},
-        code_version=cv["base_image"],
+        code_version=cv[steps.BASE_IMAGE],
         check_specs=[dg.AssetCheckSpec(
-            "torch_is_pinned_cuda_build", asset="base_image", blocking=True,
+            "torch_is_pinned_cuda_build", asset=steps.BASE_IMAGE, blocking=True,
             description="Blocking: torch in the base image is the pinned +cu build (uv did not swap it, which fails "
                         "at serve time with the libtorch_cuda.so ImportError); a failure stops the serving image.")],
         description="Step 3: vLLM base image (spark-vllm-docker at its pin, edited Dockerfile, pinned vLLM ref).",
@@ -55,9 +55,9 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         f = s.fleet
         node = f.build_node
         docker = NodeDocker(s)
-        sig = markers.signature(cv["base_image"])
+        sig = markers.signature(cv[steps.BASE_IMAGE])
         current = docker.image_id(node.name, base_tag)
-        marker = markers.matches(s, node, "base_image", sig)
+        marker = markers.matches(s, node, steps.BASE_IMAGE, sig)
         skipped = bool(marker and current and marker.get("image_id") == current)
         edits: list[dockerfile_core.EditRecord] = []
         build_output: str | None = None
@@ -88,7 +88,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         ).stdout.strip().splitlines()[-1]
         ok = version == f.pins.torch.torch and "+cu" in version
         if ok and not skipped:
-            markers.write(s, node, "base_image", sig, image_id=current)
+            markers.write(s, node, steps.BASE_IMAGE, sig, image_id=current)
         yield dg.Output(
             BuiltImage(node=node.name, ref=base_tag, image_id=current, torch=version),
             data_version=dg.DataVersion(current),
@@ -118,9 +118,9 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="2_images",
         kinds={"docker", "ssh"},
-        code_version=cv["serving_image"],
+        code_version=cv[steps.SERVING_IMAGE],
         check_specs=[dg.AssetCheckSpec(
-            "int8_lm_head_present", asset="serving_image", blocking=True,
+            "int8_lm_head_present", asset=steps.SERVING_IMAGE, blocking=True,
             description="Blocking: patch 03's INT8 LM head v2 marker is in the serving image's vLLM "
                         "logits_processor.py; a failure stops the copies to the nodes.")],
         description="Step 4: the serving image (recipe's Dockerfile.v2 + the starlette/fastapi pin).",
@@ -132,7 +132,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         node = f.build_node
         docker = NodeDocker(s)
         image = f.launch.image
-        sig = markers.signature(cv["serving_image"], base_image.image_id)
+        sig = markers.signature(cv[steps.SERVING_IMAGE], base_image.image_id)
         labels = docker.image_labels(node.name, image) if docker.image_id(node.name, image) else {}
         skipped = labels.get(SIGNATURE_LABEL) == sig
         if not skipped:
@@ -168,11 +168,11 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         )
 
     build_job = dg.define_asset_job(
-        "build_job",
-        selection=dg.AssetSelection.assets("base_model", "hybrid_checkpoint", "mtp_weights", "base_image",
-                                           "serving_image"),
+        steps.BUILD_JOB,
+        selection=dg.AssetSelection.assets(steps.BASE_MODEL, steps.HYBRID_CHECKPOINT, steps.MTP_WEIGHTS, steps.BASE_IMAGE,
+                                           steps.SERVING_IMAGE),
         description="Steps 0-4 on the build host: base model, hybrid checkpoint, MTP weights, base and serving "
                     "images. Each step re-verifies its output and skips the heavy work when nothing changed.",
         # The instance's run queue lets one run with this tag go at a time (team/dagster.yaml).
-        tags={BUILD_TAG: "build-host"})
+        tags={steps.BUILD_TAG: "build-host"})
     return dg.Definitions(assets=[base_image, serving_image], jobs=[build_job])

@@ -11,6 +11,7 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.assets import retry_unreachable, step_session
+from spark_pipelines.core import steps
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
@@ -47,7 +48,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="1_model",
         kinds={"huggingface", "ssh"},
-        code_version=cv["base_model"],
+        code_version=cv[steps.BASE_MODEL],
         description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision.",
     )
     @retry_unreachable(fleet.ssh)
@@ -57,8 +58,8 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         pin = s.fleet.pins.base_model
         sha = hub.resolve(pin.repo, pin.revision)
         dest = layout.base_model_dir(s.fleet, node)
-        sig = markers.signature(cv["base_model"], sha)
-        skipped = bool(markers.matches(s, node, "base_model", sig))
+        sig = markers.signature(cv[steps.BASE_MODEL], sha)
+        skipped = bool(markers.matches(s, node, steps.BASE_MODEL, sig))
         if skipped:
             report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
             skipped = report.ok
@@ -72,7 +73,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                     description=f"base model on {node.name} is incomplete after download: {report.problems[0]}",
                     metadata=report_metadata(report),
                 )
-            markers.write(s, node, "base_model", sig, revision=sha)
+            markers.write(s, node, steps.BASE_MODEL, sig, revision=sha)
         return dg.Output(
             ModelSnapshot(node=node.name, path=dest, repo=pin.repo, revision=sha),
             data_version=dg.DataVersion(sha),
@@ -82,9 +83,9 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="1_model",
         kinds={"python", "ssh"},
-        code_version=cv["hybrid_checkpoint"],
+        code_version=cv[steps.HYBRID_CHECKPOINT],
         check_specs=[dg.AssetCheckSpec(
-            "checkpoint_consistent", asset="hybrid_checkpoint", blocking=True,
+            "checkpoint_consistent", asset=steps.HYBRID_CHECKPOINT, blocking=True,
             description="Blocking: the safetensors index, the shard headers and the 144 FP8 scales agree (no stale "
                         "index of a half-built run); a failure stops the MTP step and every node copy.")],
         description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), verified from headers.",
@@ -96,7 +97,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         node = f.build_node
         recipe = layout.recipe_dir(node)
         out = layout.hybrid_dir(f, node)
-        sig = markers.signature(cv["hybrid_checkpoint"], base_model.revision)
+        sig = markers.signature(cv[steps.HYBRID_CHECKPOINT], base_model.revision)
 
         def build() -> None:
             checkout(s, node, f.pins.recipe_repo, recipe)
@@ -111,7 +112,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             )
 
         step = checkpoint_step(
-            s, node, "hybrid_checkpoint", sig, out,
+            s, node, steps.HYBRID_CHECKPOINT, sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False), build)
         report = step.report
         yield dg.Output(
@@ -130,9 +131,9 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="1_model",
         kinds={"python", "ssh"},
-        code_version=cv["mtp_weights"],
+        code_version=cv[steps.MTP_WEIGHTS],
         check_specs=[dg.AssetCheckSpec(
-            "mtp_keys_mapped", asset="mtp_weights", blocking=True,
+            "mtp_keys_mapped", asset=steps.MTP_WEIGHTS, blocking=True,
             description="Blocking: the MTP head's mtp.* keys are in the checkpoint index, so MTP-2 speculative "
                         "decoding loads them; a failure stops the copies to the nodes.")],
         description="Step 2: MTP head weights added to the hybrid checkpoint (for MTP-2 speculative decoding).",
@@ -145,10 +146,10 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         out = hybrid_checkpoint.path
         # Not the step-1 manifest: a rebuilt step 1 has a new index digest already, and adding it
         # would rerun step 2 once on every existing build host for nothing.
-        sig = markers.signature(cv["mtp_weights"], hybrid_checkpoint.index, base_model.revision)
+        sig = markers.signature(cv[steps.MTP_WEIGHTS], hybrid_checkpoint.index, base_model.revision)
         recipe = layout.recipe_dir(node)
         step = checkpoint_step(
-            s, node, "mtp_weights", sig, out,
+            s, node, steps.MTP_WEIGHTS, sig, out,
             lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
             lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model.path,
                                       "--target", out], timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S),

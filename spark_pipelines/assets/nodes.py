@@ -14,6 +14,7 @@ from pydantic import Field
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import readable
+from spark_pipelines.core import steps
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
@@ -107,7 +108,7 @@ def distribution_payload(cv: dict[str, str], mtp_weights: Checkpoint, serving_im
     marker signature a verified receiver gets (artifact_distribution and a rollout)."""
     return Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
                    manifest=mtp_weights.manifest,
-                   signature=markers.signature(cv["node_artifacts"], mtp_weights.index, mtp_weights.manifest))
+                   signature=markers.signature(cv[steps.NODE_ARTIFACTS], mtp_weights.index, mtp_weights.manifest))
 
 
 def node_definitions(fleet: Fleet) -> dg.Definitions:
@@ -118,9 +119,9 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"ssh", "docker"},
         partitions_def=partitions,
-        code_version=cv["node_artifacts"],
+        code_version=cv[steps.NODE_ARTIFACTS],
         check_specs=[node_check(
-            "same_image_as_build_host", "node_artifacts", partitions,
+            "same_image_as_build_host", steps.NODE_ARTIFACTS, partitions,
             "Blocking, per node: the serving image id on the node is the one the build host built "
             "(docker save | docker load arrived whole); a failure stops that node's deployment only.")],
         description="Checkpoint and serving image on the node, streamed node-to-node from the build host.",
@@ -144,15 +145,15 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             meta["copied"] = False
         else:
             streams = NodeStreams(s)
-            sig = markers.signature(cv["node_artifacts"], mtp_weights.index, manifest)
+            sig = markers.signature(cv[steps.NODE_ARTIFACTS], mtp_weights.index, manifest)
             # The skip re-hashes the node's copy (content, not just sizes): a shard rewritten in place
             # with the same size is found and re-sent by copy_tree.
-            if (markers.matches(s, node, "node_artifacts", sig)
+            if (markers.matches(s, node, steps.NODE_ARTIFACTS, sig)
                     and streams.verify_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest).ok):
                 meta["copied"] = False
             else:
                 copy = streams.copy_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest)
-                markers.write(s, node, "node_artifacts", sig, manifest=manifest)
+                markers.write(s, node, steps.NODE_ARTIFACTS, sig, manifest=manifest)
                 meta.update(copied=True, bytes_sent=copy.bytes_sent, copy_seconds=copy.seconds,
                             files=copy.verification.files, repaired=len(copy.repaired))
             img = streams.copy_image(build.name, node.name, image)
@@ -179,7 +180,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.asset(
         group_name="3_nodes",
         kinds={"ssh", "docker"},
-        code_version=cv["node_artifacts"],
+        code_version=cv[steps.NODE_ARTIFACTS],
         description="The checkpoint and serving image fanned out along a tree: every verified holder serves the "
                     "next node (about log2(N)+1 rounds); node_artifacts then verifies each node and skips.",
     )
@@ -203,9 +204,9 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"docker", "vllm"},
         partitions_def=partitions,
-        code_version=cv["node_deployment"],
+        code_version=cv[steps.NODE_DEPLOYMENT],
         check_specs=[node_check(
-            "serving", "node_deployment", partitions,
+            "serving", steps.NODE_DEPLOYMENT, partitions,
             "Blocking, per node: after Phase 4 the container runs the image node_artifacts recorded "
             "with the expected launch-spec label, answers /health and the smoke test.")],
         description="Phase 4 on one node: preflight, launch, readiness + diagnosis, smoke test; rollback on failure. "
@@ -221,7 +222,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         spec = launch_spec(f, node)
 
         recorded = node_artifacts.image_id
-        sig = markers.signature(cv["node_deployment"], spec.fingerprint, recorded, node_artifacts.index)
+        sig = markers.signature(cv[steps.NODE_DEPLOYMENT], spec.fingerprint, recorded, node_artifacts.index)
         current = docker.inspect_container(node.name, spec.container_name)
         marker = markers.read_deploy(s, node)
         # The skip needs the running container to BE what the marker says: its id, the image
@@ -257,7 +258,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             return
 
         try:
-            d = deploy_recorded(s, node, node_artifacts, cv["node_deployment"], context.log, run_id=context.run.run_id,
+            d = deploy_recorded(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], context.log, run_id=context.run.run_id,
                                 fresh_jit_cache=config.fresh_jit_cache)
         except RunbookError as e:
             fail(e)
@@ -267,12 +268,12 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                                   description=d.check_text)
 
     deploy_node_job = dg.define_asset_job(
-        "deploy_node_job", selection=dg.AssetSelection.assets("node_artifacts", "node_deployment", "jit_cache"),
+        steps.DEPLOY_JOB, selection=dg.AssetSelection.assets(steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.JIT_CACHE),
         description="Artifacts and deployment on one node (a partition): copy, preflight, launch, verify, "
                     "or roll back to the previous deployment; after a healthy boot, the node's compiled kernels "
                     "are archived on the build host (jit_cache).")
     distribute_job = dg.define_asset_job(
-        "distribute_job", selection=dg.AssetSelection.assets("artifact_distribution"),
+        steps.DISTRIBUTE_JOB, selection=dg.AssetSelection.assets(steps.ARTIFACT_DISTRIBUTION),
         description="Fan the checkpoint and image out to every serve node along a tree (run before deploy_node_job).")
     return dg.Definitions(assets=[node_artifacts, artifact_distribution, node_deployment],
                           jobs=[deploy_node_job, distribute_job])

@@ -16,10 +16,11 @@ import dagster as dg
 from pydantic import Field
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.bench import BENCH_TAG, bench_metadata, recorded_benches
+from spark_pipelines.assets.bench import bench_metadata, recorded_benches
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload
+from spark_pipelines.core import steps
 from spark_pipelines.core import baseline
 from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
@@ -38,7 +39,6 @@ from spark_pipelines.state import markers
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.quarantine import quarantined
 
-ROLLOUT_TAG = "spark/rollout"  # the run queue runs one rollout at a time (team/dagster.yaml)
 
 
 class RolloutConfig(dg.Config):
@@ -129,7 +129,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
 
         def on_progress(event: str, steps: list[core.NodeStep]) -> None:
             log.info(f"rollout: {event}")
-            context.log_event(dg.AssetObservation(asset_key="fleet_rollout", description=event, metadata={
+            context.log_event(dg.AssetObservation(asset_key=steps.FLEET_ROLLOUT, description=event, metadata={
                 "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(steps)),
                 "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))}))
 
@@ -151,8 +151,8 @@ def rollout_definitions(fleet) -> dg.Definitions:
         return dg.MaterializeResult(metadata=meta)
 
     rollout_job = dg.define_asset_job(
-        "rollout_job", selection=dg.AssetSelection.assets("fleet_rollout"),
-        tags={ROLLOUT_TAG: "fleet", BENCH_TAG: "rollout"},
+        steps.ROLLOUT_JOB, selection=dg.AssetSelection.assets(steps.FLEET_ROLLOUT),
+        tags={steps.ROLLOUT_TAG: "fleet", steps.BENCH_TAG: "rollout"},
         description="Roll the build host's checkpoint and image out to the fleet: fan-out, canary, then waves "
                     "gated by health and bench; a failed gate stops it and puts the node back "
                     "(`spark-pipelines plan` shows the waves first).")
@@ -179,9 +179,9 @@ class _Steps:
         artifacts = NodeArtifacts(node=node, path=layout.hybrid_dir(f, n), image=self.image.ref,
                                   image_id=self.image.image_id, index=self.mtp_weights.index,
                                   manifest=self.mtp_weights.manifest)
-        d = deploy_recorded(self.s, n, artifacts, self.cv["node_deployment"], self.context.log,
+        d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
                             run_id=self.run_id, keep_previous=True)
-        self.context.log_event(dg.AssetMaterialization("node_deployment", partition=node,
+        self.context.log_event(dg.AssetMaterialization(steps.NODE_DEPLOYMENT, partition=node,
                                                        metadata={**d.metadata, "rollout_run": self.run_id}))
         if d.mismatch:  # committed, but not what was meant: back to the previous version
             said = self.revert(node, d.mismatch)
@@ -194,7 +194,7 @@ class _Steps:
             return core.judge(node, healthy=True, benched=False)
         b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id,
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
-        self.context.log_event(dg.AssetMaterialization("bench_results", partition=node, metadata={
+        self.context.log_event(dg.AssetMaterialization(steps.BENCH_RESULTS, partition=node, metadata={
             **bench_metadata(self.context, f, node, b), "rollout_run": self.run_id}))
         return core.judge(node, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance, gpu_verdict=b.gpu_verdict,
                           floor_tok_s=f.bench_floor(n), floor_acceptance=f.bench.floor_mtp_acceptance,
@@ -207,7 +207,7 @@ class _Steps:
         said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
                                    run_id=self.run_id)
         record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})
-        self.context.log_event(dg.AssetObservation("node_deployment", partition=node, description=said,
+        self.context.log_event(dg.AssetObservation(steps.NODE_DEPLOYMENT, partition=node, description=said,
                                                    metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]}))
         return said
 

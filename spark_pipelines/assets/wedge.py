@@ -9,6 +9,7 @@ import dagster as dg
 from spark_pipelines.assets import fail, retry_unreachable
 from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.lease import node_lease
@@ -53,7 +54,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
     def wedge_evidence(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
         s = ssh.session
         node = s.fleet.node(context.partition_key)
-        reason = context.run.tags.get("evidence") or "wedge suspected"
+        reason = context.run.tags.get(steps.EVIDENCE_TAG) or "wedge suspected"
         try:
             with node_lease(s, node.name, "wedge capture", run_id=context.run.run_id):
                 context.log.info(wedge.quarantine_node(s, node, wedge.WEDGED, reason, litellm.host()))
@@ -108,11 +109,11 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         })
 
     capture_job = dg.define_asset_job(
-        "wedge_capture_job", selection=[wedge_evidence],
+        steps.WEDGE_CAPTURE_JOB, selection=[wedge_evidence],
         description="Quarantine a node suspected of the PD-firmware wedge and capture the runbook's pre-drain "
                     "evidence to the build host (requested by wedge_watch; safe to launch by hand).")
     drain_job = dg.define_asset_job(
-        "cold_drain_job", selection=[cold_drain],
+        steps.COLD_DRAIN_JOB, selection=[cold_drain],
         description="APPROVAL: launching this run for a node IS the operator's approval of its AC cold drain "
                     "(docker stop, sudo poweroff, AC off 90-120 s by the fleet's smart plug or by you at the wall, "
                     "boot, docker start), then the post-drain validation: WEDGE RESOLVED or WEDGE PERSISTS. "

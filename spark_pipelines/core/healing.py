@@ -30,10 +30,8 @@ from typing import Any, Literal
 from spark_pipelines.core import diagnosis as d
 from spark_pipelines.core.fleet_settings import HealthSettings
 from spark_pipelines.core.health import NodeVerdict
+from spark_pipelines.core.steps import BENCH_JOB, DEPLOY_JOB, QUARANTINE_JOB  # the jobs the actions run
 
-# The Dagster jobs the actions run (defined in assets/nodes.py, assets/bench.py, assets/health.py).
-DEPLOY_JOB, BENCH_JOB, QUARANTINE_JOB, RECONCILE_JOB = (
-    "deploy_node_job", "bench_job", "quarantine_job", "gateway_reconcile_job")
 FRESH_JIT_CACHE = "fresh_jit_cache"  # node_deployment's config field (assets/nodes.py DeployConfig)
 # Verdicts that quarantine: relaunching cannot help (a reboot or an operator must).
 QUARANTINE_VERDICTS = frozenset({"crash-loop", "residue"})

@@ -12,20 +12,21 @@ import hashlib
 import json
 from typing import Any
 
+from spark_pipelines.core import steps
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.fleet import Fleet
 
 # Bump when the procedure of a step changes in a way that needs a rerun on every fleet.
 PROCEDURE_REVISION = {
-    "base_model": 1,
-    "hybrid_checkpoint": 1,
-    "mtp_weights": 1,
-    "base_image": 1,
-    "serving_image": 1,
-    "node_artifacts": 1,
-    "node_deployment": 1,
-    "gateway": 1,
-    "bench_results": 1,
+    steps.BASE_MODEL: 1,
+    steps.HYBRID_CHECKPOINT: 1,
+    steps.MTP_WEIGHTS: 1,
+    steps.BASE_IMAGE: 1,
+    steps.SERVING_IMAGE: 1,
+    steps.NODE_ARTIFACTS: 1,
+    steps.NODE_DEPLOYMENT: 1,
+    steps.GATEWAY: 1,
+    steps.BENCH_RESULTS: 1,
 }
 
 
@@ -45,11 +46,11 @@ def step_inputs(fleet: Fleet) -> dict[str, Any]:
         for n in fleet.serve_nodes
     }
     return {
-        "base_model": p.base_model.model_dump(),
-        "hybrid_checkpoint": {"recipe": p.recipe_repo.model_dump(), "fp8": p.fp8_model.model_dump(),
-                              "model_dir": fleet.launch.model_dir},
-        "mtp_weights": {"recipe": p.recipe_repo.model_dump()},
-        "base_image": {
+        steps.BASE_MODEL: p.base_model.model_dump(),
+        steps.HYBRID_CHECKPOINT: {"recipe": p.recipe_repo.model_dump(), "fp8": p.fp8_model.model_dump(),
+                                  "model_dir": fleet.launch.model_dir},
+        steps.MTP_WEIGHTS: {"recipe": p.recipe_repo.model_dump()},
+        steps.BASE_IMAGE: {
             "build_repo": p.build_repo.model_dump(),
             "vllm_ref": p.vllm_ref,
             "torch": p.torch.model_dump(),
@@ -57,12 +58,12 @@ def step_inputs(fleet: Fleet) -> dict[str, Any]:
             "build": p.build.model_dump(),
             "recipe": p.recipe_repo.commit,  # the patch diffs come from the recipe checkout
         },
-        "serving_image": {"recipe": p.recipe_repo.model_dump(), "serving": p.serving.model_dump(),
-                          "image": fleet.launch.image},
-        "node_artifacts": {"models_dir": fleet.launch.models_dir, "model_dir": fleet.launch.model_dir},
-        "node_deployment": launch_by_node,
-        "gateway": fleet.gateway.model_dump(),
-        "bench_results": fleet.bench.model_dump(),
+        steps.SERVING_IMAGE: {"recipe": p.recipe_repo.model_dump(), "serving": p.serving.model_dump(),
+                              "image": fleet.launch.image},
+        steps.NODE_ARTIFACTS: {"models_dir": fleet.launch.models_dir, "model_dir": fleet.launch.model_dir},
+        steps.NODE_DEPLOYMENT: launch_by_node,
+        steps.GATEWAY: fleet.gateway.model_dump(),
+        steps.BENCH_RESULTS: fleet.bench.model_dump(),
     }
 
 

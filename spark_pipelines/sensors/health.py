@@ -25,17 +25,15 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.core import health, healing
+from spark_pipelines.core import health, healing, steps
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import reconcile, sweep
 from spark_pipelines.core.errors import RunbookError
 
-ASSET = dg.AssetKey("node_deployment")
-CHECK = "health"
+ASSET = dg.AssetKey(steps.NODE_DEPLOYMENT)
 # The same reconcile plan is asked again only after this long (its job may have failed meanwhile).
 RECONCILE_RETRY_S = 600
-OP_QUARANTINE, OP_RECONCILE, OP_DEPLOY = "quarantine_node", "reconcile_gateway", "node_deployment"
 
 
 def _earlier(raw: dict[str, Any], node: str) -> health.Observation | None:
@@ -93,8 +91,8 @@ def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | Non
 
 
 def _request(node: str, a: healing.Action, verdict: str) -> dg.RunRequest:
-    tags = {"reason": f"health-{verdict}", "spark/health-action": a.kind}
-    op = {healing.QUARANTINE_JOB: OP_QUARANTINE, healing.DEPLOY_JOB: OP_DEPLOY}.get(a.job)
+    tags = {steps.REASON_TAG: f"health-{verdict}", steps.HEALTH_ACTION_TAG: a.kind}
+    op = {steps.QUARANTINE_JOB: steps.QUARANTINE_OP, steps.DEPLOY_JOB: steps.DEPLOY_OP}.get(a.job)
     config = {"ops": {op: {"config": dict(a.config)}}} if op and a.config else None
     return dg.RunRequest(run_key=a.run_key, job_name=a.job, partition_key=node, tags=tags, run_config=config)
 
@@ -105,7 +103,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
     passes the very objects the other factories made)."""
     settings = fleet.health
 
-    @dg.sensor(name="node_health", minimum_interval_seconds=60, jobs=list(jobs) or None,
+    @dg.sensor(name=steps.HEALTH_SENSOR, minimum_interval_seconds=60, jobs=list(jobs) or None,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description="The health sweep of every serve node at once (SSH, nvidia-smi, docker inspect, the "
                            "container's log tail, /health, /metrics, its bench history), each verdict recorded on "
@@ -154,7 +152,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             # partition violates asset_check_executions' unique (asset, check, run_id, partition) in
             # Dagster 1.13. The node is in the description and the metadata instead.
             events.append(dg.AssetCheckEvaluation(
-                asset_key=ASSET, check_name=CHECK, passed=not v.needs_action,
+                asset_key=ASSET, check_name=steps.HEALTH_CHECK, passed=not v.needs_action,
                 severity=dg.AssetCheckSeverity.WARN,
                 description=f"{name}: {v.verdict}; {'; '.join(v.evidence)[:300]} -> {v.advice[:200]} ({d.note})",
                 metadata={"node": name, "verdict": v.verdict, "policy": d.note}))
@@ -178,9 +176,9 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                 if again:
                     last_reconcile = {"digest": digest, "at": int(now)}
                     requests.append(dg.RunRequest(
-                        run_key=f"reconcile-{digest}-{int(now)}", job_name=healing.RECONCILE_JOB,
-                        run_config={"ops": {OP_RECONCILE: {"config": plan.to_config()}}},
-                        tags={"reason": "health-reconcile"}))
+                        run_key=f"reconcile-{digest}-{int(now)}", job_name=steps.RECONCILE_JOB,
+                        run_config={"ops": {steps.RECONCILE_OP: {"config": plan.to_config()}}},
+                        tags={steps.REASON_TAG: "health-reconcile"}))
         else:
             said.append(gateway_note)
         cursor = json.dumps({"nodes": {n: m.to_json() for n, m in memory.items() if n in names},

@@ -20,9 +20,10 @@ import dagster as dg
 
 from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
 from spark_pipelines.core.pins import code_versions
+from spark_pipelines.core import steps
 
-UNPARTITIONED = ("base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image")
-PER_NODE = ("node_artifacts", "node_deployment")
+UNPARTITIONED = steps.BUILD_STEPS
+PER_NODE = steps.NODE_STEPS
 # The tag Dagster writes on every materialization of an asset that declares a code version.
 CODE_VERSION_TAG = "dagster/code_version"
 
@@ -57,9 +58,9 @@ def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.
     """`jobs`: build_job and rollout_job (the same objects the asset modules define), so the UI
     shows the sensor's targets and its runs on those jobs' pages."""
     loaded = code_versions(fleet)
-    build_job = "build_job" if any(j.name == "build_job" for j in jobs) else None
+    build_job = steps.BUILD_JOB if any(j.name == steps.BUILD_JOB for j in jobs) else None
 
-    @dg.sensor(name="pins_changed", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
+    @dg.sensor(name=steps.PINS_SENSOR, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
                jobs=list(jobs) or None,
                description="Compares the loaded fleet's pins (code versions) with those recorded on each step's "
                            "latest materialization and requests exactly the stale steps: build_job from the "
@@ -79,22 +80,22 @@ def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.
             key = "-".join(f"{s}:{loaded[s]}" for s in after)
             # The run key holds the code versions: a request is made once per pin change, not per tick.
             requests.append(dg.RunRequest(run_key=f"build-{key}", asset_selection=[dg.AssetKey(s) for s in after],
-                                          job_name=build_job, tags={"pins": ",".join(build)}))
+                                          job_name=build_job, tags={steps.PINS_TAG: ",".join(build)}))
         elif nodes:
             # Node steps only once the build is current (they consume its output), and as one gated
             # rollout (canary, waves, rollback), never as a deploy per node at once. The run key
             # holds the code versions: a rollout that stopped on a gate is not retried blindly.
             key = "-".join(f"{s}:{loaded[s]}" for s in PER_NODE)
             stale = sorted({s for steps in nodes.values() for s in steps}, key=PER_NODE.index)
-            requests.append(dg.RunRequest(run_key=f"rollout-{key}", job_name="rollout_job",
-                                          tags={"pins": ",".join(stale), "nodes": ",".join(nodes)}))
+            requests.append(dg.RunRequest(run_key=f"rollout-{key}", job_name=steps.ROLLOUT_JOB,
+                                          tags={steps.PINS_TAG: ",".join(stale), steps.NODES_TAG: ",".join(nodes)}))
         if requests:
             return dg.SensorResult(run_requests=requests)
         return dg.SensorResult(skip_reason=note or "every step is at the loaded code versions")
 
     # Carries a rebuilt checkpoint or image to the fleet: fleet_rollout's eager condition.
     rollout = dg.AutomationConditionSensorDefinition(
-        "rollout", target=dg.AssetSelection.assets("fleet_rollout"), default_status=dg.DefaultSensorStatus.STOPPED,
+        steps.ROLLOUT_SENSOR, target=dg.AssetSelection.assets(steps.FLEET_ROLLOUT), default_status=dg.DefaultSensorStatus.STOPPED,
         description="Declarative automation of the rollout: once the build host holds a new checkpoint or image, "
                     "fleet_rollout runs (canary, waves, gates, rollback of a failed node).")
     return dg.Definitions(sensors=[pins_changed, rollout])

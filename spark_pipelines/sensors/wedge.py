@@ -15,7 +15,7 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.core import gpu
+from spark_pipelines.core import gpu, steps
 from spark_pipelines.core.diagnosis import METRIC_RUNNING
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import GatewayHost
@@ -25,7 +25,7 @@ from spark_pipelines.runbook import sweep
 from spark_pipelines.runbook.preflight import read_gpu
 
 WEDGED_TICKS_BEFORE_CAPTURE = 2
-CAPTURE_JOB = "wedge_capture_job"
+CAPTURE_JOB = steps.WEDGE_CAPTURE_JOB
 
 
 def judge(s: FleetSession, node: str) -> gpu.GpuVerdict:
@@ -45,7 +45,7 @@ def _episode(raw: Any) -> dict[str, Any]:
 def wedge_sensors(fleet: Fleet) -> dg.Definitions:
     """`fleet` is the one loaded with the code location: an edit applies on reload (see pins.py)."""
 
-    @dg.sensor(name="wedge_watch", job_name=CAPTURE_JOB, minimum_interval_seconds=120,
+    @dg.sensor(name=steps.WEDGE_SENSOR, job_name=CAPTURE_JOB, minimum_interval_seconds=120,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description=f"Judges each gateway node's GPU while vLLM reports live requests; after "
                            f"{WEDGED_TICKS_BEFORE_CAPTURE} wedged ticks in a row requests {CAPTURE_JOB} for it "
@@ -99,7 +99,7 @@ def wedge_sensors(fleet: Fleet) -> dg.Definitions:
                         ep["requested"] = True
                         requests.append(dg.RunRequest(
                             run_key=f"wedge-{name}-{ep.get('since', 0)}", job_name=CAPTURE_JOB, partition_key=name,
-                            tags={"reason": "wedge-suspected", "evidence": verdict.reasons[0][:200]}))
+                            tags={steps.REASON_TAG: "wedge-suspected", steps.EVIDENCE_TAG: verdict.reasons[0][:200]}))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(episodes, sort_keys=True),
                                skip_reason=None if requests else "; ".join(seen) or "no serving node")
 

@@ -35,7 +35,7 @@ def test_instance_runs_one_run_per_node_and_one_bench_at_a_time(tmp_path, monkey
 
 
 def test_bench_runs_carry_the_bench_tag(seed_data, tmp_path):
-    from spark_pipelines.assets.bench import BENCH_TAG
+    from spark_pipelines.core.steps import BENCH_TAG
     from spark_pipelines.definitions import build_definitions
 
     p = tmp_path / "fleet.yaml"

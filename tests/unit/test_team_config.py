@@ -64,7 +64,7 @@ def test_the_queue_limits_one_run_per_node_one_bench_one_build(tmp_path):
 
 
 def test_build_runs_carry_the_build_tag(seed_data, tmp_path):
-    from spark_pipelines.assets.images import BUILD_TAG
+    from spark_pipelines.core.steps import BUILD_TAG
     from spark_pipelines.definitions import build_definitions
 
     p = tmp_path / "fleet.yaml"

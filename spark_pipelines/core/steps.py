@@ -1,0 +1,77 @@
+"""The names that cross layers, once: asset keys, jobs, ops, checks, run tags, sensors, schedules.
+
+A policy in core decides "redeploy" and names the job; a sensor requests it; an asset module
+defines it; the demo and the doctor read what it recorded. Each of them spells the name from
+here, so a rename cannot leave one of them asking for a job or an asset that no longer exists.
+Pure strings: nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+# Assets: the runbook's steps, in chain order (each one's code version comes from core/pins.py).
+BASE_MODEL = "base_model"  # step 0: the INT4 checkpoint downloaded to the build host
+HYBRID_CHECKPOINT = "hybrid_checkpoint"  # step 1: the hybrid INT4+FP8 checkpoint built there
+MTP_WEIGHTS = "mtp_weights"  # step 2: the MTP head added; the checkpoint the nodes receive
+BASE_IMAGE = "base_image"  # step 3: the vLLM base image
+SERVING_IMAGE = "serving_image"  # step 4: the image every node runs
+NODE_ARTIFACTS = "node_artifacts"  # per node: checkpoint and image copied, verified on the node
+ARTIFACT_DISTRIBUTION = "artifact_distribution"  # the copies fanned out along a tree (fleet-wide)
+NODE_DEPLOYMENT = "node_deployment"  # per node: Phase 4; also where health sweeps are observed
+JIT_CACHE = "jit_cache"  # per node: the compiled kernels archived on the build host
+GATEWAY = "gateway"  # Phase 5: the LiteLLM config; drains and restores are observed on it
+BENCH_RESULTS = "bench_results"  # per node: the isolated bench and its promotion gate
+FLEET_ROLLOUT = "fleet_rollout"  # a new checkpoint or image onto the fleet as canary + waves
+FLEET_SUMMARY = "fleet_summary"  # one row per node, read from what the others recorded
+WEDGE_EVIDENCE = "wedge_evidence"  # per node: the pre-drain capture of a suspected wedge
+COLD_DRAIN = "cold_drain"  # per node: the AC cold drain a person approves by launching it
+AB_EXPERIMENTS = "ab_experiments"  # prefix of the A/B results' keys: ab_experiments/<node>
+
+# The steps whose code version the pins sensor compares (and their order of rebuild).
+BUILD_STEPS = (BASE_MODEL, HYBRID_CHECKPOINT, MTP_WEIGHTS, BASE_IMAGE, SERVING_IMAGE)  # unpartitioned
+NODE_STEPS = (NODE_ARTIFACTS, NODE_DEPLOYMENT)  # per node; a change reaches the fleet as a rollout
+
+# Jobs: what sensors, schedules, the healing policies and the demo ask the instance to run.
+BUILD_JOB = "build_job"  # steps 0-4 on the build host
+DISTRIBUTE_JOB = "distribute_job"  # the tree's copies before the per-node deploys
+DEPLOY_JOB = "deploy_node_job"  # artifacts + deployment + JIT cache of one node (a partition)
+GATEWAY_JOB = "gateway_job"  # Phase 5
+BENCH_JOB = "bench_job"  # the isolated bench of one node
+ROLLOUT_JOB = "rollout_job"  # fleet_rollout: the pins sensor's answer to a changed launch profile
+QUARANTINE_JOB = "quarantine_job"  # a healing policy's quarantine (and the rollback decision)
+RELEASE_JOB = "release_quarantine_job"  # an operator ends a quarantine
+RECONCILE_JOB = "gateway_reconcile_job"  # node_health's gateway reconcile plan applied
+WEDGE_CAPTURE_JOB = "wedge_capture_job"  # wedge_watch's request: quarantine + evidence
+COLD_DRAIN_JOB = "cold_drain_job"  # a person's approval of a cold drain
+AB_JOB = "ab_experiment_job"  # two launch-profile variants compared on one node
+
+# Ops whose config a run request carries (an asset's op is named as the asset).
+QUARANTINE_OP = "quarantine_node"  # quarantine_job's op: QuarantineConfig
+RELEASE_OP = "release_quarantine"  # release_quarantine_job's op
+RECONCILE_OP = "reconcile_gateway"  # gateway_reconcile_job's op: ReconcileConfig
+AB_OP = "ab_experiment"  # ab_experiment_job's op: ABConfig
+DEPLOY_OP = NODE_DEPLOYMENT  # deploy_node_job's config goes to node_deployment: DeployConfig
+
+# Asset checks read or reported outside the module that declares them.
+HEALTH_CHECK = "health"  # on node_deployment: node_health reports one evaluation per node per sweep
+ABOVE_FLOOR_CHECK = "above_floor"  # on bench_results: the promotion gate
+
+# Run tags. The instance's run queue limits the first three (team/dagster.yaml).
+BENCH_TAG = "spark/bench"  # one bench at a time: a drained node is measured alone
+BUILD_TAG = "spark/build"  # one build at a time on the build host
+ROLLOUT_TAG = "spark/rollout"  # one rollout at a time
+HEALTH_TAG = "spark/health"  # a run the healing policies own (quarantine)
+HEALTH_ACTION_TAG = "spark/health-action"  # which policy action requested the run
+REASON_TAG = "reason"  # why a sensor requested the run; a quarantine's `by` names it
+EVIDENCE_TAG = "evidence"  # wedge_watch's first reason, read by wedge_evidence
+PINS_TAG = "pins"  # the stale steps a pins_changed request runs for
+NODES_TAG = "nodes"  # the nodes a pins_changed rollout is for
+
+# Sensors and schedules (the UI, the demo's console and the tests start them by name).
+HEALTH_SENSOR = "node_health"
+PINS_SENSOR = "pins_changed"
+ROLLOUT_SENSOR = "rollout"  # declarative automation of fleet_rollout
+WEDGE_SENSOR = "wedge_watch"
+SUMMARY_SENSOR = "fleet_summary_refresh"
+SUMMARY_AUTOMATION = "fleet_summary_automation"
+WEEKLY_REBUILD = "weekly_rebuild"
+NIGHTLY_BENCH = "nightly_bench"
