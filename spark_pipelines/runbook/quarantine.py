@@ -2,11 +2,10 @@
 
 The record lives OFF the node (a quarantined node may be SSH-dead or rebooting): a small JSON
 file next to the gateway config on the gateway host, `<config>.quarantine.json`, node ->
-{verdict, reason, since, by}. It is changed like the config itself: one bounded remote command
-under `flock` on `<config>.lock` (so it never interleaves with a config change), written only if
-the file still has the digest this process read (else re-read and retry), through a temp file
-renamed into place (atomic). `runbook.rotation.promotion` reads it: a gateway_job rerun does not
-put a quarantined node back.
+{verdict, reason, since, by}. It is read and changed through the gateway host's one protocol for
+the files beside its config (`GatewayHost.read_sidecar` / `change_sidecar`: under `<config>.lock`,
+never interleaved with a config change, written only if unchanged since read, atomic rename).
+`runbook.rotation.promotion` reads it: a gateway_job rerun does not put a quarantined node back.
 """
 
 from __future__ import annotations
@@ -19,30 +18,15 @@ from typing import Any
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.healing import NOTE_PREFIX
-from spark_pipelines.resources.gateway import EXIT_CHANGED, EXIT_LOCK, GatewayHost
-from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, RemoteError
+from spark_pipelines.resources.gateway import GatewayError, GatewayHost
+from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.core.errors import RunbookError
 
 SUFFIX = ".quarantine.json"
-TIMEOUT_S = 30.0
 LOCK_WAIT_S = 20
-RETRIES = 5
 # Verdicts a healthy deploy (its preflight passed) proves over; wedged and regressed need their own proof.
 RELEASED_BY_DEPLOY = frozenset({"residue", "crash-loop", "engine-down"})
-
-_READ = r'''f=$1
-if [ -f "$f" ]; then sha256sum < "$f" | cut -c1-64; cat -- "$f"; else echo absent; fi'''
-
-# $1 file  $2 digest expected.  stdin: the new content ("" removes the file).
-_WRITE = r'''set -u
-f=$1 want=$2 tmp="$1.tmp-$$"
-cat > "$tmp" || { rm -f "$tmp"; exit 70; }
-have=absent; [ -f "$f" ] && have=$(sha256sum < "$f" | cut -c1-64)
-if [ "$have" != "$want" ]; then rm -f "$tmp"; echo "changed since read" >&2; exit 75; fi
-if [ ! -s "$tmp" ]; then rm -f "$tmp" "$f"; echo removed; exit 0; fi
-chmod 600 "$tmp" && mv -f "$tmp" "$f" || { rm -f "$tmp"; exit 70; }
-echo written'''
 
 
 class QuarantineError(RunbookError):
@@ -72,55 +56,46 @@ def record_path(gw: GatewayHost) -> str:
     return gw.config_path + SUFFIX
 
 
-def _read(s: FleetSession) -> tuple[dict[str, Any], str]:
-    gw = GatewayHost(s)
-    try:
-        r = s.run(GATEWAY_KEY, ["sh", "-c", _READ, "quarantine-read", record_path(gw)], log=False, timeout=TIMEOUT_S)
-    except RemoteError as e:
-        raise QuarantineError(f"gateway {gw.gw.host}: reading {record_path(gw)} failed: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    head, _, text = r.stdout.partition("\n")
-    if head.strip() == "absent":
-        return {}, "absent"
+def _parse(gw: GatewayHost, text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
     try:
         data = json.loads(text)
     except ValueError:
         raise QuarantineError(f"gateway {gw.gw.host}: {record_path(gw)} is not JSON: fix or remove it "
                               "(it lists the quarantined nodes)") from None
-    return (data if isinstance(data, dict) else {}), head.strip()
+    return data if isinstance(data, dict) else {}
+
+
+def _read(s: FleetSession) -> dict[str, Any]:
+    gw = GatewayHost(s)
+    try:
+        text, _ = gw.read_sidecar(SUFFIX)
+    except GatewayError as e:
+        raise QuarantineError(str(e)) from None
+    return _parse(gw, text)
 
 
 def _change(s: FleetSession, edit) -> dict[str, Any]:
     """Read, edit, write under the gateway config's lock; retried while another run changes it."""
     gw = GatewayHost(s)
-    path = record_path(gw)
-    for _ in range(RETRIES):
-        data, digest = _read(s)
+
+    def on_text(text: str | None) -> str | None:
+        data = _parse(gw, text)
         new = edit(dict(data))
         if new == data:
-            return data
-        text = json.dumps(new, indent=2, sort_keys=True) + "\n" if new else ""
-        argv = ["flock", "-w", str(LOCK_WAIT_S), "-E", str(EXIT_LOCK), f"{gw.config_path}.lock",
-                "sh", "-c", _WRITE, "quarantine-write", path, digest]
-        try:
-            r = s.run(GATEWAY_KEY, argv, stdin=text, check=False, log=False, timeout=LOCK_WAIT_S + TIMEOUT_S)
-        except RemoteError as e:
-            raise QuarantineError(f"gateway {gw.gw.host}: writing {path} failed: "
-                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        if r.exit_status == 0:
-            return new
-        if r.exit_status == EXIT_CHANGED:
-            continue
-        if r.exit_status == EXIT_LOCK:
-            raise QuarantineError(f"gateway {gw.gw.host}: {gw.config_path}.lock held for more than {LOCK_WAIT_S} s "
-                                  f"(a config change or reload in progress); {path} not changed, retry")
-        raise QuarantineError(f"gateway {gw.gw.host}: writing {path} exited {r.exit_status}: {r.tail.strip()[-200:]}")
-    raise QuarantineError(f"gateway {gw.gw.host}: {path} kept changing under this run; not changed, retry")
+            return text
+        return json.dumps(new, indent=2, sort_keys=True) + "\n" if new else None
+
+    try:
+        return _parse(gw, gw.change_sidecar(SUFFIX, on_text, lock_wait_s=LOCK_WAIT_S))
+    except GatewayError as e:
+        raise QuarantineError(str(e)) from None
 
 
 def quarantined(s: FleetSession) -> dict[str, Quarantined]:
     """Every quarantined node, read from the gateway host."""
-    data, _ = _read(s)
+    data = _read(s)
     out = {}
     for node, rec in data.items():
         if isinstance(rec, dict):
