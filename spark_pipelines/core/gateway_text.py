@@ -148,13 +148,15 @@ class Doc:
     # -- changing (every change marks the doc touched) --
 
     def lead(self, i: int) -> list[int]:
-        """The comment lines directly above entry `i` (no blank line between): they describe it and
-        travel with it into a stash."""
+        """The comment lines directly above entry `i` (no blank line between), stashed as it is:
+        they describe it, travel with it into a stash and out of it, and stay above it when an
+        entry is inserted before it."""
         out: list[int] = []
+        mine = self.region[i].out
         j = i - 1
         while j >= 0:
             e = self.region[j]
-            if not isinstance(e, Line) or e.out is not None or not e.text.strip() or not e.text.lstrip().startswith("#"):
+            if not isinstance(e, Line) or e.out != mine or not e.text.strip() or not e.text.lstrip().startswith("#"):
                 break
             out.insert(0, j)
             j -= 1

@@ -543,6 +543,8 @@ class GatewayHost:
         got = self._wait_routes(want, self.ready_timeout_s if first_wait_s is None else first_wait_s)
         if got == want:
             return False
+        if got is None and not self._master_key:
+            self.serving_routes()  # no key to read /model/info with: its error names the variable; a restart cannot help
         tried: list[str] = []
         for what, cmd in (("reloading it again", self.gw.reload_command), ("restarting it", self.gw.restart_command)):
             if not cmd:

@@ -292,3 +292,104 @@ def test_a_config_without_model_list_gets_one(fleet):
     out = gateway.rotate(gateway.parse(empty), fleet, ["spark2"])
     assert out.text().startswith("model_list:  # filled by spark-pipelines\n")
     assert gateway.nodes_in_rotation(out.config, fleet) == ["spark2"]
+
+
+def test_gateway_metadata_tells_hand_routes_from_operator_entries(fleet):
+    """A reader is never told 'operator entries kept: 7' while six of them are routes to the fleet."""
+    from spark_pipelines.assets.gateway import pool_rows
+
+    hand = gateway.load(text_of())
+    view = gateway.owned_view(hand, fleet)
+    assert view["operator_entries"] == ["embed"] and len(view["routes_not_owned"]) == 6
+    assert view["routes_not_owned"][0] == "fast -> spark1 (id spark1-qwen35-122b-fast)"
+    rows = pool_rows(hand, fleet)
+    assert [(r["node"], r["entry"]) for r in rows] == [("spark1", "operator")] * 3 + [("spark2", "operator")] * 3
+    taken = gateway.rotate(gateway.parse(text_of()), fleet, ["spark1", "spark2"])
+    assert {r["entry"] for r in pool_rows(taken.config, fleet)} == {"spark-pipelines"}
+    assert gateway.owned_view(taken.config, fleet)["routes_not_owned"] == []
+    assert len(taken.report.taken_over) == 6 and "sk-operator-literal" not in "\n".join(taken.report.lines())
+
+
+def _entry(kind: str, node: str, pool: str, indent: int) -> str:
+    i = " " * indent
+    ip = {"spark1": IP1, "spark2": IP2}[node]
+    if kind == "operator":
+        return f"{i}- model_name: {pool}\n{i}  litellm_params:\n{i}    model: openai/x\n{i}    api_base: http://192.0.2.99/v1\n"
+    mark = f"\n{i}    {gateway.OWNER_TAG}: {node}" if kind == "owned" else ""
+    key = '"dummy"' if kind == "hand" else "dummy  # the operator's key"
+    return (f"{i}- model_name: {pool}\n{i}  litellm_params:\n{i}    model: openai/qwen35-hybrid-v2\n"
+            f"{i}    api_base: http://{ip}:8000/v1/\n{i}    api_key: {key}\n{i}  model_info:\n"
+            f"{i}    id: {node}-qwen35-122b-{pool}{mark}\n")
+
+
+def test_drain_then_restore_is_restore_alone_whatever_the_file(fleet):
+    """Property: for any mix of hand, owned and operator entries with comments between them, a
+    drain followed by a restore of the same node gives the text a restore alone gives (nothing
+    lost, nothing moved), whichever other node is drained meanwhile."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    entry = st.tuples(st.sampled_from(["hand", "owned", "operator"]), st.sampled_from(["spark1", "spark2"]),
+                      st.sampled_from(["fast", "reasoning", "code", "other"]),
+                      st.sampled_from(["", "# a comment\n", "\n", "# one\n# two\n"]))
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(entry, max_size=8), st.sampled_from([0, 2]), st.sampled_from(["spark1", "spark2"]), st.booleans())
+    def check(entries, indent, node, other_first):
+        text = "# top\nmodel_list:\n" + "".join(" " * indent * bool(c.strip()) + c + _entry(k, n, p, indent)
+                                               for k, n, p, c in entries) + "router_settings: {}\n"
+        doc = gateway.parse(text)
+        assert doc.text() == text
+        other = "spark2" if node == "spark1" else "spark1"
+        d = gateway.drain(doc, fleet, node, "x")
+        assert node not in gateway.nodes_in_rotation(d.config, fleet)
+        assert gateway.parse(d.text()).text() == d.text()
+        if other_first:
+            d = gateway.drain(d, fleet, other)
+        back = gateway.restore(gateway.parse(d.text()), fleet, node)
+        if other_first:
+            back = gateway.restore(back, fleet, other)
+            assert back.text() == gateway.restore(gateway.restore(doc, fleet, node), fleet, other).text()
+        else:
+            assert back.text() == gateway.restore(doc, fleet, node).text()
+
+    check()
+
+
+def test_take_over_and_the_gateway_step_are_stable_whatever_the_file(fleet):
+    """Property: take_over never changes which nodes each pool routes to, and only adds owner lines
+    or removes duplicate entries; the gateway step run twice writes nothing the second time and
+    leaves each node in each pool exactly once where no operator's differing route is."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    entry = st.tuples(st.sampled_from(["hand", "owned", "operator"]), st.sampled_from(["spark1", "spark2"]),
+                      st.sampled_from(["fast", "reasoning", "code", "other"]),
+                      st.sampled_from(["", "# a comment\n", "\n"]))
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(entry, max_size=8), st.sampled_from([0, 2]))
+    def check(entries, indent):
+        text = "model_list:\n" + "".join(" " * indent * bool(c.strip()) + c + _entry(k, n, p, indent)
+                                         for k, n, p, c in entries)
+        doc = gateway.parse(text)
+        taken, rep = gateway.take_over(doc, fleet)
+        assert pools(taken.config, fleet) == pools(doc.config, fleet)
+        assert len(taken.items()) == len(doc.items()) - len(rep.collapsed)
+        if not rep.collapsed:  # then the only change is one owner line per entry taken over
+            diff = [d for d in difflib.ndiff(text.splitlines(), taken.text().splitlines()) if d[:1] in "+-"]
+            assert len(diff) == len(rep.taken_over) and all(
+                d[1:].strip() in (f"{gateway.OWNER_TAG}: spark1", f"{gateway.OWNER_TAG}: spark2") for d in diff), diff
+        once = gateway.rotate(doc, fleet, ["spark1", "spark2"])
+        assert gateway.rotate(once, fleet, ["spark1", "spark2"]).text() == once.text()
+        counts: dict[tuple[str, str], int] = {}
+        for e in once.config["model_list"]:
+            if gateway.owner(e):
+                counts[(gateway.owner(e), e["model_name"])] = counts.get((gateway.owner(e), e["model_name"]), 0) + 1
+        assert all(v == 1 for v in counts.values()), counts
+        # An owned entry outside the gateway pools is dropped; a hand route there is the operator's.
+        other = sorted({n for k, n, p, _ in entries if k == "hand" and p == "other"})
+        assert pools(once.config, fleet) == {p: ["spark1", "spark2"] for p in ("fast", "reasoning", "code")} | (
+            {"other": other} if other else {})
+
+    check()
