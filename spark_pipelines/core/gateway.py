@@ -30,13 +30,12 @@ from typing import Any
 
 from spark_pipelines.core import gateway_text
 from spark_pipelines.core.fleet import Fleet, Node
-from spark_pipelines.core.gateway_text import DRAIN_NOTE, STASH, Doc, dump_yaml, fresh, parse, parse_notes
+# The text layer's names callers reach through this module (DRAIN_NOTE, STASH, Doc, parse, fresh).
+from spark_pipelines.core.gateway_text import DRAIN_NOTE, STASH, Doc, dump_yaml, fresh, parse, parse_notes  # noqa: F401
 
 OWNER_TAG = "spark_pipelines_node"  # in model_info; LiteLLM passes unknown model_info keys through
 # Configs written before entries were marked as owned used this key; read as owned, rewritten with OWNER_TAG.
 LEGACY_OWNER_TAGS = ("spark_node",)
-
-__all__ = ["DRAIN_NOTE", "STASH", "Doc", "parse", "fresh"]
 
 
 class RotationRefused(ValueError):

@@ -133,6 +133,10 @@ class ReloadFailed(GatewayError):
     """The new config was written (nothing put back) but the reload command failed."""
 
 
+class ReloadRolledBack(GatewayError):
+    """The reload after the write failed; the previous config was put back and reloaded."""
+
+
 @dataclass
 class Snapshot:
     """The config on the gateway host as read: parsed (what LiteLLM reads), its drain notes, its
@@ -306,7 +310,7 @@ class GatewayHost:
             raise GatewayError(f"{where}: another change of {self.config_path} held its lock for more than "
                                f"{self.lock_wait_s:.0f} s; nothing was changed (check for a hung reload there)")
         if r.exit_status == EXIT_RELOAD_ROLLED_BACK:
-            raise GatewayError(f"{where}: the proxy reload ({' '.join(self.gw.reload_command)}) failed after "
+            raise ReloadRolledBack(f"{where}: the proxy reload ({' '.join(self.gw.reload_command)}) failed after "
                                f"the config was written; the previous config was put back ({detail}); check "
                                f"the proxy's logs on the gateway host")
         if r.exit_status == EXIT_RELOAD:
@@ -355,8 +359,8 @@ class GatewayHost:
                 except GatewayError as again:
                     raise GatewayError(f"{e}; and then: {again}") from None
                 return snap, doc.config, True
-            except GatewayError as e:
-                if snap.doc is not None and "previous config was put back" in str(e):
+            except ReloadRolledBack as e:
+                if snap.doc is not None:
                     # The change did not happen: the proxy must still serve the file put back.
                     try:
                         self.confirm(snap.doc, first_wait_s=0)
@@ -543,7 +547,7 @@ class GatewayHost:
         got = self._wait_routes(want, self.ready_timeout_s if first_wait_s is None else first_wait_s)
         if got == want:
             return False
-        if got is None and not self._master_key:
+        if got is None and not self._master_key and self.ready():
             self.serving_routes()  # no key to read /model/info with: its error names the variable; a restart cannot help
         tried: list[str] = []
         for what, cmd in (("reloading it again", self.gw.reload_command), ("restarting it", self.gw.restart_command)):
