@@ -1,7 +1,8 @@
 """Phase 5: the LiteLLM config for every healthy, promoted node, written to the gateway host and reloaded.
 
-Only the entries spark-pipelines owns are rewritten; an operator's own entries and settings stay
-(see core/gateway.py). A rotation below gateway.min_in_rotation (at least 1) is refused and the
+Only the entries spark-pipelines owns are rewritten; a hand entry identical to what it would write is
+taken over rather than doubled; an operator's own entries, comments and settings stay (see
+core/gateway.py). A rotation below gateway.min_in_rotation (at least 1) is refused and the
 proxy keeps its current config."""
 
 
@@ -26,6 +27,7 @@ POOL_COLUMNS = (
     ("node", "string", "the serve node behind this entry"),
     ("api_base", "string", "the node's vLLM endpoint"),
     ("model", "string", "what LiteLLM calls upstream"),
+    ("entry", "string", "spark-pipelines (owned) or operator (a hand-written route to the node, kept as it is)"),
 )
 
 
@@ -45,13 +47,18 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
                   "left_out_by_node": dg.MetadataValue.json(left_out)}))
 
 
-def pool_rows(config: dict) -> list[dict]:
-    """The entries spark-pipelines owns, one row each: the gateway config readable inline."""
+def pool_rows(config: dict, fleet: Fleet | None = None) -> list[dict]:
+    """Every route to a fleet node (owned, or hand-written with the node's api_base), one row
+    each: the gateway's pools readable inline."""
     rows = []
-    for entry in gateway_core.owned_view(config).get("model_list", []) or []:
+    for entry in config.get("model_list") or []:
+        node = gateway_core.route(entry, fleet)
+        if not node:
+            continue
         params = entry.get("litellm_params") or {}
-        rows.append({"pool": entry.get("model_name"), "node": gateway_core.owner(entry),
-                     "api_base": params.get("api_base"), "model": params.get("model")})
+        rows.append({"pool": entry.get("model_name"), "node": node, "api_base": params.get("api_base"),
+                     "model": params.get("model"),
+                     "entry": "spark-pipelines" if gateway_core.owner(entry) else "operator"})
     return rows
 
 
@@ -96,6 +103,8 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
         except (gateway_core.RotationRefused, RunbookError, ValueError) as e:
             raise dg.Failure(description=f"gateway not changed: {e}") from None
         drift = gateway_core.settings_drift(config, f)
+        view = gateway_core.owned_view(config, f)
+        report = host.last_report or gateway_core.Report()
         # One streamed request through the first pool proves the proxy routes to a live backend.
         pool = f.gateway.pools[0]
         key = litellm.master_key or ""
@@ -124,9 +133,15 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                 "proxy": dg.MetadataValue.url(host.base_url),
                 "config_path": dg.MetadataValue.path(host.config_path),
                 # Only what spark-pipelines owns: an operator's entries may carry literal api keys.
-                "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(gateway_core.owned_view(config)) + "```"),
-                "pools": table(POOL_COLUMNS, pool_rows(config)),
-                "operator_entries_kept": len(gateway_core.owned_view(config)["operator_entries"]),
+                "config": dg.MetadataValue.md("```yaml\n" + gateway_core.dump(view) + "```"),
+                "pools": table(POOL_COLUMNS, pool_rows(config, f)),
+                # Entries routing to no fleet node: a hand route to a node is not "the operator's, kept".
+                "operator_entries_kept": len(view["operator_entries"]),
+                "routes_not_owned": dg.MetadataValue.md(
+                    "\n".join(f"- {r}" for r in view["routes_not_owned"]) or "none"),
+                "taken_over": len(report.taken_over),
+                "duplicates_removed": len(report.collapsed),
+                "changes": dg.MetadataValue.md("\n".join(f"- {line}" for line in report.lines()) or "none"),
                 "settings_drift": dg.MetadataValue.md("\n".join(f"- {d}" for d in drift) or "none"),
             },
         )

@@ -14,6 +14,15 @@ this process read (optimistic concurrency: otherwise re-read, recompute, bounded
 the file it replaces as `<config>.previous` (and the last few in `<config>.history/`), renames a
 temp file into place (atomic), and reloads with a timeout. Reads are a command with a timeout too
 (no SFTP: it has none). The master key reaches the reload command on stdin, never argv or logs.
+
+After every write the running proxy's pools are compared with the file's (the nodes each pool
+routes to, from /model/info); a proxy that does not serve what the file says (a reload that failed
+or did not take) is reloaded again, then restarted (`gateway.restart_command`), and a proxy still
+different is a GatewayError naming both. A rewrite keeps the operator's comments and layout
+(core/gateway_text.py).
+
+The same lock and the same digest-checked write serve the small files kept beside the config
+(`<config><suffix>`, e.g. the quarantine records): `read_sidecar` / `change_sidecar`.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+import re
 from typing import Any
 
 import dagster as dg
@@ -29,6 +39,8 @@ import httpx
 from pydantic import Field
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core.errors import first_line
+from spark_pipelines.core.gateway_text import Doc
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.core.remote import TIMEOUT_EXIT_CODES
 from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, FleetSSH, RemoteError
@@ -38,6 +50,7 @@ HISTORY_KEEP = 5  # timestamped copies in <config>.history/ besides <config>.pre
 WRITE_RETRIES = 5  # re-reads after another run changed the config between our read and write
 READ_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 5.0
+SIDECAR_LOCK_WAIT_S = 60.0  # a sidecar write waits this long for a config change (and its reload)
 # A graceful reload serves the new config within a few hundred ms: a drain is confirmed that soon.
 SERVING_POLL_S = 0.2
 
@@ -77,6 +90,29 @@ fi
 exit 73'''
 
 
+# $1 key env name  $2 reload dir  $3 timeout (s)  $4.. argv.  stdin: the key line.
+_PROXY = r'''set -u
+keyenv=$1 rdir=$2 rtimeout=$3; shift 3
+IFS= read -r key || key=""
+[ -n "$key" ] && export "$keyenv=$key"
+[ -n "$rdir" ] && { cd "$rdir" || exit 73; }
+exec timeout -k 10 "$rtimeout" "$@"'''
+
+# $1 file  $2 digest expected.  stdin: the new content ("" removes the file).
+_SIDECAR_WRITE = r'''set -u
+f=$1 want=$2 tmp="$1.tmp-$$"
+cat > "$tmp" || { rm -f "$tmp"; exit 70; }
+have=absent; [ -f "$f" ] && have=$(sha256sum < "$f" | cut -c1-64)
+if [ "$have" != "$want" ]; then rm -f "$tmp"; echo "changed since read" >&2; exit 75; fi
+if [ ! -s "$tmp" ]; then rm -f "$tmp" "$f"; echo removed; exit 0; fi
+chmod 600 "$tmp" && mv -f "$tmp" "$f" || { rm -f "$tmp"; exit 70; }
+echo written'''
+
+# A sidecar is `<config><suffix>`: not one of the files the config change itself keeps.
+_SIDECAR_SUFFIX = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+_RESERVED = (".lock", ".previous", ".history", ".tmp")
+
+
 class GatewayError(RunbookError):
     pass
 
@@ -93,21 +129,45 @@ class ConfigChanged(Exception):
     """The config on the host is no longer the one read: re-read and recompute."""
 
 
+class ReloadFailed(GatewayError):
+    """The new config was written (nothing put back) but the reload command failed."""
+
+
+class ReloadRolledBack(GatewayError):
+    """The reload after the write failed; the previous config was put back and reloaded."""
+
+
 @dataclass
 class Snapshot:
-    """The config on the gateway host as read: parsed, its drain notes, and its digest."""
+    """The config on the gateway host as read: parsed (what LiteLLM reads), its drain notes, its
+    digest, and its text cut into lines (`doc`: the stashes, the operator's comments)."""
 
     config: dict[str, Any] | None
     drains: dict[str, str] = field(default_factory=dict)
     digest: str = "absent"
+    doc: Doc | None = None
+    text: str | None = None
+    fleet: Any = None  # routes by api_base need the fleet; without it only owned entries count
 
     @property
     def rotation(self) -> list[str]:
-        return gateway_core.nodes_in_rotation(self.config)
+        """Nodes some entry routes to (owned or by api_base), in config order."""
+        return gateway_core.nodes_in_rotation(self.config, self.fleet)
 
 
-# compute(snapshot) -> (new config, new drain notes), or None for "nothing to change"
-Change = Callable[[Snapshot], "tuple[dict[str, Any], dict[str, str]] | None"]
+# compute(snapshot) -> the new config (a Doc; or (config, drain notes), kept line for line when the
+# config is the one read), or None for "nothing to change"
+Change = Callable[[Snapshot], "Doc | tuple[dict[str, Any], dict[str, str]] | None"]
+
+
+def _pools(routes: dict[str, list[str]]) -> dict[str, frozenset[str]]:
+    """Routes as compared between the file and the proxy: the nodes per pool, as a set (LiteLLM
+    loads two entries with one model_info.id once)."""
+    return {p: frozenset(n) for p, n in routes.items() if n}
+
+
+def _said(pools: dict[str, frozenset[str]]) -> str:
+    return "; ".join(f"{p}: {', '.join(sorted(n))}" for p, n in sorted(pools.items())) or "no fleet node"
 
 
 class GatewayHost:
@@ -125,6 +185,7 @@ class GatewayHost:
         self.reload_timeout_s = reload_timeout_s
         self.rotation_wait_s = rotation_wait_s
         self.poll_s = poll_s
+        self.last_report: gateway_core.Report | None = None  # what the last change did to the config
 
     @property
     def base_url(self) -> str:
@@ -149,27 +210,74 @@ class GatewayHost:
         try:
             return self.session.run(GATEWAY_KEY, argv, **kw)
         except RemoteError as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise GatewayUnreachable(f"gateway {self.gw.host}: {what} failed: {first}; check sshd and the "
-                               f"proxy on the gateway host") from None
+            raise GatewayUnreachable(f"gateway {self.gw.host}: {what} failed: {first_line(e)}; check sshd and the "
+                                     f"proxy on the gateway host") from None
+
+    def _read_file(self, path: str) -> tuple[str | None, str]:
+        r = self._run(["sh", "-c", _READ, "gateway-read", path], f"reading {path}", timeout=READ_TIMEOUT_S, log=False)
+        head, _, text = r.stdout.partition("\n")
+        return (None, "absent") if head.strip() == "absent" else (text, head.strip())
 
     def read(self) -> Snapshot:
-        r = self._run(["sh", "-c", _READ, "gateway-read", self.config_path], f"reading {self.config_path}",
-                      timeout=READ_TIMEOUT_S, log=False)
-        head, _, text = r.stdout.partition("\n")
-        if head.strip() == "absent":
-            return Snapshot(None)
+        text, digest = self._read_file(self.config_path)
+        if text is None:
+            return Snapshot(None, fleet=self.fleet)
         try:
-            config = gateway_core.load(text)
+            doc = gateway_core.parse(text)
         except ValueError as e:
             raise GatewayError(f"gateway {self.gw.host}: {self.config_path}: {e}") from None
-        return Snapshot(config, gateway_core.load_drains(text), head.strip())
+        return Snapshot(doc.config, dict(doc.notes), digest, doc, text, self.fleet)
 
     def read_config(self) -> dict[str, Any] | None:
         return self.read().config
 
     def rotation(self) -> list[str]:
         return self.read().rotation
+
+    # -- files beside the config, under its lock --
+
+    def sidecar_path(self, suffix: str) -> str:
+        if not _SIDECAR_SUFFIX.match(suffix) or suffix.startswith(_RESERVED):
+            raise ValueError(f"sidecar suffix {suffix!r}: use '.<name>' (letters, digits, _ - .), not one of "
+                             f"{', '.join(_RESERVED)} (the config change's own files)")
+        return self.config_path + suffix
+
+    def read_sidecar(self, suffix: str) -> tuple[str | None, str]:
+        """`<config><suffix>` on the gateway host: (its text, or None when absent; its digest)."""
+        return self._read_file(self.sidecar_path(suffix))
+
+    def change_sidecar(self, suffix: str, edit: Callable[[str | None], str | None], *,
+                       lock_wait_s: float | None = None, retries: int = WRITE_RETRIES) -> str | None:
+        """Read `<config><suffix>`, `edit(text or None)`, write what it returns (None or "" removes
+        the file; the same text writes nothing) under `<config>.lock`, the config's own lock, only
+        if the file still has the digest read (else re-read and edit again, up to `retries`),
+        through a temp file renamed into place (atomic, 0600). Returns the text now there.
+        Raises GatewayError naming the file (lock held too long, kept changing, unreachable)."""
+        path = self.sidecar_path(suffix)
+        wait = SIDECAR_LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
+        for _ in range(retries):
+            text, digest = self._read_file(path)
+            new = edit(text) or None
+            if new == text:
+                return text
+            argv = ["flock", "-w", str(int(wait)), "-E", str(EXIT_LOCK), f"{self.config_path}.lock",
+                    "sh", "-c", _SIDECAR_WRITE, "gateway-sidecar", path, digest]
+            r = self._run(argv, f"writing {path}", stdin=new or "", check=False, log=False,
+                          timeout=wait + READ_TIMEOUT_S)
+            if r.exit_status == 0:
+                return new
+            if r.exit_status == EXIT_CHANGED:
+                continue
+            where = f"gateway {self.gw.host}"
+            if r.exit_status == EXIT_LOCK:
+                raise GatewayError(f"{where}: {self.config_path}.lock held for more than {wait:.0f} s (a config "
+                                   f"change or reload in progress); {path} not changed, retry")
+            if r.exit_status in TIMEOUT_EXIT_CODES:
+                raise GatewayError(f"{where}: writing {path} did not end within {wait + READ_TIMEOUT_S:.0f} s; "
+                                   "it was killed, the file is as it was")
+            raise GatewayError(f"{where}: writing {path} exited {r.exit_status}: {r.tail.strip()[-200:]}")
+        raise GatewayError(f"gateway {self.gw.host}: {path} kept changing under this run ({retries} attempts); "
+                           "not changed, retry")
 
     # -- changing --
 
@@ -202,35 +310,66 @@ class GatewayHost:
             raise GatewayError(f"{where}: another change of {self.config_path} held its lock for more than "
                                f"{self.lock_wait_s:.0f} s; nothing was changed (check for a hung reload there)")
         if r.exit_status == EXIT_RELOAD_ROLLED_BACK:
-            raise GatewayError(f"{where}: the proxy reload ({' '.join(self.gw.reload_command)}) failed after "
+            raise ReloadRolledBack(f"{where}: the proxy reload ({' '.join(self.gw.reload_command)}) failed after "
                                f"the config was written; the previous config was put back ({detail}); check "
                                f"the proxy's logs on the gateway host")
         if r.exit_status == EXIT_RELOAD:
-            raise GatewayError(f"{where}: the new config was written but the proxy reload "
+            raise ReloadFailed(f"{where}: the new config was written but the proxy reload "
                                f"({' '.join(self.gw.reload_command)}) failed ({detail}); check the proxy's "
                                f"logs on the gateway host")
         raise GatewayError(f"{where}: the config change failed ({detail}); {self.config_path} is as it was")
 
+    def _doc(self, snap: Snapshot, new: Doc | tuple[dict[str, Any], dict[str, str]]) -> Doc:
+        if isinstance(new, Doc):
+            return new
+        config, drains = new
+        if snap.doc is not None and config == snap.config:
+            return snap.doc.with_notes(drains)
+        return gateway_core.fresh(config, drains)
+
     def change(self, compute: Change, rollback: bool) -> tuple[Snapshot, dict[str, Any], bool]:
-        """Read, compute, write and reload, retried while other runs change the config in between.
-        Returns (the snapshot it was computed from, the config now on the host, reloaded?). An
-        unchanged config on a ready proxy is left alone (a restart drops in-flight streams)."""
+        """Read, compute, write and reload, retried while other runs change the config in between;
+        then the running proxy is confirmed to serve what the file says (repaired if not: see
+        `confirm`). Returns (the snapshot it was computed from, the config now on the host, reloaded
+        or repaired?). An unchanged config on a ready proxy that serves it is left alone (a restart
+        drops in-flight streams); one the proxy does not serve is repaired."""
         for _ in range(WRITE_RETRIES):
             snap = self.read()
             new = compute(snap)
             if new is None:
                 return snap, snap.config or {}, False
-            config, drains = new
-            if snap.config is not None and config == snap.config and drains == snap.drains and self.ready():
+            doc = self._doc(snap, new)
+            self.last_report = doc.report
+            text = doc.text()
+            if doc.lossy and doc.touched:
+                self.session.log.warning(f"[{GATEWAY_KEY}] {self.config_path}: its comments cannot be kept by this "
+                                         f"rewrite ({doc.lossy}); the file it replaces is kept as .previous")
+            if snap.text is not None and text == snap.text and self.ready():
                 self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM config unchanged and proxy ready; not reloaded")
-                return snap, config, False
+                return snap, doc.config, self.confirm(doc)
             try:
-                self._write(snap, gateway_core.dump(config, drains), rollback)
+                self._write(snap, text, rollback)
             except ConfigChanged:
                 self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM config changed by another run meanwhile; re-reading")
                 continue
+            except ReloadFailed as e:
+                self.session.log.warning(f"[{GATEWAY_KEY}] {e}: reloading again")
+                try:
+                    self.confirm(doc, first_wait_s=0)
+                except GatewayError as again:
+                    raise GatewayError(f"{e}; and then: {again}") from None
+                return snap, doc.config, True
+            except ReloadRolledBack as e:
+                if snap.doc is not None:
+                    # The change did not happen: the proxy must still serve the file put back.
+                    try:
+                        self.confirm(snap.doc, first_wait_s=0)
+                    except GatewayError as again:
+                        raise GatewayError(f"{e}; and then: {again}") from None
+                raise
             self._confirm_reload()
-            return snap, config, True
+            self.confirm(doc)
+            return snap, doc.config, True
         raise GatewayError(f"gateway {self.gw.host}: {self.config_path} kept changing under this run "
                            f"({WRITE_RETRIES} attempts); nothing was changed by it, retry")
 
@@ -238,46 +377,82 @@ class GatewayHost:
         """Write exactly `config` (keeping the drain notes on the host) and reload."""
         return self.change(lambda snap: (config, snap.drains), rollback=True)[2]
 
+    def _base(self, snap: Snapshot) -> Doc:
+        return snap.doc if snap.doc is not None else gateway_core.new_doc(self.fleet, [])
+
     def set_rotation(self, nodes: list[str], floor: int | None = None) -> tuple[dict[str, Any], bool]:
-        """The gateway step: owned entries for exactly `nodes`, the operator's entries and settings
-        kept. Refused (nothing written) below `floor` (default: the fleet's min_in_rotation, at
-        least 1). Returns (the config now serving, whether the proxy was reloaded for it)."""
+        """The gateway step: every node in `nodes` routed once per pool (a hand entry identical to
+        what it would write is taken over, never doubled), every other serve node out of every
+        route, the operator's entries and settings kept (core.gateway.rotate). Refused (nothing
+        written) below `floor` (default: the fleet's min_in_rotation, at least 1). Returns (the
+        config now serving, whether the proxy was reloaded or repaired for it); `last_report`
+        says what was taken over, collapsed, added or left the operator's."""
         floor = max(1, self.gw.min_in_rotation if floor is None else floor)
         if len(nodes) < floor:
             raise gateway_core.RotationRefused(
                 f"the rotation would have {len(nodes)} node(s) ({', '.join(nodes) or 'none'}), below "
                 f"gateway.min_in_rotation={floor}: the gateway config was NOT rewritten (the proxy keeps its pools)")
 
-        def compute(snap: Snapshot):
-            drains = {n: why for n, why in snap.drains.items() if n not in nodes}
-            return gateway_core.render_config(self.fleet, nodes, snap.config), drains
+        def compute(snap: Snapshot) -> Doc:
+            if snap.doc is None:
+                doc = gateway_core.new_doc(self.fleet, nodes)
+                doc.report = gateway_core.Report(routes_after=gateway_core.routes(doc.config, self.fleet))
+            else:
+                doc = gateway_core.rotate(snap.doc, self.fleet, nodes)
+            doc.notes = {n: why for n, why in snap.drains.items() if n not in nodes}
+            return doc
 
         _, config, reloaded = self.change(compute, rollback=True)
         return config, reloaded
 
+    def take_over(self, check: bool = False) -> gateway_core.Report:
+        """Adopt the hand-written routes to fleet nodes (core.gateway.take_over): marked as their
+        node's own in place, duplicates collapsed, the rest reported. With check=True nothing is
+        written. Else the file it replaces is kept (.previous), the proxy reloaded and confirmed
+        to serve the same nodes per pool as before (`proxy_before` / `proxy_after`)."""
+        before = self.serving_routes()
+        reports: list[gateway_core.Report] = []
+
+        def compute(snap: Snapshot) -> Doc | None:
+            if snap.doc is None:
+                reports[:] = [gateway_core.Report()]
+                return None
+            doc, rep = gateway_core.take_over(snap.doc, self.fleet)
+            reports[:] = [rep]
+            return None if check else doc
+
+        self.change(compute, rollback=True)
+        rep = reports[-1]
+        rep.proxy_before = before
+        rep.proxy_after = before if check else self.serving_routes()
+        if _pools(rep.proxy_after) != _pools(before):
+            self.session.log.warning(f"[{GATEWAY_KEY}] the running proxy served {_said(_pools(before))} before the "
+                                     f"take-over and {_said(_pools(rep.proxy_after))} after: it now serves the file")
+        return rep
+
     def drain(self, node: str, reason: str = "drained", wait_s: float | None = None, *,
               dead: bool = False, deploying: bool = False) -> list[str]:
-        """Take one node out of every pool, once the rotation can spare it: waits up to `wait_s`
-        (default rotation_wait_s) for other nodes to come back, then refuses naming who is out.
-        `dead=True` (the node does not serve) skips the floor: a dead backend is no backend, and
-        waiting would only keep clients routed to it. `deploying=True` (a serving node about to be
-        redeployed) also waits while rollout.max_unavailable other nodes are out for a deploy.
-        Confirmed: returns once the reloaded proxy no longer lists the node. Returns the rotation before."""
+        """Take one node out of every route to it (owned or hand-written: each stashed in place),
+        once the rotation can spare it: waits up to `wait_s` (default rotation_wait_s) for other
+        nodes to come back, then refuses naming who is out. `dead=True` (the node does not serve)
+        skips the floor: a dead backend is no backend, and waiting would only keep clients routed
+        to it. `deploying=True` (a serving node about to be redeployed) also waits while
+        rollout.max_unavailable other nodes are out for a deploy. An entry whose route cannot be
+        told refuses at once (RouteUnaccounted, naming it). Confirmed: returns once the reloaded
+        proxy serves what the file says (the node in no pool). Returns the rotation before."""
         deadline = time.monotonic() + (self.rotation_wait_s if wait_s is None else wait_s)
         note = f"{reason} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
         while True:
             refusal: list[str] = []
-            written: list[dict] = []
             stuck: list[bool] = []
 
-            def compute(snap: Snapshot):
-                if snap.config is None or node not in snap.rotation:
+            def compute(snap: Snapshot) -> Doc | None:
+                if snap.doc is None or node not in snap.rotation:
                     return None
-                after = gateway_core.drain(snap.config, node)
-                written[:] = [after]
+                after = gateway_core.drain(snap.doc, self.fleet, node, note)
                 if dead:
-                    return after, {**snap.drains, node: note}
-                left = gateway_core.nodes_in_rotation(after)
+                    return after
+                left = gateway_core.nodes_in_rotation(after.config, self.fleet)
                 why = gateway_core.rotation_refusal(self.fleet, snap.rotation, left, snap.drains)
                 if why:
                     # Only a drained node comes back by itself (its bench or deploy ends); a node
@@ -290,20 +465,13 @@ class GatewayHost:
                 if why:
                     refusal.append(why)
                     return None
-                return after, {**snap.drains, node: note}
+                return after
 
             snap, _, _ = self.change(compute, rollback=True)
             hopeless = len(self.fleet.serve_nodes) <= self.gw.min_in_rotation or any(stuck)
             if refusal and hopeless:
                 raise gateway_core.RotationRefused(refusal[-1])
             if not refusal:
-                if node in snap.rotation:
-                    if written and not written[-1].get("model_list"):
-                        # The last model left (a dead node, dead=True): LiteLLM answers /model/info
-                        # with HTTP 500 on an empty list, so readiness is the confirmation.
-                        self.wait_ready()
-                    else:
-                        self.wait_serving(node, present=False)
                 return snap.rotation
             if time.monotonic() >= deadline:
                 raise gateway_core.RotationRefused(refusal[-1])
@@ -315,26 +483,36 @@ class GatewayHost:
         reloaded though its pools stay: used only when a failed deploy keeps its node out."""
         text = f"{reason} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
 
-        def compute(snap: Snapshot):
-            if snap.config is None or node not in snap.drains:
+        def compute(snap: Snapshot) -> Doc | None:
+            if snap.doc is None or node not in snap.drains:
                 return None
-            return snap.config, {**snap.drains, node: text}
+            return snap.doc.with_notes({**snap.drains, node: text})
 
         self.change(compute, rollback=False)
 
     def restore(self, node: str) -> None:
-        """Put one node back into every pool (its drain note cleared); never refused. Not rolled back
-        on a failed reload: the node stays in the file, so the next reload serves it."""
+        """Put one node back into every pool, exactly as it was before its drain (its stashed
+        entries back in place; its drain note cleared); never refused. Not rolled back on a failed
+        reload: the node stays in the file, and the proxy is reloaded again, then restarted, until
+        it serves it (`confirm`)."""
 
-        def compute(snap: Snapshot):
-            base = snap.config if snap.config is not None else gateway_core.render_config(self.fleet, [])
-            return gateway_core.restore(base, self.fleet, node), {n: w for n, w in snap.drains.items() if n != node}
+        def compute(snap: Snapshot) -> Doc:
+            return gateway_core.restore(self._base(snap), self.fleet, node)
 
-        _, _, reloaded = self.change(compute, rollback=False)
-        if reloaded:
-            self.wait_serving(node, present=True)
+        self.change(compute, rollback=False)
 
     # -- the proxy --
+
+    def _proxy_command(self, cmd: tuple[str, ...], what: str) -> tuple[bool, str]:
+        """Run the reload or restart command under the config's lock (never beside a change), the
+        master key on stdin. Returns (ok, what it said last)."""
+        argv = ["flock", "-w", str(int(self.lock_wait_s)), "-E", str(EXIT_LOCK), f"{self.config_path}.lock",
+                "sh", "-c", _PROXY, "gateway-proxy", self.gw.master_key_env,
+                expand_home(self.gw.reload_dir, self.gw.home_dir) if self.gw.reload_dir else "",
+                str(int(self.reload_timeout_s)), *cmd]
+        r = self._run(argv, what, stdin=(self._master_key or "") + "\n", check=False,
+                      timeout=self.lock_wait_s + self.reload_timeout_s + 60)
+        return r.exit_status == 0, " / ".join(r.tail.strip().splitlines()[-2:]) or f"exit {r.exit_status}"
 
     def _confirm_reload(self) -> None:
         """Ready after the reload; a graceful one not ready within graceful_confirm_s is followed
@@ -347,16 +525,62 @@ class GatewayHost:
         cmd = " ".join(self.gw.restart_command)
         self.session.log.warning(f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} not ready {self.gw.graceful_confirm_s} s "
                                  f"after the graceful reload: restarting it ({cmd}); streams in flight are dropped")
-        argv = ["flock", "-w", str(int(self.lock_wait_s)), f"{self.config_path}.lock", "timeout",
-                str(int(self.reload_timeout_s)), *self.gw.restart_command]
-        if self.gw.reload_dir:
-            argv = ["env", "-C", expand_home(self.gw.reload_dir, self.gw.home_dir), *argv]
-        r = self._run(argv, "restarting the proxy", timeout=self.lock_wait_s + self.reload_timeout_s + 60, check=False)
-        if r.exit_status != 0:
+        ok, said = self._proxy_command(self.gw.restart_command, "restarting the proxy")
+        if not ok:
             raise GatewayError(f"gateway {self.gw.host}: the proxy was not ready after the graceful reload and its "
-                               f"restart ({cmd}) failed ({' / '.join(r.tail.strip().splitlines()[-2:]) or r.exit_status}); "
-                               "check the proxy on the gateway host")
+                               f"restart ({cmd}) failed ({said}); check the proxy on the gateway host")
         self.wait_ready()
+
+    def confirm(self, doc: Doc, first_wait_s: float | None = None) -> bool:
+        """The running proxy serves what `doc` says: the same nodes in each pool. Waits up to
+        `first_wait_s` (default ready_timeout_s: a graceful reload's new worker may take that long);
+        a proxy still different is reloaded again, then restarted (gateway.restart_command), each
+        followed by the same wait. Returns whether a repair was needed; raises GatewayError saying
+        what the proxy serves and what the file lists when neither helped."""
+        config = doc.config
+        if not config.get("model_list"):
+            # Nothing left to serve (a dead node was the last): LiteLLM answers /model/info with
+            # HTTP 500 on an empty list, so readiness is the confirmation.
+            self.wait_ready()
+            return False
+        want = _pools(gateway_core.routes(config, self.fleet))
+        got = self._wait_routes(want, self.ready_timeout_s if first_wait_s is None else first_wait_s)
+        if got == want:
+            return False
+        if got is None and not self._master_key and self.ready():
+            self.serving_routes()  # no key to read /model/info with: its error names the variable; a restart cannot help
+        tried: list[str] = []
+        for what, cmd in (("reloading it again", self.gw.reload_command), ("restarting it", self.gw.restart_command)):
+            if not cmd:
+                continue
+            self.session.log.warning(
+                f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} serves {_said(got) if got is not None else '(no answer)'} "
+                f"while {self.config_path} lists {_said(want)}: {what} ({' '.join(cmd)})")
+            ok, said = self._proxy_command(cmd, what)
+            tried.append(f"{' '.join(cmd)}: {'ok' if ok else said}")
+            self.wait_ready(raise_=False)
+            got = self._wait_routes(want, self.ready_timeout_s)
+            if got == want:
+                self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} serves the config again ({_said(want)})")
+                return True
+        raise GatewayError(f"LiteLLM on {self.gw.host}: the running proxy serves "
+                           f"{_said(got) if got is not None else '(no answer from /model/info)'} while "
+                           f"{self.config_path} lists {_said(want)}, after a reload and a restart "
+                           f"({'; '.join(tried)}); check the proxy on the gateway host")
+
+    def _wait_routes(self, want: dict[str, frozenset[str]], timeout_s: float) -> dict[str, frozenset[str]] | None:
+        deadline = time.monotonic() + timeout_s
+        got: dict[str, frozenset[str]] | None = None
+        while True:
+            try:
+                got = _pools(self.serving_routes())
+            except GatewayAuthError:
+                raise
+            except GatewayError:
+                got = None
+            if got == want or time.monotonic() >= deadline:
+                return got
+            time.sleep(SERVING_POLL_S)
 
     def ready(self) -> bool:
         try:
@@ -384,8 +608,9 @@ class GatewayHost:
             f"check the proxy's logs on the gateway host"
         )
 
-    def serving_nodes(self) -> list[str]:
-        """The owned nodes the running proxy has loaded (its /model/info), in its order."""
+    def model_info(self) -> list[dict[str, Any]]:
+        """The entries the running proxy has loaded (its /model/info: model_name, litellm_params
+        with api_base, model_info), in its order."""
         try:
             r = httpx.get(f"{self.base_url}/model/info", headers=self._headers(), timeout=HTTP_TIMEOUT_S)
         except httpx.HTTPError as e:
@@ -393,32 +618,26 @@ class GatewayHost:
                                f"({type(e).__name__})") from None
         if r.status_code in (401, 403):
             raise GatewayAuthError(f"LiteLLM on {self.gw.host}: /model/info refused the key (HTTP {r.status_code}): "
-                               f"set {self.gw.master_key_env} to the proxy's master key")
+                                   f"set {self.gw.master_key_env} to the proxy's master key")
         if r.status_code != 200:
             # LiteLLM 1.108 answers a request without a key with a 500, not a 401, when it has a
             # master key (its auth error handler fails importing prisma): say what is likely missing.
             hint = "" if self._master_key else (f"; no key was sent: if the proxy has a master_key, set "
                                                 f"{self.gw.master_key_env} to it")
             raise GatewayError(f"LiteLLM on {self.gw.host}: /model/info answered HTTP {r.status_code}{hint}")
-        return gateway_core.nodes_in_rotation({"model_list": r.json().get("data") or []})
+        try:
+            data = r.json().get("data") or []
+        except ValueError:
+            raise GatewayError(f"LiteLLM on {self.gw.host}: /model/info answered no JSON") from None
+        return [e for e in data if isinstance(e, dict)]
 
-    def wait_serving(self, node: str, present: bool) -> None:
-        """Until the running proxy has (or no longer has) `node`: the reload took effect."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            try:
-                serving = self.serving_nodes()
-                if (node in serving) == present:
-                    return
-                last = f"it serves {', '.join(serving) or 'no owned node'}"
-            except GatewayAuthError:
-                raise
-            except GatewayError as e:
-                last = str(e)
-            if time.monotonic() >= deadline:
-                raise GatewayError(f"LiteLLM on {self.gw.host}: {node} is {'not yet back' if present else 'still'} "
-                                   f"in the running proxy {self.ready_timeout_s:.0f} s after the reload ({last})")
-            time.sleep(SERVING_POLL_S)
+    def serving_routes(self) -> dict[str, list[str]]:
+        """Pool -> the fleet nodes the running proxy routes it to (owned entries or by api_base)."""
+        return gateway_core.routes({"model_list": self.model_info()}, self.fleet)
+
+    def serving_nodes(self) -> list[str]:
+        """The fleet nodes the running proxy routes to (owned entries or by api_base), in its order."""
+        return gateway_core.nodes_in_rotation({"model_list": self.model_info()}, self.fleet)
 
 
 class LiteLLMGateway(dg.ConfigurableResource):

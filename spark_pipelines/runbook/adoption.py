@@ -20,6 +20,8 @@ Both hold the node's lease and take `check=True` to say what they would do and t
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from spark_pipelines.core import adoption as core
@@ -29,14 +31,16 @@ from spark_pipelines.core.errors import first_line
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, launch_spec
 from spark_pipelines.core.remote import PROBE_TIMEOUT_S
+from spark_pipelines.core.steps import JIT_CACHE, MTP_WEIGHTS, NODE_ARTIFACTS, NODE_DEPLOYMENT, SERVING_IMAGE
 from spark_pipelines.resources import engine
 from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import jit_cache
 from spark_pipelines.state import markers
 from spark_pipelines.state.markers import DeployMarker
 
-DEPLOYMENT, JIT = "node_deployment", "jit_cache"
+DEPLOYMENT, JIT = NODE_DEPLOYMENT, JIT_CACHE
 
 
 def deploy_signature(code_version: str, fingerprint: str, image_id: str | None, index: str) -> str:
@@ -155,3 +159,46 @@ def _put_back(s: FleetSession, n: str, done: list[tuple[str, str]]) -> str:
         except Exception as e:  # noqa: PERF203 - each mount on its own
             failed.append(f"{mount} (now {slot}): {first_line(e)}")
     return "put back as it was" if not failed else "NOT all put back: " + "; ".join(failed)
+
+
+# ------------------------------------------------------------------------------ the fleet
+
+
+BuildHost = Callable[[FleetSession, Mapping[str, str], bool], list[Finding]]
+NodeCopy = Callable[..., Finding]
+GatewayRoutes = Callable[[FleetSession, bool], Finding]
+
+
+def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: bool, build_host: BuildHost,
+                node_copy: NodeCopy, gateway: GatewayRoutes, nodes: Sequence[str] | None = None,
+                run_id: str = "", log: Any = None) -> list[Finding]:
+    """Every step of the chain against the live fleet, build host first (its verified checkpoint and
+    image are what each node is compared with), then each serve node under its lease, one at a
+    time, then the gateway's routes. `check`: say what would be done, write nothing."""
+    say = (log.info if log is not None else (lambda _line: None))
+    findings = list(build_host(s, code_versions, check))
+    facts = {f.step: f.facts for f in findings}
+    ckpt, image = facts.get(MTP_WEIGHTS, {}), facts.get(SERVING_IMAGE, {})
+    index, manifest, image_id = ckpt.get("index"), ckpt.get("manifest"), image.get("image_id")
+    for node in _targets(s, nodes):
+        with nullcontext() if check else node_lease(s, node.name, "adopt", run_id=run_id):
+            here = [node_copy(s, node, code_version=code_versions[NODE_ARTIFACTS], index=index, manifest=manifest,
+                              image_id=image_id, check=check)]
+            if index and image_id:
+                here.append(adopt_deployment(s, node, code_version=code_versions[NODE_DEPLOYMENT], image_id=image_id,
+                                             index=index, manifest=manifest, check=check))
+                here.append(adopt_jit_cache(s, node, checkpoint=manifest or index, check=check))
+            else:
+                here.append(Finding(node.name, DEPLOYMENT, core.DIFFERS, "the build host's checkpoint or serving "
+                                    "image is not verified: nothing to compare the node with"))
+        for f in here:
+            say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
+        findings += here
+    findings.append(gateway(s, check))
+    return findings
+
+
+def _targets(s: FleetSession, nodes: Sequence[str] | None) -> list[Node]:
+    if not nodes:
+        return list(s.fleet.serve_nodes)
+    return [s.fleet.node(n) for n in nodes]  # an unknown name is a FleetError naming the known ones

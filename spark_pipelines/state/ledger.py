@@ -27,15 +27,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from spark_pipelines.core.errors import RunbookError, first_line
-from spark_pipelines.resources.gateway import EXIT_CHANGED, EXIT_LOCK, GatewayHost
-from spark_pipelines.resources.ssh import GATEWAY_KEY, FleetSession, RemoteError
+from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.resources.gateway import GatewayError, GatewayHost
+from spark_pipelines.resources.ssh import FleetSession
 
 SUFFIX = ".ledger.json"
 LEGACY_SUFFIX = ".quarantine.json"  # quarantines recorded before the ledger (read while no ledger exists)
-TIMEOUT_S = 30.0
-LOCK_WAIT_S = 20
-RETRIES = 5
 
 # Who puts a hold-out on a node (each lifts only its own).
 BY_BENCH, BY_DEPLOY, BY_ROLLOUT = "bench", "deploy", "rollout"
@@ -44,20 +41,6 @@ LIFTED_BY_DEPLOY = (BY_DEPLOY, BY_ROLLOUT)
 # Quarantine verdicts a healthy deploy (its preflight passed) proves over; wedged and regressed
 # need their own proof (a cold drain's validation, a bench).
 RELEASED_BY_DEPLOY = frozenset({"residue", "crash-loop", "engine-down"})
-
-_READ = r'''for f in "$1" "$2"; do
-if [ -f "$f" ]; then echo "== $(sha256sum < "$f" | cut -c1-64)"; cat -- "$f"; echo; else echo "== absent"; fi
-done'''
-
-# $1 file  $2 digest expected.  stdin: the new content.
-_WRITE = r'''set -u
-f=$1 want=$2 tmp="$1.tmp-$$"
-cat > "$tmp" || { rm -f "$tmp"; exit 70; }
-have=absent; [ -f "$f" ] && have=$(sha256sum < "$f" | cut -c1-64)
-if [ "$have" != "$want" ]; then rm -f "$tmp"; echo "changed since read" >&2; exit 75; fi
-chmod 600 "$tmp" && mv -f "$tmp" "$f" || { rm -f "$tmp"; exit 70; }
-echo written'''
-
 
 class LedgerError(RunbookError):
     pass
@@ -146,56 +129,47 @@ def _parse(text: str, legacy: str | None) -> dict[str, NodeEntry]:
     return {}
 
 
-def _path(gw: GatewayHost, suffix: str = SUFFIX) -> str:
-    return gw.config_path + suffix
+def _load(gw: GatewayHost, text: str | None) -> dict[str, NodeEntry]:
+    legacy = None
+    if text is None:  # no ledger yet: the quarantines an older version recorded are its start
+        legacy, _ = gw.read_sidecar(LEGACY_SUFFIX)
+    try:
+        return _parse(text or "", legacy)
+    except (ValueError, ValidationError):
+        raise LedgerError(f"gateway {gw.gw.host}: {gw.sidecar_path(SUFFIX)} is not a ledger spark-pipelines can "
+                          f"read: fix it, or put back its last good copy (it lists the quarantined and held-out "
+                          f"nodes)") from None
 
 
 def read(s: FleetSession) -> Ledger:
     """The ledger as the gateway host holds it (one remote read)."""
     gw = GatewayHost(s)
     try:
-        r = s.run(GATEWAY_KEY, ["sh", "-c", _READ, "ledger-read", _path(gw), _path(gw, LEGACY_SUFFIX)],
-                  log=False, timeout=TIMEOUT_S)
-    except RemoteError as e:
-        raise LedgerError(f"gateway {gw.gw.host}: reading {_path(gw)} failed: {first_line(e)}") from None
-    parts = r.stdout.split("== ")[1:]
-    files = []
-    for part in parts:
-        head, _, text = part.partition("\n")
-        files.append((head.strip(), "" if head.strip() == "absent" else text.strip()))
-    (digest, text), (_, legacy) = (files + [("absent", ""), ("absent", "")])[:2]
-    try:
-        nodes = _parse(text, legacy if digest == "absent" else None)
-    except (ValueError, ValidationError):
-        raise LedgerError(f"gateway {gw.gw.host}: {_path(gw)} is not a ledger spark-pipelines can read: fix it, "
-                          f"or put back its last good copy (it lists the quarantined and held-out nodes)") from None
-    return Ledger(nodes=nodes, digest=digest)
+        text, digest = gw.read_sidecar(SUFFIX)
+        return Ledger(nodes=_load(gw, text), digest=digest)
+    except GatewayError as e:
+        raise LedgerError(str(e)) from None
 
 
 def change(s: FleetSession, edit: Callable[[Ledger], Ledger]) -> Ledger:
-    """Read, edit, write under the gateway config's lock; retried while another run changes it."""
+    """Read, edit, write under the gateway config's lock (the gateway's one sidecar protocol:
+    digest compare-and-swap, temp file renamed into place), retried while another run changes it."""
     gw = GatewayHost(s)
-    path = _path(gw)
-    for _ in range(RETRIES):
-        before = read(s)
+    done: list[Ledger] = []
+
+    def on_text(text: str | None) -> str | None:
+        before = Ledger(nodes=_load(gw, text), digest="absent" if text is None else "read")
         after = edit(before)
-        if after.nodes == before.nodes and before.digest != "absent":
-            return before
-        argv = ["flock", "-w", str(LOCK_WAIT_S), "-E", str(EXIT_LOCK), f"{gw.config_path}.lock",
-                "sh", "-c", _WRITE, "ledger-write", path, before.digest]
-        try:
-            r = s.run(GATEWAY_KEY, argv, stdin=after.text(), check=False, log=False, timeout=LOCK_WAIT_S + TIMEOUT_S)
-        except RemoteError as e:
-            raise LedgerError(f"gateway {gw.gw.host}: writing {path} failed: {first_line(e)}") from None
-        if r.exit_status == 0:
-            return after
-        if r.exit_status == EXIT_CHANGED:
-            continue
-        if r.exit_status == EXIT_LOCK:
-            raise LedgerError(f"gateway {gw.gw.host}: {gw.config_path}.lock held for more than {LOCK_WAIT_S} s "
-                              f"(a config change or reload in progress); {path} not changed, retry")
-        raise LedgerError(f"gateway {gw.gw.host}: writing {path} exited {r.exit_status}: {r.tail.strip()[-200:]}")
-    raise LedgerError(f"gateway {gw.gw.host}: {path} kept changing under this run; not changed, retry")
+        done[:] = [after]
+        if after.nodes == before.nodes and text is not None:
+            return text  # nothing changed: nothing written
+        return after.text()
+
+    try:
+        gw.change_sidecar(SUFFIX, on_text)
+    except GatewayError as e:
+        raise LedgerError(str(e)) from None
+    return done[0]
 
 
 # ------------------------------------------------------------------------------ hold-outs

@@ -95,3 +95,37 @@ def test_two_benches_at_once_never_empty_the_gateway(fleet):
             assert re.search(r"busy|min_in_rotation|in rotation|another|wait|lock", texts[n], re.I), texts[n]
         back_or_held_with_reason(sim, n, r)
     fx.assert_gateway_has_backend(sim)
+
+
+def test_reload_failing_at_the_bench_restore_is_repaired(fleet):
+    """Issue 22.7: the restore after a bench wrote the config and its reload failed; the running
+    proxy kept serving spark1 only while the file listed both. Now the restore reloads again and
+    confirms on the running proxy: spark2 is served again without a hand step."""
+    from spark_pipelines.core.fleet import load_fleet
+    from spark_pipelines.resources.gateway import GatewayHost
+    from spark_pipelines.resources.ssh import FleetSession
+
+    c, sim = fleet, fleet.sim
+    gw = sim.gateway
+    script, count = gw.home / "fault-reload-2nd", gw.home / "fault-reload-2nd.count"
+    script.write_text(
+        "#!/bin/sh\n"
+        "# fault suite: the second reload (the bench's restore) fails, every other one is the real one\n"
+        f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}\n"
+        "if [ $n -eq 2 ]; then echo 'fault: reload refused (simulated)' >&2; exit 1; fi\n"
+        f"exec {gw.bin / 'litellm-reload'}\n")
+    os.chmod(script, 0o755)
+    try:
+        path = c.variant("reloadfails2", lambda d: d["gateway"].__setitem__("reload_command", [str(script)]))
+        with fx.RotationWatch(sim) as watch:
+            res = c.run("bench_job", "spark2", fleet=path)
+        assert int(count.read_text()) >= 3, "the restore's reload was not retried: the fault was not injected"
+        assert watch.fewest and watch.fewest >= 1
+        assert res.success, failure_text(res)
+        assert "spark2" in fx.rotation(fx.gateway_config(sim))
+        with FleetSession(load_fleet(c.fleet)) as s:
+            assert GatewayHost(s).serving_nodes() == ["spark1", "spark2"], "the running proxy left spark2 out"
+        fx.assert_gateway_has_backend(sim)
+    finally:
+        script.unlink(missing_ok=True)
+        count.unlink(missing_ok=True)

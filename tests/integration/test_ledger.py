@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def s(sim_fleet):
     with FleetSession(load_fleet(sim_fleet.fleet_file)) as session:
         yield session
-        path = GatewayHost(session).config_path + ledger.SUFFIX
+        path = GatewayHost(session).sidecar_path(ledger.SUFFIX)
         session.run(GATEWAY_KEY, ["rm", "-f", "--", path, GatewayHost(session).config_path + ledger.LEGACY_SUFFIX],
                     log=False, timeout=30)
 

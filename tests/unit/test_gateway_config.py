@@ -18,23 +18,22 @@ def test_seed_config_matches_runbook_entries():
 
 def test_drain_removes_one_node_from_every_pool_and_restore_puts_it_back():
     fleet = load_fleet("fleets/seed.yaml")
-    full = gateway.render_config(fleet, fleet.node_names)
-    drained = gateway.drain(full, "spark1")
-    assert gateway.nodes_in_rotation(drained) == ["spark2"]
-    assert {e["model_name"] for e in drained["model_list"]} == {"fast", "reasoning", "code"}
-    assert gateway.restore(drained, fleet, "spark1") == full
-    assert gateway.restore(full, fleet, "spark1") == full  # idempotent
-    assert full["model_list"] and gateway.drain(full, "spark1") != full  # input untouched
-    assert len(full["model_list"]) == 6
+    full = gateway.fresh(gateway.render_config(fleet, fleet.node_names))
+    drained = gateway.drain(full, fleet, "spark1")
+    assert gateway.nodes_in_rotation(drained.config, fleet) == ["spark2"]
+    assert {e["model_name"] for e in drained.config["model_list"]} == {"fast", "reasoning", "code"}
+    assert gateway.restore(drained, fleet, "spark1").text() == full.text()
+    assert gateway.restore(full, fleet, "spark1").text() == full.text()  # idempotent
+    assert len(full.config["model_list"]) == 6 and drained.text() != full.text()  # input untouched
 
 
 def test_foreign_entries_survive_drain_and_restore():
     fleet = load_fleet("fleets/seed.yaml")
     cfg = gateway.render_config(fleet, ["spark2"])
     cfg["model_list"].insert(0, {"model_name": "other", "litellm_params": {"model": "openai/x"}})
-    out = gateway.restore(gateway.drain(cfg, "spark2"), fleet, "spark1")
+    out = gateway.restore(gateway.drain(gateway.fresh(cfg), fleet, "spark2"), fleet, "spark1").config
     assert out["model_list"][0]["model_name"] == "other"
-    assert gateway.nodes_in_rotation(out) == ["spark1"]
+    assert gateway.nodes_in_rotation(out, fleet) == ["spark1"]
     assert gateway.load(gateway.dump(out)) == out
 
 
@@ -85,18 +84,20 @@ def test_render_keeps_operator_entries_settings_and_unknown_keys():
 def test_drain_and_restore_keep_operator_config_exactly():
     fleet = load_fleet("fleets/seed.yaml")
     cfg = operator_config(fleet)
-    drained = gateway.drain(cfg, "spark1")
-    assert gateway.nodes_in_rotation(drained) == ["spark2"]
-    assert foreign(drained) == [OPERATOR_ENTRY, OPERATOR_TAIL]
-    assert {k: v for k, v in drained.items() if k != "model_list"} == {k: v for k, v in cfg.items() if k != "model_list"}
-    assert gateway.restore(drained, fleet, "spark1") == cfg
-    # Emptied (min_in_rotation 0) and refilled: the owned block goes last, the rest as it was.
-    refilled = gateway.restore(gateway.drain(drained, "spark2"), fleet, "spark2")
-    assert foreign(refilled) == foreign(drained) and gateway.nodes_in_rotation(refilled) == ["spark2"]
-    assert refilled["model_list"][-1]["model_info"][gateway.OWNER_TAG] == "spark2"
+    doc = gateway.fresh(cfg)
+    drained = gateway.drain(doc, fleet, "spark1")
+    assert gateway.nodes_in_rotation(drained.config, fleet) == ["spark2"]
+    assert foreign(drained.config) == [OPERATOR_ENTRY, OPERATOR_TAIL]
+    assert {k: v for k, v in drained.config.items() if k != "model_list"} == {k: v for k, v in cfg.items() if k != "model_list"}
+    assert gateway.restore(drained, fleet, "spark1").config == cfg
+    # Emptied (min_in_rotation 0) and refilled: everything back where it was.
+    emptied = gateway.drain(drained, fleet, "spark2")
+    assert foreign(emptied.config) == foreign(drained.config) and gateway.nodes_in_rotation(emptied.config, fleet) == []
+    refilled = gateway.restore(emptied, fleet, "spark2")
+    assert refilled.text() == drained.text()
     # Text round trip, with drain notes in the header
-    text = gateway.dump(drained, {"spark1": "bench_results run 1a2b since 2026-12-03T11:00:00Z"})
-    assert gateway.load(text) == drained
+    text = gateway.drain(doc, fleet, "spark1", "bench_results run 1a2b since 2026-12-03T11:00:00Z").text()
+    assert gateway.load(text) == drained.config
     assert gateway.load_drains(text) == {"spark1": "bench_results run 1a2b since 2026-12-03T11:00:00Z"}
 
 
