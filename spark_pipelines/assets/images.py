@@ -14,7 +14,6 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import images as images_runbook
-from spark_pipelines.runbook.images import LMHEAD_MARKER, SIGNATURE_LABEL  # noqa: F401 (their home is the runbook)
 
 BUILD_TAG = "spark/build"
 

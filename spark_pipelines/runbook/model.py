@@ -238,6 +238,7 @@ def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Che
     node = f.build_node
     serving = layout.hybrid_dir(f, node)
     staging = staging_dir(serving)
+    recover_switch(s, node, serving)
     sig = mtp_signature(cv, hybrid.index, base.revision)
     staged = hybrid.path != serving  # step 1 built (or kept) it beside: finish it, never skip
     meta: dict[str, Any] = {}
