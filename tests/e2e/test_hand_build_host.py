@@ -263,3 +263,21 @@ def test_a_shard_damaged_in_place_on_the_build_host_is_found_and_rebuilt(hand):
     again = run_job(hand, "deploy_node_job", fleet, partition_key="spark1",
                     asset_selection=[dg.AssetKey("node_artifacts")])
     assert again.success, failures(again)
+
+
+def test_adoption_reports_what_differs_from_the_fleet_file_and_writes_nothing(hand):
+    """After the rebuild at the newer recipe commit, the original fleet file pins the older one:
+    adoption says so field by field and changes nothing (the next build_job rebuilds beside)."""
+    sim = hand["sim"]
+    hand.get("bumped") or _bump_recipe(hand)
+    state = sim.node("spark1").home / ".cache" / "spark-pipelines" / "markers"
+    before = {p.name: p.read_bytes() for p in state.iterdir()}
+    files = file_states(sim, "spark1")
+    by, _ = adopt(hand, check=False)
+    assert by["hybrid_checkpoint"].action == "differs", by["hybrid_checkpoint"]
+    assert any(d.startswith("recipe checkout: ") and "pins.recipe_repo.commit" in d
+               for d in by["hybrid_checkpoint"].differences), by["hybrid_checkpoint"].differences
+    assert by["mtp_weights"].action == "differs"
+    assert by["base_model"].action == CURRENT and by["base_image"].action == CURRENT
+    assert {p.name: p.read_bytes() for p in state.iterdir()} == before
+    assert file_states(sim, "spark1") == files
