@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     pw.add_argument("node")
     pw.add_argument("action", help="off | on")
     pw.add_argument("--keep-wedged", action="store_true", help="on: the wedge survives the drain (WEDGE PERSISTS)")
+    hd = sub.add_parser("hand", help="build the fleet that is up by hand, with the runbook's own commands "
+                                     "(no spark-pipelines marker, label or manifest)")
+    hd.add_argument("--quick-relaunch", action="append", default=[], metavar="NODE",
+                    help="launch NODE with the runbook's base64 quick-relaunch script (only MAX_JOBS and "
+                         "FLASHINFER_NVCC_THREADS; a GX10 tolerates it)")
+    hd.add_argument("--gmu", action="append", default=[], metavar="NODE=VALUE",
+                    help="launch NODE with another --gpu-memory-utilization, e.g. spark2=0.80")
     return p
 
 
@@ -68,7 +75,8 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
 
 
 def sim_command(argv: list[str]) -> int:
-    """`spark-pipelines sim up [--nodes N] [--fleet-out FILE] | down | status | set NODE STATE | power NODE off|on`."""
+    """`spark-pipelines sim up [--nodes N] [--fleet-out FILE] | down | status | set NODE STATE | power NODE off|on
+    | hand [--quick-relaunch NODE] [--gmu NODE=VALUE]`."""
     try:
         args = _parser().parse_args(argv)
     except _UsageError as e:
@@ -93,6 +101,27 @@ def sim_command(argv: list[str]) -> int:
             for line in fleet.down():
                 print(line)
             print("simulated fleet down")
+        elif args.cmd == "hand":
+            from spark_sim.hand import build_by_hand
+
+            if not fleet.state:
+                print("spark-pipelines sim hand: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)
+                return 2
+            gmu: dict[str, float] = {}
+            for item in args.gmu:
+                name, sep, value = item.partition("=")
+                try:
+                    gmu[name] = float(value)
+                except ValueError:
+                    sep = ""
+                if not sep or not 0 < gmu[name] <= 1:
+                    print(f"spark-pipelines sim hand: --gmu {item!r}: give NODE=VALUE with 0 < VALUE <= 1",
+                          file=sys.stderr)
+                    return 2
+            t0 = time.monotonic()
+            done = build_by_hand(fleet, quick_relaunch=args.quick_relaunch, gmu=gmu, log=print)
+            print(f"built by hand in {time.monotonic() - t0:.1f} s: serving image {done.image_id[7:19]} on "
+                  f"{', '.join(done.containers)}; gateway config {done.gateway_config}")
         elif args.cmd == "status":
             _print_status(fleet.status())
         elif args.cmd == "power":

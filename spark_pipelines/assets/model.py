@@ -1,32 +1,28 @@
 """Runbook steps 0-2 on the build host: base model download, hybrid INT4+FP8 checkpoint, MTP weights.
 
-Each step verifies its output by reading the safetensors index and shard headers ON the node
-(`runbook.build_steps.verify_on_node`), not by file existence: install.sh's skip test passes a
-half-built checkpoint whose index is stale. After a build the checkpoint is hashed there too
-(digest manifest); its digest is part of the data version, and receivers are checked against it.
+Each step verifies its output by reading the safetensors index and shard headers ON the node, not
+by file existence: install.sh's skip test passes a half-built checkpoint whose index is stale. A
+rebuild is made beside the checkpoint the serving containers mount and switched in only once
+verified (runbook/model.py); mtp_weights hashes the result (the digest manifest) and re-hashes it
+on every skip. The procedures are runbook/model.py; here: one call each, then the recording.
 """
 
 from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import retry_unreachable, step_session
-from spark_pipelines.core import steps
+from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.core import checkpoint as checkpoint_core
-from spark_pipelines.core import layout
+from spark_pipelines.core import steps
 from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
-from spark_pipelines.core import remote
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.hub import ModelHub
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.state import markers
-from spark_pipelines.runbook.build_steps import checkout, checkpoint_step, verify_on_node
+from spark_pipelines.runbook import model as model_runbook
 
 EXPECTED_FP8_SCALES = checkpoint_core.EXPECTED_FP8_SCALES
-
-HYBRID_BUILDER = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py"
-MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"
 
 
 def report_metadata(report: checkpoint_core.CheckpointReport) -> dict[str, Any]:
@@ -42,6 +38,13 @@ def report_metadata(report: checkpoint_core.CheckpointReport) -> dict[str, Any]:
     }
 
 
+def step_metadata(out: model_runbook.StepOutcome) -> dict[str, Any]:
+    c = out.checkpoint
+    extra = {k: v for k, v in out.metadata.items() if v is not None}
+    return {"skipped": out.skipped, "index": c.index,
+            **({"manifest": c.manifest[:16]} if c.manifest else {}), **extra, **report_metadata(out.report)}
+
+
 def model_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
 
@@ -49,36 +52,19 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="1_model",
         kinds={"huggingface", "ssh"},
         code_version=cv[steps.BASE_MODEL],
-        description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision.",
+        description="Step 0: Intel's AutoRound INT4 checkpoint on the build host, at the pinned revision "
+                    "(where its marker says: the runbook's HF cache snapshot once adopted, else ~/models).",
     )
     @retry_unreachable(fleet.ssh)
     def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[ModelSnapshot]:
         s = step_session(context, ssh)
-        node = s.fleet.build_node
-        pin = s.fleet.pins.base_model
-        sha = hub.resolve(pin.repo, pin.revision)
-        dest = layout.base_model_dir(s.fleet, node)
-        sig = markers.signature(cv[steps.BASE_MODEL], sha)
-        skipped = bool(markers.matches(s, node, steps.BASE_MODEL, sig))
-        if skipped:
-            report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
-            skipped = report.ok
-        if not skipped:
-            context.log.info(f"downloading {pin.repo}@{sha} to {node.name}:{dest} (resumable: hf skips complete files)")
-            s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None,
-                  timeout=remote.DOWNLOAD_TIMEOUT_S)
-            report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
-            if not report.ok:
-                raise dg.Failure(
-                    description=f"base model on {node.name} is incomplete after download: {report.problems[0]}",
-                    metadata=report_metadata(report),
-                )
-            markers.write(s, node, steps.BASE_MODEL, sig, revision=sha)
-        return dg.Output(
-            ModelSnapshot(node=node.name, path=dest, repo=pin.repo, revision=sha),
-            data_version=dg.DataVersion(sha),
-            metadata={"revision": sha, "skipped": skipped, **report_metadata(report)},
-        )
+        try:
+            out = model_runbook.base_model(s, hub, cv)
+        except RunbookError as e:
+            fail(e)
+        return dg.Output(out.snapshot, data_version=dg.DataVersion(out.snapshot.revision),
+                         metadata={"revision": out.snapshot.revision, "skipped": out.skipped,
+                                   **report_metadata(out.report)})
 
     @dg.asset(
         group_name="1_model",
@@ -87,46 +73,23 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[dg.AssetCheckSpec(
             "checkpoint_consistent", asset=steps.HYBRID_CHECKPOINT, blocking=True,
             description="Blocking: the safetensors index, the shard headers and the 144 FP8 scales agree (no stale "
-                        "index of a half-built run); a failure stops the MTP step and every node copy.")],
-        description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), verified from headers.",
+                        "index of a half-built run); a failure stops the MTP step and every node copy. A failed "
+                        "build never reaches the serving checkpoint: rerunning builds again beside it.")],
+        description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), built in a staging "
+                    "directory beside the serving one and verified from headers; mtp_weights switches it in.",
     )
     @retry_unreachable(fleet.ssh)
     def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot):
         s = step_session(context, ssh)
-        f = s.fleet
-        node = f.build_node
-        recipe = layout.recipe_dir(node)
-        out = layout.hybrid_dir(f, node)
-        sig = markers.signature(cv[steps.HYBRID_CHECKPOINT], base_model.revision)
-
-        def build() -> None:
-            checkout(s, node, f.pins.recipe_repo, recipe)
-            # The builder's --force removes model.safetensors* and config.json but not the
-            # model-*-of-* shards: leftovers of another build would mix in. Remove them first.
-            s.run(node.name, ["find", out, "-maxdepth", "1", "-name", "model-*-of-*.safetensors", "-delete"], check=False)
-            s.run(
-                node.name,
-                ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base_model.path,
-                 "--fp8-repo", f.pins.fp8_model.repo, "--output", out, "--force"],
-                secret_env=hub.secret_env() or None, timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S,
-            )
-
-        step = checkpoint_step(
-            s, node, steps.HYBRID_CHECKPOINT, sig, out,
-            lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=False), build)
-        report = step.report
-        yield dg.Output(
-            Checkpoint(node=node.name, path=out, index=step.index, manifest=step.manifest),
-            data_version=dg.DataVersion(step.data_version),
-            metadata={"skipped": step.skipped, "manifest": step.manifest[:16], **report_metadata(report)},
-        )
+        try:
+            out = model_runbook.hybrid_checkpoint(s, hub, base_model, cv)
+        except RunbookError as e:
+            fail(e)
+        yield dg.Output(out.checkpoint, data_version=dg.DataVersion(out.data_version), metadata=step_metadata(out))
         yield dg.AssetCheckResult(
-            check_name="checkpoint_consistent",
-            passed=report.ok,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=("index, shards and FP8 scales agree" if report.ok else report.problems[0]),
-            metadata={"problems": len(report.problems), "fp8_scales": report.scale_count},
-        )
+            check_name="checkpoint_consistent", passed=out.ok, severity=dg.AssetCheckSeverity.ERROR,
+            description="index, shards and FP8 scales agree" if out.ok else out.check_text,
+            metadata={"problems": len(out.report.problems), "fp8_scales": out.report.scale_count})
 
     @dg.asset(
         group_name="1_model",
@@ -136,38 +99,23 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             "mtp_keys_mapped", asset=steps.MTP_WEIGHTS, blocking=True,
             description="Blocking: the MTP head's mtp.* keys are in the checkpoint index, so MTP-2 speculative "
                         "decoding loads them; a failure stops the copies to the nodes.")],
-        description="Step 2: MTP head weights added to the hybrid checkpoint (for MTP-2 speculative decoding).",
+        description="Step 2: MTP head weights added beside the serving checkpoint, which is then switched in by "
+                    "rename (the serving index is never rewritten in place). Owns the sha256 manifest: every "
+                    "run re-hashes the checkpoint against it and rebuilds beside on a mismatch.",
     )
     @retry_unreachable(fleet.ssh)
-    def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, base_model: ModelSnapshot,
+    def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot,
                     hybrid_checkpoint: Checkpoint):
         s = step_session(context, ssh)
-        node = s.fleet.build_node
-        out = hybrid_checkpoint.path
-        # Not the step-1 manifest: a rebuilt step 1 has a new index digest already, and adding it
-        # would rerun step 2 once on every existing build host for nothing.
-        sig = markers.signature(cv[steps.MTP_WEIGHTS], hybrid_checkpoint.index, base_model.revision)
-        recipe = layout.recipe_dir(node)
-        step = checkpoint_step(
-            s, node, steps.MTP_WEIGHTS, sig, out,
-            lambda: verify_on_node(s, node, out, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True),
-            lambda: s.run(node.name, ["env", "-C", recipe, "python3", MTP_ADDER, "--source", base_model.path,
-                                      "--target", out], timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S),
-            owns_manifest=True,  # step 2 writes the directory last: the manifest on disk is its own
-        )
-        report = step.report
-        yield dg.Output(
-            Checkpoint(node=node.name, path=out, index=step.index, manifest=step.manifest),
-            data_version=dg.DataVersion(step.data_version),
-            metadata={"skipped": step.skipped, "manifest": step.manifest[:16], **report_metadata(report)},
-        )
+        try:
+            out = model_runbook.mtp_weights(s, hub, base_model, hybrid_checkpoint, cv, run_id=context.run.run_id)
+        except RunbookError as e:
+            fail(e)
+        yield dg.Output(out.checkpoint, data_version=dg.DataVersion(out.data_version), metadata=step_metadata(out))
         yield dg.AssetCheckResult(
-            check_name="mtp_keys_mapped",
-            passed=report.ok and report.mtp_keys_mapped > 0,
+            check_name="mtp_keys_mapped", passed=out.ok and out.report.mtp_keys_mapped > 0,
             severity=dg.AssetCheckSeverity.ERROR,
-            description=(f"{report.mtp_keys_mapped} mtp. keys mapped" if report.ok else report.problems[0]),
-        )
+            description=(f"{out.report.mtp_keys_mapped} mtp. keys mapped" if out.ok
+                         else out.check_text))
 
     return dg.Definitions(assets=[base_model, hybrid_checkpoint, mtp_weights])
-
-

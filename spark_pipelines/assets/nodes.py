@@ -17,7 +17,6 @@ from spark_pipelines.assets.metadata import readable
 from spark_pipelines.core import steps
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
-from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.jit_cache import key_for as jit_cache_key
 from spark_pipelines.core.launch import LaunchSpec, launch_spec
@@ -26,7 +25,7 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers
-from spark_pipelines.runbook.build_steps import verify_on_node
+from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_pipelines.runbook.deploy import deploy, diagnosis_md, serving_mismatch
 from spark_pipelines.state.markers import DeployMarker
@@ -139,9 +138,12 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         manifest = mtp_weights.manifest
         meta: dict[str, Any] = {}
         if node.name == build.name:
-            report = verify_on_node(s, node, dst_dir, expected_scales=EXPECTED_FP8_SCALES, require_mtp=True)
-            if not report.ok:
-                raise dg.Failure(description=f"{node.name}: checkpoint does not verify: {report.problems[0]}")
+            # The build host's own copy is what it serves and what every copy starts from: hashed
+            # against the manifest (a shard damaged in place, its size and mtime kept, stops here).
+            try:
+                meta.update(verify_build_host_copy(s, node, dst_dir, manifest))
+            except RunbookError as e:
+                fail(e)
             meta["copied"] = False
         else:
             streams = NodeStreams(s)

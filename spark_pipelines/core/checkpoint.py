@@ -9,15 +9,23 @@ length + JSON) and cross-checks it with the index both ways.
 Headers say nothing about content: a shard overwritten in place with the same size passes them
 (and rsync's size+mtime quick check). The digest manifest (sha256 of every file, made on the build
 host right after a step changed the directory, `.spark-manifest.json` next to the checkpoint) is
-what every receiver is checked against, file by file, so only the files that differ are re-sent.
+what every copy is checked against, the build host's own included, file by file, so only the files
+that differ are re-sent or rebuilt.
+
+The problems found say what is wrong and nothing more: what mends them depends on where the
+checkpoint is (the build host rebuilds beside the serving copy, a node gets it copied again), so
+the callers add the advice (runbook/model.py). The same file, piped to the node's python3, also
+stages a rebuild beside the serving directory and switches it into place (`main`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,10 +44,6 @@ DTYPE_BYTES = {
     "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
 }
 _SHARD_NAME = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
-REBUILD_ADVICE = (
-    "rebuild the hybrid checkpoint (delete the model-*-of-* shards first: the builder's --force "
-    "removes only model.safetensors* and config.json)"
-)
 
 
 class CheckpointError(ValueError):
@@ -107,7 +111,7 @@ def _check_shard(path: Path, report: CheckpointReport) -> dict[str, TensorEntry]
     try:
         header_len, tensors, _ = read_safetensors_header(path)
     except CheckpointError as exc:
-        report.problems.append(f"{exc}: the file is damaged or truncated; {REBUILD_ADVICE}")
+        report.problems.append(f"{exc}: the file is damaged or truncated")
         return None
     data_end = max((t.end for t in tensors.values()), default=0)
     expected = 8 + header_len + data_end
@@ -115,7 +119,7 @@ def _check_shard(path: Path, report: CheckpointReport) -> dict[str, TensorEntry]
     if actual != expected:
         report.problems.append(
             f"{path.name}: {actual} bytes on disk but its header describes {expected} "
-            f"(incomplete write or copy); re-copy or {REBUILD_ADVICE}"
+            f"(incomplete write or copy)"
         )
     for key, t in tensors.items():
         width = DTYPE_BYTES.get(t.dtype)
@@ -127,7 +131,7 @@ def _check_shard(path: Path, report: CheckpointReport) -> dict[str, TensorEntry]
         elif t.end - t.begin != count * width or t.begin < 0:
             report.problems.append(
                 f"{path.name}: tensor {key} spans {t.end - t.begin} bytes, its shape "
-                f"{list(t.shape)} x {t.dtype} needs {count * width}; {REBUILD_ADVICE}"
+                f"{list(t.shape)} x {t.dtype} needs {count * width}"
             )
     return tensors
 
@@ -139,7 +143,7 @@ def verify_checkpoint(
     root = Path(directory)
     report = CheckpointReport(directory=str(root), expected_scales=expected_scales)
     if not root.is_dir():
-        report.problems.append(f"{root}: not a directory; build the checkpoint first")
+        report.problems.append(f"{root}: not a directory")
         return report
     index_path = root / INDEX_NAME
     try:
@@ -148,10 +152,10 @@ def verify_checkpoint(
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
     except FileNotFoundError:
-        report.problems.append(f"{INDEX_NAME}: missing; {REBUILD_ADVICE}")
+        report.problems.append(f"{INDEX_NAME}: missing")
         return report
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        report.problems.append(f"{INDEX_NAME}: unreadable ({exc}); {REBUILD_ADVICE}")
+        report.problems.append(f"{INDEX_NAME}: unreadable ({exc})")
         return report
 
     by_file: dict[str, list[str]] = {}
@@ -162,7 +166,7 @@ def verify_checkpoint(
     if len(totals) > 1:
         report.problems.append(
             f"shards disagree on the shard count (-of-{sorted(totals)}): files from two "
-            f"builds are mixed; {REBUILD_ADVICE}"
+            f"builds are mixed"
         )
     for total in totals:
         for n in range(1, total + 1):
@@ -172,7 +176,7 @@ def verify_checkpoint(
     for name in on_disk:
         if name not in by_file:
             report.problems.append(
-                f"{name}: on disk but no index key points to it (stale index?); {REBUILD_ADVICE}"
+                f"{name}: on disk but no index key points to it (stale index?)"
             )
 
     headers: dict[str, dict[str, TensorEntry]] = {}
@@ -198,7 +202,7 @@ def verify_checkpoint(
         if absent:
             report.problems.append(
                 f"{fname}: {len(absent)} index key(s) not in this file, e.g. {absent[0]} "
-                f"(stale index from another build); {REBUILD_ADVICE}"
+                f"(stale index from another build)"
             )
     for fname, tensors in headers.items():
         unindexed = [
@@ -208,8 +212,7 @@ def verify_checkpoint(
         if unindexed:
             report.problems.append(
                 f"{fname}: {len(unindexed)} tensor(s) not mapped to this file in the index, e.g. "
-                f"{unindexed[0]} (the index is stale: it was not rebuilt from these shards); "
-                f"{REBUILD_ADVICE}"
+                f"{unindexed[0]} (the index is stale: it was not rebuilt from these shards)"
             )
         if fname == MTP_FILE:
             continue
@@ -228,7 +231,7 @@ def verify_checkpoint(
     if report.scale_count != expected_scales:
         report.problems.append(
             f"{report.scale_count} *{SCALE_SUFFIX} scale tensors, expected {expected_scales}: "
-            f"the FP8 dense layers did not all land; {REBUILD_ADVICE}"
+            f"the FP8 dense layers did not all land"
         )
 
     mtp_path = root / MTP_FILE
@@ -238,16 +241,11 @@ def verify_checkpoint(
         report.mtp_keys_mapped = sum(1 for k in mtp_keys if weight_map.get(k) == MTP_FILE)
         report.tensor_count += len(mtp_tensors)
         if require_mtp and not mtp_keys:
-            report.problems.append(f"{MTP_FILE}: holds no mtp. tensors; re-run add-mtp-weights.py")
+            report.problems.append(f"{MTP_FILE}: holds no mtp. tensors")
     elif require_mtp and not mtp_path.exists():
-        report.problems.append(
-            f"{MTP_FILE}: missing, MTP speculative decoding will not load; run "
-            "add-mtp-weights.py --source <Intel snapshot> --target <checkpoint>"
-        )
+        report.problems.append(f"{MTP_FILE}: missing, MTP speculative decoding will not load")
     if require_mtp and mtp_tensors is not None and report.mtp_keys_mapped == 0:
-        report.problems.append(
-            f"{INDEX_NAME}: no mtp. keys mapped to {MTP_FILE}; run add-mtp-weights.py"
-        )
+        report.problems.append(f"{INDEX_NAME}: no mtp. keys mapped to {MTP_FILE}")
     return report
 
 
@@ -375,12 +373,182 @@ def diff_manifests(expected: dict[str, dict], actual: dict[str, dict], only: lis
     return d
 
 
+# -- the index's identity -------------------------------------------------------------------------
+
+
+def weight_map_digests(index_text: str) -> dict[str, str]:
+    """Digests of what the index maps, canonical (key order and JSON formatting do not count):
+    "full" of the whole weight map (mtp_weights' output), "hybrid" without the keys mapped to the
+    MTP file (hybrid_checkpoint's output: step 2 only adds those, so step 1's digest is the same
+    before and after step 2, and the same for a checkpoint built by hand). ValueError if unreadable."""
+    try:
+        weight_map = json.loads(index_text)["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{INDEX_NAME}: unreadable ({e})") from None
+
+    def digest(wm: dict) -> str:
+        blob = json.dumps({str(k): str(v) for k, v in wm.items()}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    return {"full": digest(weight_map), "hybrid": digest({k: v for k, v in weight_map.items() if v != MTP_FILE})}
+
+
+# -- staging beside the serving directory, and the switch ------------------------------------------
+# A rebuild never writes into the directory the serving containers mount: it is made in a staging
+# directory next to it (same filesystem), verified there, and switched into place by rename. The
+# running containers keep their open files; the replaced directory is kept until the switch is
+# verified.
+
+RENAME_EXCHANGE = 2  # linux/fs.h: swap two paths atomically (renameat2)
+
+
+def stage_copy(source: str | Path, staging: str | Path) -> dict[str, list[str]]:
+    """A staging copy of `source` for add-mtp-weights.py, which rewrites the index and the MTP file
+    in place: the model-*-of-* shards hard-linked (that step never writes them; a link costs no
+    space), every other file copied, the MTP file and the manifest left out (written anew).
+    `staging` must not exist yet."""
+    src, dst = Path(source), Path(staging)
+    dst.mkdir(parents=True)
+    linked: list[str] = []
+    copied: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(src):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not (here == src and d == PARTIAL_DIR))
+        (dst / here.relative_to(src)).mkdir(exist_ok=True)
+        for name in sorted(filenames):
+            full = here / name
+            rel = full.relative_to(src).as_posix()
+            if rel in (MTP_FILE, MANIFEST_NAME) or full.is_symlink() or not full.is_file():
+                continue
+            if _SHARD_NAME.match(rel):
+                try:
+                    os.link(full, dst / rel)
+                    linked.append(rel)
+                    continue
+                except OSError as e:
+                    if e.errno != errno.EXDEV:
+                        raise
+            shutil.copy2(full, dst / rel)
+            copied.append(rel)
+    return {"linked": linked, "copied": copied}
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (renameat2 RENAME_EXCHANGE); False where the kernel, the C
+    library or the filesystem has no such call (then the caller renames twice)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd = -100
+    if call(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def switch_into(staging: str | Path, serving: str | Path, previous: str | Path) -> dict:
+    """Put `staging` at `serving`; what was at `serving` goes to `previous` (which must not exist).
+    Atomic where renameat2 can exchange the two (no moment without a serving directory), else two
+    renames a few microseconds apart. Switching back is the same call with the roles swapped."""
+    st, sv, pv = Path(staging), Path(serving), Path(previous)
+    if os.path.lexists(pv):
+        raise FileExistsError(f"{pv}: exists; remove it before switching")
+    if not st.is_dir():
+        raise FileNotFoundError(f"{st}: no directory to switch into place")
+    if not os.path.lexists(sv):
+        os.rename(st, sv)
+        return {"atomic": True, "previous": None}
+    if _exchange(st, sv):
+        os.rename(st, pv)  # the staging path now holds the replaced directory
+        return {"atomic": True, "previous": str(pv)}
+    os.rename(sv, pv)
+    os.rename(st, sv)
+    return {"atomic": False, "previous": str(pv)}
+
+
+# -- the tie to the base model: what a hybrid build keeps of its source ----------------------------
+
+
+def compare_with_source(hybrid: str | Path, source: str | Path) -> dict:
+    """How a hybrid checkpoint differs from what build-hybrid-checkpoint.py and add-mtp-weights.py
+    make of `source` (the Intel snapshot): per shard the same tensors, dtypes and shapes, except
+    the dense weights replaced by FP8 with their added scales; the MTP file byte for byte; every
+    other file of the source (tokenizer, ...) byte for byte, config.json with the builder's
+    `_hybrid_quant_info` added. Headers only, plus the MTP file's and the small files' bytes.
+    Returns {differences: [...], source_fp8: str | None, replaced: int}."""
+    hy, so = Path(hybrid), Path(source)
+    out: list[str] = []
+    replaced = 0
+    source_shards = sorted(p.name for p in so.iterdir() if _SHARD_NAME.match(p.name))
+    hybrid_shards = sorted(p.name for p in hy.iterdir() if _SHARD_NAME.match(p.name)) if hy.is_dir() else []
+    if source_shards != hybrid_shards:
+        out.append(f"shards {len(hybrid_shards)} ({', '.join(hybrid_shards[:1])}...), the base model has "
+                   f"{len(source_shards)} ({', '.join(source_shards[:1])}...)")
+    for name in sorted(set(source_shards) & set(hybrid_shards)):
+        try:
+            _, theirs, _ = read_safetensors_header(so / name)
+            _, ours, _ = read_safetensors_header(hy / name)
+        except CheckpointError as e:
+            out.append(str(e))
+            continue
+        scales = {k for k in ours if k.endswith(SCALE_SUFFIX) and k not in theirs}
+        missing = sorted(set(theirs) - set(ours))
+        extra = sorted(set(ours) - set(theirs) - scales)
+        if missing:
+            out.append(f"{name}: {len(missing)} tensor(s) of the base model missing, e.g. {missing[0]}")
+        if extra:
+            out.append(f"{name}: {len(extra)} tensor(s) the base model does not have, e.g. {extra[0]}")
+        for key in sorted(set(theirs) & set(ours)):
+            a, b = theirs[key], ours[key]
+            fp8 = b.dtype == FP8_DTYPE and (key[: -len(".weight")] + SCALE_SUFFIX) in scales
+            if fp8:
+                replaced += 1
+                if a.shape != b.shape:
+                    out.append(f"{name}: {key} is {list(b.shape)} FP8, the base model's is {list(a.shape)}")
+            elif (a.dtype, a.shape) != (b.dtype, b.shape):
+                out.append(f"{name}: {key} is {b.dtype} {list(b.shape)}, the base model's {a.dtype} {list(a.shape)}")
+                break
+    if (so / MTP_FILE).is_file():
+        if not (hy / MTP_FILE).is_file():
+            out.append(f"{MTP_FILE}: missing (the base model has it)")
+        elif file_sha256(so / MTP_FILE) != file_sha256(hy / MTP_FILE):
+            out.append(f"{MTP_FILE}: not the base model's (add-mtp-weights.py copies it byte for byte)")
+    for f in sorted(p for p in so.iterdir() if p.is_file() and p.suffix != ".safetensors"):
+        if f.name in (INDEX_NAME, "config.json") or f.name.startswith("."):
+            continue
+        mine = hy / f.name
+        if not mine.is_file():
+            out.append(f"{f.name}: missing (the base model has it)")
+        elif file_sha256(mine) != file_sha256(f):
+            out.append(f"{f.name}: differs from the base model's")
+    source_fp8 = None
+    try:
+        info = json.loads((hy / "config.json").read_text(encoding="utf-8")).get("_hybrid_quant_info") or {}
+        source_fp8 = info.get("source_fp8")
+        if not info:
+            out.append("config.json: no _hybrid_quant_info (not written by build-hybrid-checkpoint.py)")
+    except (OSError, ValueError, AttributeError):
+        out.append("config.json: missing or unreadable")
+    return {"differences": out, "source_fp8": source_fp8, "replaced": replaced}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run on the node itself (`python3 - DIR < checkpoint.py`): stdlib only, so the ~71 GB
     checkpoint is checked where it lies and only a JSON report crosses the network.
 
     --digests prints {files: {path: {size, sha256}}}; --write-manifest also writes MANIFEST_NAME
-    (atomically) and prints the manifest; --only=PATH (repeatable) limits the hashing."""
+    (atomically) and prints the manifest; --only=PATH (repeatable) limits the hashing.
+    --index-digests, --stage-from SRC, --switch-into SERVING --previous PREV and
+    --compare-source SRC: the functions of the same names, on DIR."""
     import argparse
     from dataclasses import asdict
 
@@ -391,7 +559,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--digests", action="store_true")
     ap.add_argument("--write-manifest", action="store_true")
     ap.add_argument("--only", action="append")
+    ap.add_argument("--index-digests", action="store_true")
+    ap.add_argument("--stage-from")
+    ap.add_argument("--switch-into")
+    ap.add_argument("--previous")
+    ap.add_argument("--compare-source")
     args = ap.parse_args(argv)
+    if args.index_digests:
+        print(json.dumps(weight_map_digests((Path(args.directory) / INDEX_NAME).read_text(encoding="utf-8"))))
+        return 0
+    if args.stage_from:
+        print(json.dumps(stage_copy(args.stage_from, args.directory)))
+        return 0
+    if args.switch_into:
+        print(json.dumps(switch_into(args.directory, args.switch_into, args.previous)))
+        return 0
+    if args.compare_source:
+        print(json.dumps(compare_with_source(args.directory, args.compare_source)))
+        return 0
     if args.digests or args.write_manifest:
         files = digest_tree(args.directory, only=args.only, workers=min(4, os.cpu_count() or 1),
                             with_manifest=not args.write_manifest)

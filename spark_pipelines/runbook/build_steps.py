@@ -1,22 +1,34 @@
 """Build-host steps shared by the model and image phases: checkouts at a pin, checkpoint
-verification on the node, and the "reuse when marker matches AND output verifies" rule."""
+verification on the node, the content check against the manifest, and the staging directory a
+rebuild is made in beside the serving checkpoint, then switched into place.
+
+Why beside: the build host is also a serve node, and its containers mount the checkpoint directory
+(`~/models` -> `/models`). A rebuild written into it would leave the serving directory without
+shards or without MTP keys for as long as the build runs (~20 min on a GB10), and a failed one
+would leave it broken. So the steps write `~/models/.<model_dir>.staging` (same filesystem),
+verify it there, and only then switch it in by rename; the replaced directory is kept as
+`.<model_dir>.previous` until the switch is verified, then removed. The running containers keep
+their open files. The node-side half (link, copy, rename) is core/checkpoint.py piped to python3.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from spark_pipelines.core import checkpoint as checkpoint_core
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import GitPin, Node
-from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.resources.transfer import write_manifest
-from spark_pipelines.state import markers
+from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S, checkpoint_script, digests_on_node
 
 GIT_TIMEOUT_S = 1800  # a first clone of a large repo over a slow uplink
 VERIFY_TIMEOUT_S = 600  # reading 14 shard headers of a ~71 GB checkpoint (hashing: transfer.DIGEST_TIMEOUT_S)
+FS_TIMEOUT_S = 900  # linking 14 shards, copying the small files, removing a replaced ~71 GB directory
+# A rebuild beside needs about the size of what it replaces free on the same filesystem.
+FREE_MARGIN = 1.05
 
 
 def verify_on_node(
@@ -45,65 +57,186 @@ def checkout(session: FleetSession, node: Node, pin: GitPin, dest: str) -> str:
     return session.run(node.name, ["git", "-C", dest, "rev-parse", "HEAD"], log=False, timeout=60).stdout.strip()
 
 
-def index_digest(session: FleetSession, node: Node, directory: str) -> str:
-    r = session.run(node.name, ["sha256sum", f"{directory}/{checkpoint_core.INDEX_NAME}"], log=False, timeout=60)
-    return r.stdout.split()[0][:16]
-
-
-def _disk_manifest(s: FleetSession, node: Node, directory: str) -> str | None:
-    path = f"{directory}/{checkpoint_core.MANIFEST_NAME}"
-    if not s.exists(node.name, path):
+def head_commit(session: FleetSession, node: Node, repo: str) -> str | None:
+    """The commit a checkout on the node is at, or None when there is no checkout."""
+    if not session.exists(node.name, f"{repo}/.git"):
         return None
+    r = session.run(node.name, ["git", "-C", repo, "rev-parse", "HEAD"], check=False, log=False, timeout=60)
+    return (r.stdout.strip() or None) if r.ok else None
+
+
+def index_digests(session: FleetSession, node: Node, directory: str) -> dict[str, str]:
+    """{"hybrid": ..., "full": ...} of the directory's index (core.checkpoint.weight_map_digests)."""
+    return checkpoint_script(session, node.name, [directory, "--index-digests"], VERIFY_TIMEOUT_S)
+
+
+# ------------------------------------------------------------------------------ staging and switch
+
+
+def staging_dir(serving: str) -> str:
+    parent, _, name = serving.rstrip("/").rpartition("/")
+    return f"{parent}/.{name}.staging"
+
+
+def previous_dir(serving: str) -> str:
+    parent, _, name = serving.rstrip("/").rpartition("/")
+    return f"{parent}/.{name}.previous"
+
+
+def remove_dir(s: FleetSession, node: Node, path: str) -> None:
+    s.run(node.name, ["rm", "-rf", "--", path], timeout=FS_TIMEOUT_S)
+
+
+def remove_quietly(s: FleetSession, node: Node, path: str) -> None:
+    """For an exception path: try to remove, never raise over the error being handled."""
     try:
-        return checkpoint_core.manifest_digest(checkpoint_core.parse_manifest(s.read_text(node.name, path)))
-    except ValueError:
-        return None
+        remove_dir(s, node, path)
+    except Exception as e:  # the original failure is what the run reports
+        s.log.warning(f"[{node.name}] could not remove {path} ({first_line(e)}); the next build removes it")
+
+
+def recover_switch(s: FleetSession, node: Node, serving: str) -> None:
+    """Finish what a switch killed half-way left (the two-rename fallback, or a crash before the
+    replaced directory was removed): the serving path always ends up holding a checkpoint."""
+    previous = previous_dir(serving)
+    if not s.exists(node.name, previous):
+        return
+    if s.exists(node.name, serving):
+        s.log.info(f"[{node.name}] removing {previous}, left by an interrupted switch")
+        remove_dir(s, node, previous)
+    else:
+        s.log.warning(f"[{node.name}] {serving} is missing and {previous} is there (a switch was interrupted): "
+                      "putting it back")
+        s.run(node.name, ["mv", "-T", "--", previous, serving], timeout=60)
+
+
+def stage_linked_copy(s: FleetSession, node: Node, serving: str) -> str:
+    """A fresh staging copy of the serving checkpoint for a step that rewrites files in place:
+    shards hard-linked, the small files copied (core.checkpoint.stage_copy). Returns its path."""
+    staging = staging_dir(serving)
+    remove_dir(s, node, staging)
+    done = checkpoint_script(s, node.name, [staging, "--stage-from", serving], FS_TIMEOUT_S)
+    s.log.info(f"[{node.name}] staged {staging}: {len(done['linked'])} shard(s) hard-linked, "
+               f"{len(done['copied'])} file(s) copied")
+    return staging
+
+
+def require_free_space(s: FleetSession, node: Node, serving: str, what: str) -> None:
+    """A rebuild beside needs room for a second copy of what it replaces: say so before ~20 min
+    of building fills the disk under the serving checkpoint."""
+    if not s.exists(node.name, serving):
+        return
+    parent = serving.rstrip("/").rpartition("/")[0] or "/"
+    try:
+        used = int(s.run(node.name, ["du", "-sk", "--", serving], log=False, timeout=FS_TIMEOUT_S).stdout.split()[0])
+        free = int(s.run(node.name, ["df", "-Pk", parent], log=False, timeout=60).stdout.splitlines()[-1].split()[3])
+    except (RemoteError, ValueError, IndexError):
+        return  # unreadable: the build itself will say if the disk fills
+    if free < used * FREE_MARGIN:
+        raise RunbookError(
+            f"{node.name}: not enough free space under {parent} to {what} beside the serving checkpoint "
+            f"(needs ~{used * FREE_MARGIN / 2**20:.1f} GiB, {free / 2**20:.1f} GiB free); the serving checkpoint "
+            f"is never overwritten in place: free space there (`df -h {parent}`), then rerun build_job")
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    report: checkpoint_core.CheckpointReport
-    index: str  # digest of the index, as recorded when the step built it
-    manifest: str  # digest of the content manifest made right after the step built it
-    skipped: bool
+class Switch:
+    atomic: bool
+    previous: str | None  # the replaced directory, kept until the caller has recorded the switch
+
+
+def switch_into_place(s: FleetSession, node: Node, staging: str, serving: str, verify) -> Switch:
+    """Rename the verified staging directory into the serving path (atomically where the kernel
+    can exchange two paths), then verify it there; if it does not verify, switch the replaced one
+    back. `verify()` returns a CheckpointReport of `serving`. Raises RunbookError after a switch back."""
+    previous = previous_dir(serving)
+    remove_dir(s, node, previous)
+    done = checkpoint_script(s, node.name, [staging, "--switch-into", serving, "--previous", previous], 120)
+    s.log.info(f"[{node.name}] switched {staging} into {serving}"
+               + ("" if done["atomic"] else " (two renames: the filesystem cannot exchange paths)"))
+    report = verify()
+    if report.ok:
+        return Switch(done["atomic"], done["previous"])
+    if done["previous"]:
+        checkpoint_script(s, node.name, [previous, "--switch-into", serving, "--previous", staging], 120)
+        s.log.warning(f"[{node.name}] {serving} did not verify after the switch; the replaced checkpoint is back")
+    else:  # nothing served before: the new one goes back aside
+        s.run(node.name, ["mv", "-T", "--", serving, staging], timeout=60)
+    remove_quietly(s, node, staging)
+    raise RunbookError(f"{node.name}: {serving} did not verify after the switch ({report.problems[0]}); "
+                       "the replaced checkpoint was put back and the new one removed: rerun build_job")
+
+
+# ------------------------------------------------------------------------------ content
+
+
+@dataclass
+class ContentCheck:
+    """The directory hashed against the manifest its step recorded (resources/transfer.py's
+    receiver check, on the build host's own copy)."""
+
+    manifest: str  # digest of what the directory holds now (the manifest file excluded)
+    problems: list[str] = field(default_factory=list)
+    # Files whose content is not the manifest's; None when unknown (the manifest file itself is gone).
+    differing: list[str] | None = None
+    restored_manifest: bool = False  # the manifest file was missing or replaced, the content intact
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
 
     @property
-    def data_version(self) -> str:
-        return f"{self.index}-{self.manifest[:16]}"
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def seconds_per_gib(self) -> float | None:
+        return round(self.seconds / (self.bytes / 2**30), 2) if self.bytes else None
 
 
-def checkpoint_step(
-    s: FleetSession, node: Node, step: str, sig: str, directory: str,
-    verify: Callable[[], checkpoint_core.CheckpointReport], build: Callable[[], Any], *,
-    owns_manifest: bool = False,
-) -> StepOutcome:
-    """Reuse the step's output when its marker matches AND it still verifies; else build and verify.
+def manifest_text(manifest: dict) -> str:
+    """A manifest file's text, as core/checkpoint.py --write-manifest writes it."""
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
 
-    The digests are the ones recorded at build time: step 2 rewrites the index (and the manifest)
-    in place, and step 1's data version must not move because of it. Right after a build the
-    directory is hashed on the node (`.spark-manifest.json` next to the checkpoint, digest in the
-    marker): receivers are checked against it file by file. The step that writes the directory
-    last (owns_manifest) also checks, on a skip, that the manifest file on disk is still its own."""
-    marker = markers.matches(s, node, step, sig)
-    if marker:
-        report = verify()
-        if report.ok and owns_manifest and marker.get("manifest") and _disk_manifest(s, node, directory) != marker["manifest"]:
-            _, now = write_manifest(s, node.name, directory)  # missing or replaced: hash what is there
-            if now != marker["manifest"]:
-                report = checkpoint_core.CheckpointReport(directory=directory, problems=[
-                    f"content changed since {step} built it (manifest {now[:16]}, recorded {marker['manifest'][:16]})"])
-        if report.ok:
-            manifest = marker.get("manifest")
-            if not manifest:  # a marker from before manifests: hash what is there once, keep it
-                _, manifest = write_manifest(s, node.name, directory)
-                markers.write(s, node, step, sig, index=marker["index"], manifest=manifest)
-            return StepOutcome(report, marker["index"], manifest, True)
-        s.log.warning(f"{step}: marker matches but the output fails verification, rebuilding: {report.problems[0]}")
-    build()
-    report = verify()
-    if not report.ok:
-        return StepOutcome(report, "invalid", "invalid", False)
-    digest = index_digest(s, node, directory)
-    _, manifest = write_manifest(s, node.name, directory)
-    markers.write(s, node, step, sig, index=digest, manifest=manifest)
-    return StepOutcome(report, digest, manifest, False)
+
+def content_check(s: FleetSession, node: Node, directory: str, recorded: str | None, *,
+                  restore: bool = True) -> ContentCheck:
+    """Hash every file of `directory` on the node and compare with the manifest digest `recorded`
+    (the step's marker). A directory whose content is intact but whose manifest file is missing
+    or replaced gets the manifest back (a small file written atomically, nothing else touched;
+    not with restore=False)."""
+    started = time.monotonic()
+    actual = digests_on_node(s, node.name, directory)
+    seconds = time.monotonic() - started
+    content = {p: e for p, e in actual.items() if p != checkpoint_core.MANIFEST_NAME}
+    manifest = checkpoint_core.make_manifest(content)
+    now = checkpoint_core.manifest_digest(manifest)
+    check = ContentCheck(manifest=now, files=len(content), bytes=sum(e["size"] for e in content.values()),
+                         seconds=round(seconds, 2))
+    path = f"{directory}/{checkpoint_core.MANIFEST_NAME}"
+    on_disk = None
+    if s.exists(node.name, path):
+        text = s.read_text(node.name, path)
+        try:
+            on_disk = (text, checkpoint_core.manifest_digest(checkpoint_core.parse_manifest(text)))
+        except ValueError:
+            on_disk = None
+    if recorded is None or now == recorded:
+        if restore and (on_disk is None or on_disk[1] != now):
+            s.put_text(node.name, path, manifest_text(manifest))
+            check.restored_manifest = True
+        check.differing = []
+        return check
+    if on_disk is not None and on_disk[1] == recorded:
+        expected = checkpoint_core.expected_tree(on_disk[0])
+        diff = checkpoint_core.diff_manifests(expected, actual)
+        check.problems = diff.problems(node.name, expected, actual)
+        check.differing = sorted(diff.missing + diff.differing + diff.extra)
+    else:
+        check.problems = [f"{checkpoint_core.MANIFEST_NAME} in {directory} is missing or not the one recorded, and the "
+                          f"content hashes to {now[:16]}, recorded {recorded[:16]}: some file changed"]
+    return check
+
+
+__all__ = ["DIGEST_TIMEOUT_S", "ContentCheck", "Switch", "checkout", "content_check", "head_commit",
+           "index_digests", "manifest_text", "previous_dir", "recover_switch", "remove_dir", "remove_quietly",
+           "require_free_space", "stage_linked_copy", "staging_dir", "switch_into_place", "verify_on_node"]

@@ -183,3 +183,129 @@ def test_node_script_writes_manifest_and_hashes_like_hashlib(tmp_path):
 
 def test_partial_dir_constant_matches_rsync_argv():
     assert ck.PARTIAL_DIR == remote.RSYNC_PARTIAL_DIR
+
+
+# -- staging beside the serving checkpoint, the switch, the tie to the base model ---------------
+
+
+def _node_script(directory, *args):
+    src = open(ck.__file__).read()
+    done = subprocess.run([sys.executable, "-", str(directory), *map(str, args)], input=src, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _tree(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_step_one_digest_is_the_same_before_and_after_step_two(built, tmp_path):
+    """hybrid_checkpoint's index digest, read from a checkpoint step 2 already extended (a hand
+    build), is the one step 1 records right after building: adoption records what the step would."""
+    root, src, out = built
+    env = dict(os.environ, HF_HUB_CACHE=str(src.hub_cache))
+    step1 = tmp_path / "step1"
+    subprocess.run([sys.executable, root / "recipe" / SCRIPTS[0], "--gptq-dir", src.intel_snapshot,
+                    "--fp8-repo", upstream.FP8_REPO, "--output", step1, "--force"], env=env, check=True,
+                   capture_output=True)
+    before = ck.weight_map_digests((step1 / ck.INDEX_NAME).read_text())
+    after = ck.weight_map_digests((out / ck.INDEX_NAME).read_text())
+    assert before["hybrid"] == after["hybrid"] and before["full"] != after["full"]
+    # Formatting and key order do not count; a key does.
+    idx = json.loads((out / ck.INDEX_NAME).read_text())
+    assert ck.weight_map_digests(json.dumps(idx, sort_keys=True))["full"] == after["full"]
+    idx["weight_map"]["extra"] = "model-00001-of-00004.safetensors"
+    assert ck.weight_map_digests(json.dumps(idx))["hybrid"] != after["hybrid"]
+    assert _node_script(out, "--index-digests") == after
+    with pytest.raises(ValueError, match="unreadable"):
+        ck.weight_map_digests("{}")
+
+
+def test_staging_copy_links_shards_and_step_two_there_leaves_the_serving_copy_alone(built, tmp_path):
+    root, src, out = built
+    serving = tmp_path / "serving"
+    shutil.copytree(out, serving)
+    (serving / ck.MANIFEST_NAME).write_text("{}")
+    (serving / ck.PARTIAL_DIR).mkdir()
+    (serving / ck.PARTIAL_DIR / "half").write_bytes(b"x")
+    before = _tree(serving)
+    staging = tmp_path / ".serving.staging"
+    done = _node_script(staging, "--stage-from", serving)
+    assert sorted(done["linked"]) == sorted(p.name for p in serving.glob("model-*-of-*.safetensors"))
+    assert ck.INDEX_NAME in done["copied"] and "config.json" in done["copied"]
+    for name in done["linked"]:
+        assert (staging / name).stat().st_ino == (serving / name).stat().st_ino
+    assert (staging / ck.INDEX_NAME).stat().st_ino != (serving / ck.INDEX_NAME).stat().st_ino
+    assert not (staging / ck.MTP_FILE).exists() and not (staging / ck.MANIFEST_NAME).exists()
+    assert not (staging / ck.PARTIAL_DIR).exists()
+    # add-mtp-weights.py rewrites the index and the MTP file in the staging copy only.
+    subprocess.run([sys.executable, root / "recipe" / SCRIPTS[1], "--source", src.intel_snapshot,
+                    "--target", staging], check=True, capture_output=True)
+    assert _tree(serving) == before
+    assert verify_checkpoint(staging, expected_scales=src.expected_scales).ok
+    with pytest.raises(subprocess.CalledProcessError):  # never onto an existing directory
+        subprocess.run([sys.executable, "-", str(staging), "--stage-from", str(serving)], input=open(ck.__file__).read(),
+                       text=True, capture_output=True, check=True, timeout=60)
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_switch_into_place_keeps_the_replaced_directory_and_switches_back(tmp_path, monkeypatch, exchange):
+    serving, staging, previous = tmp_path / "ck", tmp_path / ".ck.staging", tmp_path / ".ck.previous"
+    serving.mkdir()
+    (serving / "v").write_text("old")
+    staging.mkdir()
+    (staging / "v").write_text("new")
+    old_inode = serving.stat().st_ino
+    if not exchange:
+        monkeypatch.setattr(ck, "_exchange", lambda a, b: False)
+    done = ck.switch_into(staging, serving, previous)
+    assert done == {"atomic": exchange, "previous": str(previous)}
+    assert (serving / "v").read_text() == "new" and (previous / "v").read_text() == "old"
+    assert previous.stat().st_ino == old_inode and not staging.exists()
+    with pytest.raises(FileExistsError):
+        ck.switch_into(serving, staging, previous)
+    ck.switch_into(previous, serving, staging)  # back
+    assert (serving / "v").read_text() == "old" and (staging / "v").read_text() == "new" and not previous.exists()
+
+
+def test_switch_exchanges_atomically_on_this_kernel(tmp_path):
+    """Where renameat2 exists (Linux >= 3.15, glibc >= 2.28) the serving path never disappears."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "x").write_text("a")
+    assert ck._exchange(a, b) and (b / "x").read_text() == "a" and not (a / "x").exists()
+    assert _node_script(a, "--switch-into", tmp_path / "c", "--previous", tmp_path / "p") == {"atomic": True,
+                                                                                             "previous": None}
+
+
+def test_a_hybrid_checkpoint_is_tied_to_its_base_model(built, tmp_path):
+    _, src, out = built
+    tie = _node_script(out, "--compare-source", src.intel_snapshot)
+    assert tie["differences"] == [] and tie["replaced"] == 144 and tie["source_fp8"] == upstream.FP8_REPO
+    other = _copy(built, tmp_path)
+    mtp = other / ck.MTP_FILE
+    data = bytearray(mtp.read_bytes())
+    data[-1] ^= 0xFF
+    mtp.write_bytes(bytes(data))
+    (other / "tokenizer_config.json").write_text("{}")
+    config = json.loads((other / "config.json").read_text())
+    del config["_hybrid_quant_info"]
+    (other / "config.json").write_text(json.dumps(config))
+    diffs = ck.compare_with_source(other, src.intel_snapshot)["differences"]
+    assert any(d.startswith(f"{ck.MTP_FILE}: not the base model's") for d in diffs)
+    assert any(d.startswith("tokenizer_config.json: differs") for d in diffs)
+    assert any("no _hybrid_quant_info" in d for d in diffs)
+
+
+def test_problems_say_what_is_wrong_and_never_advise_deleting_shards(built, tmp_path):
+    """What mends a problem depends on where the checkpoint is (the runbook's procedures add it):
+    the texts themselves must not tell anyone to delete shards or run a script on the serving copy."""
+    ck_dir = _copy(built, tmp_path)
+    (ck_dir / "model-00002-of-00004.safetensors").write_bytes(b"\xff" * 16)
+    (ck_dir / ck.MTP_FILE).unlink()
+    rep = verify_checkpoint(ck_dir, expected_scales=150)
+    assert rep.problems
+    for p in rep.problems:
+        assert "delete" not in p and "add-mtp-weights.py" not in p and "rebuild" not in p, p

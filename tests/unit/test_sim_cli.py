@@ -30,6 +30,7 @@ def _empty_sim_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (["set", "spark9", "wedged"], "no simulated fleet is up"),
         (["power", "spark2", "reboot"], "unknown action 'reboot'"),
         (["power", "spark2", "on"], "no simulated fleet is up"),
+        (["hand"], "no simulated fleet is up"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,283 @@
+"""First contact with a build host built by hand: a simulated fleet brought to the runbook's
+hand-run state with the runbook's own commands (sim/spark_sim/hand.py), then adoption of the
+build host and of spark2's copy, then build_job through Dagster: nothing heavy runs, no checkpoint
+file is rewritten. Then a recipe pin change rebuilds beside the serving checkpoint while spark1
+serves from it, and a shard damaged in place on the build host is found and rebuilt.
+
+Its own fleet on a free slot (the session's sim_fleet expects a fleet never deployed); one fleet,
+one instance, one history for the module: order matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import httpx
+import pytest
+import yaml
+
+from spark_pipelines.core.adoption import ADOPT, CURRENT
+from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME
+from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.core.pins import code_versions
+from spark_pipelines.definitions import build_definitions
+from spark_pipelines.resources.ssh import FleetSession, read_command_log
+from spark_pipelines.runbook.adoption_build import adopt_build_host, adopt_node_artifacts, asset_value
+from spark_sim.hand import build_by_hand, spark_pipelines_traces
+from tests.e2e.test_chain import is_heavy
+from tests.plugins.distribution import sim_fleet_of
+
+pytestmark = pytest.mark.slow
+
+BUILD_STEPS = ("base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image")
+MODEL_STEPS = ("base_model", "hybrid_checkpoint", "mtp_weights")
+
+
+@pytest.fixture(scope="module")
+def hand(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hand")
+    log = root / "commands.jsonl"
+    os.environ["SPARK_COMMAND_LOG"] = str(log)
+    try:
+        with sim_fleet_of(2, root) as sim, dg.instance_for_test() as instance:
+            t0 = time.monotonic()
+            built = build_by_hand(sim)
+            built.seconds["total"] = round(time.monotonic() - t0, 1)
+            yield {"sim": sim, "built": built, "fleet": str(sim.fleet_file), "instance": instance, "log": log,
+                   "root": root}
+    finally:
+        os.environ.pop("SPARK_COMMAND_LOG", None)
+
+
+def checkpoint_dir(sim, node: str) -> Path:
+    return sim.node(node).home / "models" / "qwen35-122b-hybrid-int4fp8"
+
+
+def file_states(sim, node: str) -> dict[str, tuple[int, int, int]]:
+    """(inode, mtime, size) of every checkpoint file: a rewrite or a re-copy changes one of them."""
+    d = checkpoint_dir(sim, node)
+    return {p.relative_to(d).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size)
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def docker_id(sim, node: str, *args: str) -> str:
+    m = sim.node(node)
+    return subprocess.run(["docker", *args], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_HOST": m.docker_host}).stdout.strip()
+
+
+def run_job(hand, job: str, fleet: str | None = None, **kw):
+    return build_definitions(fleet or hand["fleet"]).resolve_job_def(job).execute_in_process(
+        instance=hand["instance"], raise_on_error=False, **kw)
+
+
+def materialized(res) -> dict[str, dict]:
+    out = {}
+    for e in res.all_events:
+        if e.event_type_value == "ASSET_MATERIALIZATION":
+            m = e.event_specific_data.materialization
+            out[m.asset_key.to_user_string()] = {k: v.value for k, v in m.metadata.items()}
+    return out
+
+
+def failures(res) -> str:
+    return "\n".join((e.step_failure_data.user_failure_data.description if e.step_failure_data.user_failure_data
+                      else e.step_failure_data.error.message) for e in res.all_events if e.is_step_failure)
+
+
+def heavy_since(hand, since: int) -> list[str]:
+    return [" ".join(r.argv)[:200] for r in read_command_log(hand["log"])[since:] if is_heavy(r.argv)]
+
+
+def commands_so_far(hand) -> int:
+    return len(read_command_log(hand["log"])) if hand["log"].exists() else 0
+
+
+def adopt(hand, *, check: bool):
+    fleet = load_fleet(hand["fleet"])
+    cv = code_versions(fleet)
+    with FleetSession(fleet) as s:
+        found = adopt_build_host(s, cv, check=check)
+        by = {f.step: f for f in found}
+        mtp, serving = asset_value(by["mtp_weights"]), asset_value(by["serving_image"])
+        nodes = [adopt_node_artifacts(s, n, mtp, serving, cv, check=check) for n in fleet.serve_nodes] if mtp else []
+    return by, {f.node: f for f in nodes}
+
+
+def test_the_hand_built_fleet_serves_and_carries_nothing_of_ours(hand):
+    sim, built = hand["sim"], hand["built"]
+    assert spark_pipelines_traces(sim) == []
+    assert set(built.containers) == {"spark1", "spark2"} and built.image_id.startswith("sha256:")
+    assert "/.cache/huggingface/hub/models--Intel--" in built.snapshot and built.snapshot.endswith(
+        load_fleet(hand["fleet"]).pins.base_model.revision)
+    key = os.environ["LITELLM_MASTER_KEY"]
+    r = httpx.post(f"http://{sim.gateway.ip}:4000/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200, r.text
+    config = yaml.safe_load(Path(built.gateway_config).read_text())
+    assert len(config["model_list"]) == 6
+    print(f"hand build: {built.seconds}")
+
+
+def test_check_mode_writes_nothing_and_would_adopt_everything(hand):
+    sim = hand["sim"]
+    before = {n: file_states(sim, n) for n in ("spark1", "spark2")}
+    t0 = time.monotonic()
+    by, nodes = adopt(hand, check=True)
+    seconds = time.monotonic() - t0
+    assert {s: f.action for s, f in by.items()} == {s: ADOPT for s in BUILD_STEPS}, {s: f.why for s, f in by.items()}
+    assert nodes["spark2"].action == ADOPT, nodes["spark2"]
+    assert spark_pipelines_traces(sim) == []  # no marker, no manifest
+    assert {n: file_states(sim, n) for n in ("spark1", "spark2")} == before
+    # What the lead records on the instance: the steps' own outputs and data versions.
+    mtp = asset_value(by["mtp_weights"])
+    assert by["mtp_weights"].facts["data_version"] == f"{mtp.index}-{mtp.manifest[:16]}"
+    assert asset_value(by["base_image"]).torch == "2.12.0+cu130"
+    assert asset_value(by["serving_image"]).image_id == hand["built"].image_id
+    print(f"adopt --check (build host + 2 node copies): {seconds:.1f} s")
+
+
+def test_adopted_build_host_skips_every_step_and_copies_nothing(hand):
+    sim, built = hand["sim"], hand["built"]
+    by, nodes = adopt(hand, check=False)
+    assert {s: f.action for s, f in by.items()} == {s: ADOPT for s in BUILD_STEPS}
+    assert nodes["spark2"].action == ADOPT
+    # spark2 got the build host's manifest file beside its copy, byte for byte (as a copy brings it).
+    assert ((checkpoint_dir(sim, "spark2") / MANIFEST_NAME).read_bytes()
+            == (checkpoint_dir(sim, "spark1") / MANIFEST_NAME).read_bytes())
+    again, nodes = adopt(hand, check=True)
+    assert {s: f.action for s, f in again.items()} == {s: CURRENT for s in BUILD_STEPS}
+    assert nodes["spark2"].action == CURRENT
+
+    states = {n: file_states(sim, n) for n in ("spark1", "spark2")}
+    images = {n: docker_id(sim, n, "image", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") for n in states}
+    since = commands_so_far(hand)
+    res = run_job(hand, "build_job")
+    assert res.success, failures(res)
+    mats = materialized(res)
+    assert all(mats[s]["skipped"] is True for s in BUILD_STEPS), {s: mats[s].get("skipped") for s in BUILD_STEPS}
+    # The adopted outputs are what the steps record: same data versions.
+    assert mats["mtp_weights"]["index"] == asset_value(by["mtp_weights"]).index
+    spark2 = run_job(hand, "deploy_node_job", partition_key="spark2", asset_selection=[dg.AssetKey("node_artifacts")])
+    assert spark2.success, failures(spark2)
+    art = materialized(spark2)["node_artifacts"]
+    assert art["copied"] is False and art["image_copied"] is False
+    spark1 = run_job(hand, "deploy_node_job", partition_key="spark1", asset_selection=[dg.AssetKey("node_artifacts")])
+    assert spark1.success, failures(spark1)
+    assert heavy_since(hand, since) == []
+    assert {n: file_states(sim, n) for n in states} == states
+    assert {n: docker_id(sim, n, "image", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") for n in states} == images
+    for node, cid in built.containers.items():
+        assert docker_id(sim, node, "inspect", "--format", "{{.Id}} {{.State.Running}}", "vllm-qwen35-v2") == f"{cid} true"
+
+
+def _bump_recipe(hand) -> str:
+    """A new commit of the sim's recipe repository and a fleet file pinning it."""
+    repo = hand["sim"].layout.root / "upstream" / "recipe"
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    (repo / "CHANGELOG.md").write_text("a newer recipe commit\n")
+    for argv in (["add", "-A"], ["commit", "-qm", "newer recipe"]):
+        subprocess.run(["git", "-C", str(repo), *argv], env=env, check=True)
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    doc = yaml.safe_load(open(hand["fleet"]))
+    doc["pins"]["recipe_repo"]["commit"] = sha
+    path = hand["root"] / "newer-recipe.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    hand["bumped"] = str(path)
+    return str(path)
+
+
+def test_a_recipe_pin_change_rebuilds_beside_while_spark1_serves_from_it(hand):
+    sim = hand["sim"]
+    serving = checkpoint_dir(sim, "spark1")
+    fleet = _bump_recipe(hand)
+    seen = {"polls": 0, "problems": [], "health": 0}
+    stop = threading.Event()
+    m = sim.node("spark1")
+
+    def watch():
+        while not stop.is_set():
+            try:
+                wm = json.loads((serving / INDEX_NAME).read_text())["weight_map"]
+                if not any(k.startswith("mtp.") and v == "model_extra_tensors.safetensors" for k, v in wm.items()):
+                    seen["problems"].append("index without MTP keys")
+            except (OSError, ValueError, KeyError) as e:
+                seen["problems"].append(f"{type(e).__name__}: {e}")
+            seen["polls"] += 1
+            if seen["polls"] % 50 == 0:
+                with urllib.request.urlopen(f"http://{m.ip}:8000/health", timeout=5) as r:
+                    seen["health"] += r.status == 200
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    inode = serving.stat().st_ino
+    watcher.start()
+    try:
+        res = run_job(hand, "build_job", fleet, asset_selection=[dg.AssetKey(k) for k in MODEL_STEPS])
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert res.success, failures(res)
+    mats = materialized(res)
+    assert mats["hybrid_checkpoint"]["skipped"] is False and mats["hybrid_checkpoint"]["staged"] is True
+    assert mats["mtp_weights"]["switched"] is True and mats["mtp_weights"]["atomic_switch"] is True
+    assert seen["problems"] == [] and seen["polls"] > 100 and seen["health"] > 0, seen
+    assert serving.stat().st_ino != inode  # a new directory was switched in, the old one removed
+    assert sorted(p.name for p in serving.parent.iterdir()) == [serving.name]
+    cid = hand["built"].containers["spark1"]
+    assert docker_id(sim, "spark1", "inspect", "--format", "{{.Id}} {{.State.Running}}", "vllm-qwen35-v2") == f"{cid} true"
+
+
+def test_a_shard_damaged_in_place_on_the_build_host_is_found_and_rebuilt(hand):
+    """Issue 22.7: same size, same mtime. The build host's own node_artifacts refuses it (naming the
+    file) before a deploy uses it; build_job's mtp_weights finds it on its skip and rebuilds beside."""
+    sim = hand["sim"]
+    fleet = hand.get("bumped") or _bump_recipe(hand)
+    victim = checkpoint_dir(sim, "spark1") / "model-00003-of-00014.safetensors"
+    good = hashlib.sha256(victim.read_bytes()).hexdigest()
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF
+    with victim.open("r+b") as fh:
+        fh.write(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    deploy = run_job(hand, "deploy_node_job", fleet, partition_key="spark1",
+                     asset_selection=[dg.AssetKey("node_artifacts")])
+    assert not deploy.success
+    why = failures(deploy)
+    assert victim.name in why and "content differs, same size" in why and "rerun build_job" in why, why
+    res = run_job(hand, "build_job", fleet, asset_selection=[dg.AssetKey(k) for k in MODEL_STEPS])
+    assert res.success, failures(res)
+    mtp = materialized(res)["mtp_weights"]
+    assert mtp["skipped"] is False and victim.name in mtp["rebuilt_because"] and mtp["rebuilt"] == "steps 1 and 2"
+    assert hashlib.sha256(victim.read_bytes()).hexdigest() == good
+    again = run_job(hand, "deploy_node_job", fleet, partition_key="spark1",
+                    asset_selection=[dg.AssetKey("node_artifacts")])
+    assert again.success, failures(again)
+
+
+def test_adoption_reports_what_differs_from_the_fleet_file_and_writes_nothing(hand):
+    """After the rebuild at the newer recipe commit, the original fleet file pins the older one:
+    adoption says so field by field and changes nothing (the next build_job rebuilds beside)."""
+    sim = hand["sim"]
+    hand.get("bumped") or _bump_recipe(hand)
+    state = sim.node("spark1").home / ".cache" / "spark-pipelines" / "markers"
+    before = {p.name: p.read_bytes() for p in state.iterdir()}
+    files = file_states(sim, "spark1")
+    by, _ = adopt(hand, check=False)
+    assert by["hybrid_checkpoint"].action == "differs", by["hybrid_checkpoint"]
+    assert any(d.startswith("recipe checkout: ") and "pins.recipe_repo.commit" in d
+               for d in by["hybrid_checkpoint"].differences), by["hybrid_checkpoint"].differences
+    assert by["mtp_weights"].action == "differs"
+    assert by["base_model"].action == CURRENT and by["base_image"].action == CURRENT
+    assert {p.name: p.read_bytes() for p in state.iterdir()} == before
+    assert file_states(sim, "spark1") == files
