@@ -224,8 +224,10 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         current = docker.inspect_container(node.name, spec.container_name)
         marker = markers.matches(s, node, DEPLOY_MARKER, sig)
         # The skip needs the running container to BE what the marker says: its id, the image
-        # node_artifacts recorded and the launch-spec label (a rollback can put an older image back).
+        # node_artifacts recorded and the launch-spec label (a rollback can put an older image back),
+        # and no deploy journal on the node (a dead run's deploy: the deploy finishes it first).
         if (not config.fresh_jit_cache and marker and current and marker.get("container_id") == current.get("Id")
+                and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
                 and serving_mismatch(node.name, current, recorded, spec.fingerprint) is None and healthy(f, node)):
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
