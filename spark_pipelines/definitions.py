@@ -12,7 +12,6 @@ reload the code location). An edit therefore takes effect exactly when the code 
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -96,6 +95,6 @@ def defs() -> dg.Definitions:
         if isinstance(loaded, str):
             return build_definitions(fleet_text=loaded)
     text = read_fleet_text(fleet_path_from_env())
-    with warnings.catch_warnings():  # a 1.13 preview, the way Dagster keeps state for its run workers
-        warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-        return build_definitions(fleet_text=text).with_reconstruction_metadata({FLEET_TEXT_KEY: text})
+    # Kept by Dagster with every run's execution plan and handed to its run worker's reconstruction.
+    context.add_to_pending_reconstruction_metadata(FLEET_TEXT_KEY, text)
+    return build_definitions(fleet_text=text)

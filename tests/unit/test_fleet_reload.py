@@ -62,9 +62,11 @@ def test_the_same_file_runs(fleet_file):
 
 
 def test_a_run_worker_rebuilds_from_the_loaded_text_not_the_file(fleet_file):
-    loaded = definitions.defs()  # the code server's load: the text kept for run workers
+    init = DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)
+    with DefinitionsLoadContext.scoped(init):
+        definitions.defs()  # the code server's load: the text kept for run workers
     text = fleet_file.read_text()
-    assert loaded.metadata[definitions.FLEET_TEXT_KEY].data == text
+    assert init.get_pending_reconstruction_metadata()[definitions.FLEET_TEXT_KEY] == text
     edit(fleet_file, lambda d: d["nodes"].append({**d["nodes"][1], "name": "spark3", "host": "spark3"}))
     ctx = DefinitionsLoadContext(DefinitionsLoadType.RECONSTRUCTION, RepositoryLoadData(
         cacheable_asset_data={}, reconstruction_metadata={
