@@ -159,13 +159,21 @@ def fresh_daemon_heartbeat(home: Path, since: float) -> float | None:
 
 
 def _failure_text(event: Any) -> str:
-    """One step failure's description (a dg.Failure's), else the first line of its error."""
+    """One step failure's description (a dg.Failure's), else the first line of its error's root
+    cause (Dagster wraps what a resource or op raised: "Error occurred while ...")."""
     data = event.step_failure_data
     if data and data.user_failure_data and data.user_failure_data.description:
         return data.user_failure_data.description
     if data and data.error:
-        return data.error.message.strip().splitlines()[0]
+        return _root_cause(data.error)
     return event.message or "step failed"
+
+
+def _root_cause(err: Any) -> str:
+    while err.cause is not None:
+        err = err.cause
+    lines = err.message.strip().splitlines()
+    return lines[0] if lines else err.cls_name
 
 
 def follow_run(instance: Any, run_id: str, timeout_s: float, progress: Callable[[str], None],
@@ -207,7 +215,9 @@ def follow_run(instance: Any, run_id: str, timeout_s: float, progress: Callable[
                 failures.append(_failure_text(ev))
                 progress(f"    {step}: FAILED")
             elif ev.event_type == DagsterEventType.RUN_FAILURE:
-                run_failure = ev.message or "run failed"
+                # An error outside the steps (a resource set up for the whole run) names its cause.
+                error = getattr(ev.event_specific_data, "error", None)
+                run_failure = _root_cause(error) if error is not None else ev.message or "run failed"
             else:
                 run_failure = ev.message or "run canceled"
         if conn.has_more:

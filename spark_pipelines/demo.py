@@ -106,22 +106,47 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
     return failures
 
 
+# The first line of the dagster.yaml the demo writes: such a file is the demo's to rewrite.
+WRITTEN_BY = "# written by spark-pipelines demo (spark_pipelines/demo.py); edit it and it is left as it is"
+MONITOR_POLL_S = 15  # a dead run is failed within about this long (plus the daemon's own tick)
+
+
 def instance_config() -> str:
-    """The embedded instance's dagster.yaml: the team template's telemetry and run queue (one run
-    per node, one bench, one build at a time), on the default SQLite storage and local launcher."""
+    """The embedded instance's dagster.yaml: the team template's telemetry, run queue (one run per
+    node, one bench, one build at a time) and run monitoring, on the default SQLite storage and
+    the local launcher that tells the monitoring whether a run's process still lives
+    (spark_pipelines/console_launcher.py): a run whose process died is failed within about
+    MONITOR_POLL_S and the node's next run leaves the queue."""
     cfg = yaml.safe_load(TEMPLATE.read_text())
-    return yaml.safe_dump({k: cfg[k] for k in ("telemetry", "run_queue")}, sort_keys=False)
+    out = {k: cfg[k] for k in ("telemetry", "run_queue")}
+    out["run_launcher"] = {"module": "spark_pipelines.console_launcher", "class": "LocalRunLauncher"}
+    out["run_monitoring"] = {**cfg["run_monitoring"], "poll_interval_seconds": MONITOR_POLL_S,
+                             "max_resume_run_attempts": 0}  # a dead run is never resumed: its undo ran or the next run finishes it
+    return WRITTEN_BY + "\n" + yaml.safe_dump(out, sort_keys=False)
+
+
+def _ours(text: str) -> bool:
+    """Written by the demo: now (its first line) or by an older version (telemetry and run queue only)."""
+    if text.startswith(WRITTEN_BY):
+        return True
+    try:
+        old = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    cfg = yaml.safe_load(TEMPLATE.read_text())
+    return old == {k: cfg[k] for k in ("telemetry", "run_queue")}
 
 
 def prepare_instance_home(home: Path | None = None) -> Path:
     """DAGSTER_HOME (default ./.dagster-home), or `home`, with instance_config() as its dagster.yaml.
-    An operator's own dagster.yaml is left as it is."""
+    An operator's own dagster.yaml is left as it is; one the demo wrote is brought up to date."""
     if home is None:
         home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster-home").resolve())))
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text(instance_config())
+    want = instance_config()
+    if not config.exists() or (config.read_text() != want and _ours(config.read_text())):
+        config.write_text(want)
     return home
 
 

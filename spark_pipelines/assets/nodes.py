@@ -229,9 +229,11 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         marker = markers.read_deploy(s, node)
         # The skip needs the running container to BE what the marker says: its id, the image
         # node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
-        # an adopted hand deploy's labels are in its marker).
+        # an adopted hand deploy's labels are in its marker), and no deploy journal on the node (a dead
+        # run's deploy: the deploy finishes it first).
         if (not config.fresh_jit_cache and marker and marker.signature == sig and current
                 and marker.container_id == current.get("Id")
+                and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
                 and serving_mismatch(node.name, current, recorded, spec.fingerprint, marker) is None
                 and healthy(f, node)):
             yield dg.Output(

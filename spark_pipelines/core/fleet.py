@@ -7,6 +7,7 @@ value and the fix. Unknown keys are errors: a typo must not silently fall back t
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -613,6 +614,17 @@ def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
 
 def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     """Read, parse and validate a fleet file. Raises only FleetError, with a one-line message."""
+    return load_fleet_text(read_fleet_text(path), path)
+
+
+def fleet_digest(text: str) -> str:
+    """What names one version of a fleet file: the code location records the digest of the text
+    it loaded, and a run refuses a file that differs from it."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_fleet_text(path: str | os.PathLike[str]) -> str:
+    """The fleet file's text (bounded, UTF-8). Raises only FleetError, with a one-line message."""
     p = Path(path)
     try:
         with p.open("rb") as fh:
@@ -624,10 +636,15 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     if len(raw) > MAX_FILE_BYTES:
         raise FleetError(f"fleet file {p} is over {MAX_FILE_BYTES // 1024} KiB; a fleet file is a few KB: check the path")
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise FleetError(f"fleet file {p} is not UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
                          "save it as UTF-8") from None
+
+
+def load_fleet_text(text: str, path: str | os.PathLike[str] = "<fleet>") -> Fleet:
+    """Parse and validate a fleet file's text (`path` names it in messages)."""
+    p = Path(path)
     try:
         data = load_yaml(text)
     except yaml.YAMLError as e:

@@ -186,17 +186,36 @@ def _regressed(node: str, m: NodeMemory, settings: HealthSettings, now: float, b
                              "no further automatic action", m)
 
 
+def repair_key(node: str, run_id: str) -> str:
+    """The run key of the repair of one dead run's deploy: one request per interrupted deploy."""
+    return f"repair-{node}-{run_id[:8] or 'unknown'}"
+
+
 def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSettings, *, now: float,
-           quarantined: str | None = None, benches: int = 0, started_at: float | None = None) -> Decision:
+           quarantined: str | None = None, benches: int = 0, started_at: float | None = None,
+           interrupted: str | None = None) -> Decision:
     """The policy's answer to one sweep's verdict of one node. `quarantined` is the node's
     quarantine reason (None: not quarantined); `benches` how many benches its history holds;
-    `started_at` when its serving container last started (the regressed flow waits for it)."""
+    `started_at` when its serving container last started (the regressed flow waits for it);
+    `interrupted` the run id of a deploy that died on the node (its journal is there and nobody
+    holds the node's lease): its repair, a deploy_node_job that finishes it, is requested at once,
+    whatever the verdict (the owner is known dead: nothing to wait for), outside the restart
+    budget (it is not a relaunch), and before any other policy of this sweep."""
     m = replace(memory) if memory is not None else NodeMemory()
     m.redeploys, m.done = list(m.redeploys), list(m.done)
     name, node = verdict.verdict, verdict.node
     m.streak = m.streak + 1 if m.verdict == name else 1
     m.verdict = name
     m.failing = m.failing + 1 if name in FAILING else 0
+    if interrupted is not None:
+        if name == "healthy":
+            m.since, m.done, m.stage, m.stage_at = None, [], None, None
+        elif m.since is None and name not in NEUTRAL:
+            m.since, m.done = now, []
+        reason = (f"the deploy of run {interrupted[:8] or '-'} died on {node}: deploy_node_job finishes it (the "
+                  f"previous deployment back, or its verified one committed) and puts {node} back in the gateway"
+                  + (f"; {node} stays quarantined ({quarantined})" if quarantined else ""))
+        return Decision(node, name, reason, m, Action("redeploy", DEPLOY_JOB, repair_key(node, interrupted), reason))
     if name == "healthy":
         m.since, m.done, m.stage, m.stage_at = None, [], None, None
         return Decision(node, name, "nothing to do", m)

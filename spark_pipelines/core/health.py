@@ -137,6 +137,31 @@ class BenchHistory:
 
 
 @dataclass(frozen=True)
+class DeployInFlight:
+    """A deploy journal found on the node (runbook.deploy): a deploy that began and did not end.
+    `lease_held`: whether a process holds the node's run lease now (None: could not tell). A
+    journal whose lease is free is a dead run's: the next deploy finishes it."""
+
+    run_id: str
+    phase: str
+    started: str | None = None
+    owner: str | None = None
+    lease_held: bool | None = None
+
+    @property
+    def dead(self) -> bool:
+        return self.lease_held is False
+
+    def describe(self) -> str:
+        who = f"the deploy of run {self.run_id[:8] or '-'} ({self.owner or 'owner unknown'}, started {self.started or '?'})"
+        if self.dead:
+            return f"{who} died in phase {self.phase}: its journal is on the node and its node lease ended"
+        if self.lease_held:
+            return f"{who} is in progress (phase {self.phase}; it holds the node's lease)"
+        return f"{who} left its journal (phase {self.phase}); whether it still runs could not be read"
+
+
+@dataclass(frozen=True)
 class Observation:
     """What one probe of one node read. None = not read (the matching *_error says why)."""
 
@@ -161,6 +186,7 @@ class Observation:
     free_gib: float | None = None  # CUDA-visible free memory, when something measured it with no engine up
     bench: BenchHistory | None = None
     warm_start: bool | None = None  # JIT caches present: the 7-10 min boot, not the 25-45 min one
+    deploy_journal: DeployInFlight | None = None  # a deploy that began and did not end
     # What earlier sweeps knew (a sensor's cursor); a one-shot doctor leaves them None.
     ssh_dead_since: float | None = None
     last_started_at: float | None = None
@@ -383,6 +409,11 @@ def engine_down_or_starting(obs: Observation, runs: Sequence[Start]) -> NodeVerd
         evidence = ["the serving container does not exist",
                     f"/health: {'200' if obs.health_ok else obs.health_error or 'no answer'}"]
         prev = obs.previous_container
+        journal = obs.deploy_journal
+        if journal is not None and journal.dead:
+            return _verdict(obs, "engine-down", [*evidence, journal.describe()],
+                            "a deploy was interrupted: deploy_node_job for this node (the health sweep requests it) "
+                            "finishes it: the previous deployment back, or the verified new one committed")
         if prev is not None and prev.exists and not prev.running:
             aside = None if prev.finished_at is None else obs.probed_at - prev.finished_at
             if aside is not None and 0 <= aside <= FIRST_BOOT_MAX_S:
@@ -502,7 +533,16 @@ def _healthy_evidence(obs: Observation) -> list[str]:
 
 
 def judge(obs: Observation) -> NodeVerdict:
-    """The one verdict of one node's observations."""
+    """The one verdict of one node's observations (a deploy journal on the node is named in its
+    evidence, whatever the verdict)."""
+    v = _judge(obs)
+    line = obs.deploy_journal.describe() if obs.deploy_journal is not None else None
+    if line and line not in v.evidence:
+        v = replace(v, evidence=(*v.evidence, line))
+    return v
+
+
+def _judge(obs: Observation) -> NodeVerdict:
     first = unreachable(obs)
     if first is not None:
         return first
@@ -551,6 +591,6 @@ def summary_exit_status(verdicts: Mapping[str, NodeVerdict] | Sequence[NodeVerdi
 
 
 __all__ = [
-    "ADVICE", "BenchHistory", "ContainerState", "NodeVerdict", "Observation", "Start", "VERDICTS",
+    "ADVICE", "BenchHistory", "ContainerState", "DeployInFlight", "NodeVerdict", "Observation", "Start", "VERDICTS",
     "container_state", "judge", "starts", "summary_exit_status", "with_earlier",
 ]

@@ -19,6 +19,7 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.runbook.deploy import finish_interrupted
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
@@ -110,6 +111,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
     drain = None
     try:
         with node_lease(s, node.name, "bench", run_id=run_id):
+            finish_interrupted(s, node, log, run_id=run_id)  # a dead run's deploy first: bench what serves
             log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
             with drained(gw, node.name) as drain:
                 if drain.was_in:

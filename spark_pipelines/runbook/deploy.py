@@ -19,13 +19,27 @@ Every other way out, a blocked preflight, an unhealthy launch, a `docker run` th
 SSH drop, a dockerd error, a timeout, and a BaseException such as KeyboardInterrupt or a Dagster
 run termination, ends in the rollback: container, image tag and step marker put back together.
 If the previous deployment does not answer /health after it, the node is taken out of the gateway
-and the reason recorded (the bench-gate marker the gateway's promotion reads), and DeployFailed
+and the reason recorded (a hold-out in the ledger the gateway's promotion reads), and DeployFailed
 says so. The exporters preflight stopped are started again on every path. The whole transaction
 holds the node's run lease (`resources.lease`): one run per node at a time.
+
+The transaction outlives its process: before it changes anything (its drain included) the deploy
+writes its journal on the node (`state.markers.DeployJournal`), updates it at each phase (what it
+set aside, by id; the exporters it stops; the cache links it repoints; the container it verified)
+and removes it once it committed or rolled back and the gateway has the node back. A run killed in
+between (kill -9, a lost host) leaves the journal, and its node lease ends with its connection. The
+next run that takes the lease finds a journal no live transaction of its own wrote, so its owner no
+longer holds the node, and `finish_interrupted` finishes it before anything else: the rollback (or,
+when the new deployment had been verified and still serves, the commit), the exporters, and the
+dead run's drain undone once the node serves again. The health sweep sees the same journal with
+the lease free and requests the repair (`deploy_node_job`), so no hand step is needed.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,7 +51,9 @@ from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, LaunchSpec
+from spark_pipelines.core import remote
+from spark_pipelines.core.launch import (CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, LaunchSpec,
+                                         launch_spec)
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
@@ -48,7 +64,7 @@ from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import DeployMarker, RolloutPoint
 from spark_pipelines.core.errors import DeployFailed, RunbookError, first_line
-from spark_pipelines.runbook.rotation import Drain, drained
+from spark_pipelines.runbook.rotation import Drain, drained, put_back
 
 READY_LINE = "Application startup complete"
 DEPLOY_MARKER = markers.DEPLOY  # the step marker node_deployment skips on
@@ -131,6 +147,63 @@ def restore_deploy_marker(s: FleetSession, node: Node, marker: DeployMarker | No
         markers.write_deploy(s, node, DeployMarker(signature="rolled-back", container_id=restored_id))
 
 
+# The journals of the transactions this process runs now: never "finished" as a dead run's.
+_LIVE: set[str] = set()
+
+
+class _Journal:
+    """One deploy's journal on its node (see the module doc). Each write is atomic (a temp file
+    renamed into place). A write that fails before a change fails the deploy with nothing done; one
+    that fails later fails it into its rollback: a change no journal describes is one no later run
+    could finish."""
+
+    def __init__(self, s: FleetSession, node: Node, entry: markers.DeployJournal) -> None:
+        self.s, self.node, self.entry = s, node, entry
+
+    @classmethod
+    def begin(cls, s: FleetSession, node: Node, spec: LaunchSpec, run_id: str, *, keep_previous: bool,
+              drain_reason: str | None) -> _Journal:
+        entry = markers.DeployJournal(
+            run_id=run_id, token=secrets.token_hex(8), owner=f"pid {os.getpid()} on {socket.gethostname()}",
+            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), phase="draining",
+            container_name=spec.container_name, image=spec.image, keep_previous=keep_previous,
+            drain_reason=drain_reason)
+        j = cls(s, node, entry)
+        _LIVE.add(entry.token)
+        markers.write_typed(s, node, markers.DEPLOY_JOURNAL, entry)
+        return j
+
+    @property
+    def phase(self) -> str:
+        return self.entry.phase
+
+    def update(self, **fields: Any) -> None:
+        self.entry = self.entry.model_copy(update=fields)
+        markers.write_typed(self.s, self.node, markers.DEPLOY_JOURNAL, self.entry)
+
+    def try_update(self, **fields: Any) -> None:
+        """On the way out (rollback): a journal that cannot be written must not stop the undo."""
+        try:
+            self.update(**fields)
+        except Exception as e:
+            self.s.log.warning(f"[{self.node.name}] the deploy journal was not updated ({first_line(e)}): "
+                               f"the next run on {self.node.name} finishes from phase {self.entry.phase}")
+
+    def end(self) -> None:
+        """Remove it once the deploy ended (or never changed anything); otherwise (a rollback cut
+        short) it stays for the next run on the node."""
+        _LIVE.discard(self.entry.token)
+        if self.entry.phase not in ("draining", "ending"):
+            self.s.log.warning(f"[{self.node.name}] the deploy ended in phase {self.entry.phase}: its journal stays "
+                               f"on the node and the next run there finishes it")
+            return
+        try:
+            markers.clear(self.s, self.node, markers.DEPLOY_JOURNAL)
+        except Exception as e:  # the next run on the node finds it ended and only removes it
+            self.s.log.warning(f"[{self.node.name}] the deploy journal was not removed ({first_line(e)}); the next "
+                               f"run on {self.node.name} removes it")
+
+
 class _Transaction:
     """The state one deploy keeps for its rollback."""
 
@@ -146,6 +219,33 @@ class _Transaction:
         self.prepared: preflight.Prepared | None = None
         self.jit: jit_cache.Switch | None = None  # the cache mounts as switched for this launch
         self.committed = False
+        self.journal: _Journal | None = None
+
+    def note(self, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal.update(**fields)
+
+    @classmethod
+    def from_journal(cls, s: FleetSession, node: Node, j: markers.DeployJournal, log: Any) -> _Transaction:
+        """The transaction a dead run left, as its journal describes it (container name and image
+        as it ran them, not as the fleet file says now)."""
+        spec = launch_spec(s.fleet, node)
+        spec = replace(spec, container_name=j.container_name or spec.container_name, image=j.image or spec.image)
+        txn = cls(s, node, spec, log, keep_previous=j.keep_previous)
+        txn.before = {"Id": j.before_container_id} if j.before_container_id else None
+        if j.kept_container_id:
+            txn.kept = PreviousDeploy(remote.previous_container_name(spec.container_name), j.kept_image_id or "",
+                                      remote.previous_image_tag(spec.image), j.kept_container_id,
+                                      j.kept_fingerprint or "")
+        txn.marker = j.deploy_marker.model_dump(exclude_defaults=True) if j.deploy_marker else None
+        txn.prepared = preflight.Prepared(list(j.exporters)) if j.exporters else None
+        if j.jit_key and j.jit_before:
+            txn.jit = jit_cache.Switch(
+                node.name, jit_core.Plan(j.jit_key, "recovered", "as the interrupted deploy switched it"),
+                [jit_core.MountState(path, kind, target) for path, kind, target in j.jit_before], list(j.jit_slots),
+                set_aside=[tuple(p) for p in j.jit_set_aside], retired=[tuple(p) for p in j.jit_retired],
+                linked=[path for path, _, _ in j.jit_before], fresh=j.jit_fresh)
+        return txn
 
     def set_aside(self) -> None:
         n, name = self.node.name, self.spec.container_name
@@ -154,11 +254,17 @@ class _Transaction:
         self.marker = markers.read_deploy(self.s, self.node)
         self.before = self.docker.inspect_container(n, name)
         serving = engine.healthy(self.s.fleet, self.node) if self.before else None
+        self.note(phase="setting-aside", before_container_id=str(self.before["Id"]) if self.before else None,
+                  deploy_marker=_typed_marker(self.marker))
         self.kept = self.docker.keep_previous(n, name, self.spec.image, serving=serving)
+        k = self.kept
+        self.note(phase="launching", kept_container_id=k.container_id if k else None,
+                  kept_image_id=k.image_id if k else None, kept_fingerprint=k.fingerprint if k else None)
 
     def prepare(self) -> None:
         n = self.node.name
         running = self.s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
+        self.note(exporters=[c for c in preflight_core.EXPORTER_CONTAINERS if c in running])
         try:
             self.prepared = preflight.prepare(self.s, self.node)
         except BaseException:
@@ -177,7 +283,12 @@ class _Transaction:
                                f"start them by hand with `docker start`")
 
     def switch_jit_cache(self, key: str, fresh: bool) -> None:
-        self.jit = jit_cache.switch(self.s, self.node, self.spec, key, self.log, fresh=fresh)
+        def noted(sw: jit_cache.Switch) -> None:
+            self.note(jit_key=sw.plan.key, jit_slots=list(sw.slots), jit_fresh=sw.fresh,
+                      jit_before=[(st.path, st.kind, st.target) for st in sw.before],
+                      jit_set_aside=list(sw.set_aside), jit_retired=list(sw.retired))
+
+        self.jit = jit_cache.switch(self.s, self.node, self.spec, key, self.log, fresh=fresh, noted=noted)
 
     def commit(self) -> None:
         if self.keep_previous:
@@ -323,19 +434,138 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     cache mounts are switched to that key's slots before the launch, and back on a rollback;
     `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix);
     `checkpoint` (the index digest) is labelled on the container, for the benches' identity.
-    `keep_previous`: a rollout's deploy; the commit keeps the rollback point (ROLLOUT_POINT)."""
+    `keep_previous`: a rollout's deploy; the commit keeps the rollback point (ROLLOUT_POINT).
+    A deploy a dead run left on the node is finished first (`finish_interrupted`); when what
+    serves after that is already this launch spec, it is not launched again."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
+        recovered = finish_interrupted(s, node, log, run_id=run_id)
+        if recovered is not None and recovered.serving and not fresh_jit_cache:
+            done = _serving_as_launched(s, node, spec, checkpoint, log)
+            if done is not None:
+                return done
         gw = _gateway(s, node)
-        if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
-            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
-                           keep_previous=keep_previous)
-        # Out of the gateway before the old container stops, back after the commit or the
-        # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
-        dead = not engine.healthy(s.fleet, node)
-        with drained(gw, node.name, reason=f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})",
-                     wait_s=s.fleet.rollout.deploy_wait_s, dead=dead, deploying=not dead) as drain:
-            return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
-                           keep_previous=keep_previous)
+        reason = f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})"
+        journal = _Journal.begin(s, node, spec, run_id, keep_previous=keep_previous,
+                                 drain_reason=reason if gw is not None else None)
+        try:
+            if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
+                return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
+                               keep_previous=keep_previous, journal=journal)
+            # Out of the gateway before the old container stops, back after the commit or the
+            # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
+            dead = not engine.healthy(s.fleet, node)
+            with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
+                         deploying=not dead) as drain:
+                return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
+                               keep_previous=keep_previous, journal=journal)
+        finally:
+            journal.end()
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What finishing a dead run's deploy did."""
+
+    run_id: str
+    phase: str
+    outcome: str
+    serving: bool  # the node answers /health after it
+
+    def line(self) -> str:
+        return f"the deploy of run {self.run_id[:8] or '-'} (died in phase {self.phase}) finished: {self.outcome}"
+
+
+def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "") -> Recovered | None:
+    """Finish the deploy whose journal a run that is gone left on `node` (None: there was none).
+    The caller holds the node's lease, so the journal's owner does not: it died, or lost its
+    connection to the node. From the journal's phase: nothing to do on the node (draining), the
+    commit (the new deployment was verified and still serves) or the rollback to the kept
+    deployment by id (cache links, image tag, step marker), the exporters started again; then
+    the dead run's drain is undone when the node serves, or replaced by a failed-deploy hold-out
+    when it does not. Raises DeployFailed (the journal stays) when the node cannot be worked on."""
+    n = node.name
+    j = markers.read_journal(s, node)
+    if j is None or j.token in _LIVE:
+        return None
+    who = f"deploy run {j.run_id[:8] or '-'} ({j.owner or 'owner unknown'}, started {j.started})"
+    log.warning(f"[{n}] the {who} did not finish: its journal says phase {j.phase} and its run no longer holds "
+                f"the node's lease; finishing it before this run's own work")
+    try:
+        txn = _Transaction.from_journal(s, node, j, log)
+        gw = GatewayHost(s)
+        snap = gw.read()
+        note = snap.drains.get(n, "")
+        ours = snap.config is not None and bool(j.drain_reason) and note.startswith(j.drain_reason or "")
+        txn.drain = Drain(n, was_in=ours, keep_out=ours)
+        if j.phase in ("draining", "ending"):
+            outcome = j.outcome or "nothing on the node had changed"
+            serving = engine.healthy(s.fleet, node)
+            if ours and not serving:
+                outcome += "; " + txn.take_out_of_gateway(f"{n} does not serve after the {who} was interrupted")
+        elif j.phase == "committing" and _still_serves(txn, j):
+            txn.commit()
+            _release_quarantine(s, node, log)
+            outcome, serving = "committed: the deployment it had verified serves", True
+        else:
+            log.warning(f"[{n}] rolling back what the {who} changed")
+            serving, outcome = txn.roll_back()
+            if not serving:
+                outcome += "; " + txn.take_out_of_gateway(f"the {who} was interrupted; {outcome}")
+        txn.restore_exporters()
+        if ours and serving:
+            put_back(gw, n)
+            outcome += f"; its drain undone: {n} is back in the gateway"
+    except Exception as e:
+        raise DeployFailed(f"node {n}: the {who} was interrupted in phase {j.phase} and could not be finished "
+                           f"({first_line(e)}); its journal stays on {n}: retry once the node answers") from e
+    markers.clear(s, node, markers.DEPLOY_JOURNAL)
+    done = Recovered(j.run_id, j.phase, outcome, serving)
+    log.warning(f"[{n}] {done.line()}")
+    return done
+
+
+def _still_serves(txn: _Transaction, j: markers.DeployJournal) -> bool:
+    """The container the dead run verified is the live one, running and answering /health."""
+    live = txn.docker.inspect_container(txn.node.name, txn.spec.container_name)
+    return (live is not None and bool(j.new_container_id) and live.get("Id") == j.new_container_id
+            and bool(live.get("State", {}).get("Running")) and engine.healthy(txn.s.fleet, txn.node))
+
+
+def _typed_marker(marker: dict[str, Any] | None) -> markers.DeployMarker | None:
+    try:
+        return markers.DeployMarker.model_validate(marker) if marker else None
+    except ValueError:  # a foreign marker: the rollback then writes one no skip can match
+        return None
+
+
+def _labelled(spec: LaunchSpec, image_id: str, checkpoint: str | None) -> LaunchSpec:
+    return replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
+                                 KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
+                                 **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {})})
+
+
+def _serving_as_launched(s: FleetSession, node: Node, spec: LaunchSpec, checkpoint: str | None,
+                         log: Any) -> Deployed | None:
+    """After a dead run's deploy was finished: the deployment that serves, when it is exactly what
+    this deploy would launch (every label, the image, /health, the smoke test); else None."""
+    docker = NodeDocker(s)
+    image_id = docker.image_id(node.name, spec.image)
+    if image_id is None:
+        return None
+    want = _labelled(spec, image_id, checkpoint)
+    live = docker.inspect_container(node.name, spec.container_name)
+    if (live is None or not live.get("State", {}).get("Running") or live.get("Image") != image_id
+            or any(container_labels(live).get(k) != v for k, v in want.labels.items())
+            or not engine.healthy(s.fleet, node)):
+        return None
+    try:
+        smoke = engine.smoke_test(s.fleet, node)
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    log.info(f"[{node.name}] it serves this launch spec already ({str(live['Id'])[:12]}): not launched again")
+    return Deployed(str(live["Id"]), {"finished_interrupted_deploy": True}, "not run: the deployment serving after "
+                    "the interrupted deploy was finished is this launch spec", [],
+                    int(smoke.get("completion_tokens", 0)), image_id, want)
 
 
 def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
@@ -352,17 +582,18 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
             fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None,
-            keep_previous: bool = False) -> Deployed:
+            keep_previous: bool = False, journal: _Journal | None = None) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
     image_id = docker.image_id(node.name, spec.image)
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
-    spec = replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
-                                 KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
-                                 **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {})})
+    spec = _labelled(spec, image_id, checkpoint)
     txn = _Transaction(s, node, spec, log, drain, keep_previous)
+    txn.journal = journal
+    if journal is not None:
+        journal.update(new_fingerprint=spec.fingerprint, new_image_id=image_id)
     try:
         held = _quarantine_of(s, node, log)
         txn.set_aside()
@@ -398,16 +629,23 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
                 "diagnosis": diagnosis_md(findings),
                 "log_tail": "```\n" + "\n".join(log_text.splitlines()[-40:]) + "\n```",
             })
+        txn.note(phase="committing", new_container_id=str(container.get("Id", "")))
         txn.commit()
         _release_quarantine(s, node, log)
+        if journal is not None:
+            journal.try_update(phase="ending", outcome="committed")
     except BaseException as e:
         if txn.committed:
             raise
         why = e.description if isinstance(e, _NotServing) else f"deploy on {node.name} failed: {first_line(e)}"
         log.warning(f"[{node.name}] {why}; rolling back")
+        if journal is not None and journal.phase != "draining":
+            journal.try_update(phase="rolling-back")
         back, outcome = txn.roll_back()
         if not back:
             outcome += "; " + txn.take_out_of_gateway(f"{why}; {outcome}")
+        if journal is not None:
+            journal.try_update(phase="ending", outcome=outcome)
         details = e.details if isinstance(e, _NotServing) else {"error": "```\n" + str(e)[-3000:] + "\n```"}
         if not isinstance(e, Exception):
             log.warning(f"[{node.name}] interrupted ({type(e).__name__}); {outcome}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +74,14 @@ class Switch:
     fresh: bool = False  # the operator asked for a fresh cache: the build host's archive of the key goes too
 
 
-def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *, fresh: bool = False) -> Switch:
+def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *, fresh: bool = False,
+           noted: Callable[[Switch], None] | None = None) -> Switch:
     """Point the node's cache mounts at `key`'s slots (restored when archived). Undone on error.
     `fresh`: the runbook's stale-cache fix (wipe ~/.cache/vllm, relaunch): the key's slots are
-    renamed aside (kept until the deploy commits, so a rollback boots warm) and nothing is restored."""
+    renamed aside (kept until the deploy commits, so a rollback boots warm) and nothing is restored.
+    `noted(switch)` is told what `undo` would need before the mounts change and after each change
+    of their folders (the deploy's journal: a run that dies here is undone by the next one)."""
+    note = noted or (lambda _sw: None)
     mounts = cache_mounts(spec)
     n = node.name
     retired: list[tuple[str, str]] = []
@@ -89,6 +94,7 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
     states = read(s, node, key, mounts)
     plan = core.plan(key, states, archived=not fresh and is_archived(s, key))
     sw = Switch(n, plan, states, [core.slot_path(m, key) for m in mounts], retired=retired, fresh=fresh)
+    note(sw)
     try:
         for m in plan.set_aside:
             aside = core.slot_path(m, core.UNKEYED)
@@ -97,6 +103,7 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
                                    f"caches): move one away (or sudo rm -rf it), then deploy again")
             s.run(n, ["mv", "-T", m, aside], log=False, timeout=_T)
             sw.set_aside.append((m, aside))
+            note(sw)
         if plan.restore:  # an unsealed slot (a boot that never got healthy) holds root's files:
             for st, slot in zip(states, sw.slots):  # rsync cannot replace them, so it goes aside
                 if st.slot_exists:

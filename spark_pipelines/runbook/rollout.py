@@ -24,7 +24,7 @@ from spark_pipelines.runbook import jit_cache
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import RolloutPoint
-from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, restore_deploy_marker
+from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, finish_interrupted, restore_deploy_marker
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.rotation import drained
 
@@ -51,6 +51,7 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
     nothing kept or the previous deployment does not serve again (the node then stays out)."""
     n = node.name
     with node_lease(s, n, "rollout revert", run_id=run_id):
+        finish_interrupted(s, node, log, run_id=run_id)  # a dead run's deploy first
         point = read_point(s, node) or RolloutPoint()
         prev = kept(s, node, spec, point)
         if prev is None:
@@ -104,6 +105,7 @@ def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     node serves either way, and the next deploy supersedes what is left."""
     n = node.name
     with node_lease(s, n, "rollout finish", run_id=run_id):
+        finish_interrupted(s, node, log, run_id=run_id)  # a dead run's deploy first
         prev = kept(s, node, spec)
         said = []
         try:

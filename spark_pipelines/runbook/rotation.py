@@ -71,10 +71,10 @@ def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float |
             _restore_after(gw, node, e)
         raise
     if not d.keep_out:
-        _put_back(gw, node)
+        put_back(gw, node)
 
 
-def _put_back(gw: GatewayHost, node: str) -> None:
+def put_back(gw: GatewayHost, node: str) -> None:
     """Restore, unless the node was quarantined while it was out (a health sweep's policy acted
     meanwhile): the quarantine keeps it out until an operator or a healthy deploy releases it."""
     try:
@@ -92,7 +92,7 @@ def _restore_after(gw: GatewayHost, node: str, cause: BaseException) -> None:
     """Put the node back after `cause`; a restore that fails too is told with the cause, so
     neither error hides the other."""
     try:
-        _put_back(gw, node)
+        put_back(gw, node)
     except Exception as e:
         if isinstance(cause, RunbookError):
             cause.description = f"{cause.description}; and putting {node} back in the gateway failed too: {e}"

@@ -11,6 +11,7 @@ so threads probing different nodes never share a channel.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import time
@@ -32,7 +33,10 @@ from spark_pipelines.resources.ssh import (
     SshSettings,
 )
 from spark_pipelines.resources import engine
+from spark_pipelines.resources.lease import lock_paths
+from spark_pipelines.core.layout import marker_path
 from spark_pipelines.runbook.preflight import GPU_QUERY
+from spark_pipelines.state import markers
 
 # Per-step limits: a probe is a glance, not a wait.
 SSH_CONNECT_TIMEOUT_S = 5.0
@@ -51,12 +55,18 @@ MAX_PARALLEL = 64
 # inputs as positional arguments (never spliced into it); sections framed by a per-call nonce so
 # no log line can forge one.
 GATHER_SCRIPT = (
-    'n=$1; tg=$2; ti=$3; tl=$4; c=$5; lines=$6; shift 6; exec 3>&1; '
+    'n=$1; tg=$2; ti=$3; tl=$4; c=$5; lines=$6; j=$7; lk=$8; shift 8; exec 3>&1; '
     'printf "%s begin gpu\n" "$n"; timeout -k 2 "$tg" "$@"; printf "\n%s end gpu %s\n" "$n" "$?"; '
     'printf "%s begin inspect\n" "$n"; e=$(timeout -k 2 "$ti" docker container inspect "$c" 2>&1 >&3); rc=$?; '
     'printf "\n%s end inspect %s\n%s begin inspect-err\n%s\n%s end inspect-err %s\n" "$n" "$rc" "$n" "$e" "$n" "$rc"; '
     'if [ "$rc" -eq 0 ]; then printf "%s begin logs\n" "$n"; '
-    'timeout -k 2 "$tl" docker logs --tail "$lines" "$c" 2>&1; printf "\n%s end logs %s\n" "$n" "$?"; fi'
+    'timeout -k 2 "$tl" docker logs --tail "$lines" "$c" 2>&1; printf "\n%s end logs %s\n" "$n" "$?"; fi; '
+    # A deploy journal (rare): it and whether anyone holds the node's run lease, read from the
+    # kernel's lock table (taking the lock, even for a moment, could refuse a starting deploy).
+    'if [ -f "$j" ]; then printf "%s begin journal\n" "$n"; cat -- "$j"; printf "\n%s end journal 0\n" "$n"; '
+    'printf "%s begin lease\n" "$n"; if [ -e "$lk" ]; then stat -c "%d %i" -- "$lk"; '
+    'grep -E "FLOCK +ADVISORY +WRITE +[0-9]+ +[0-9a-f]+:[0-9a-f]+:$(stat -c %i -- "$lk") " /proc/locks; '
+    'else echo absent; fi; printf "\n%s end lease 0\n" "$n"; fi'
 )
 
 _NO_SUCH = ("No such container", "No such object", "no such container")
@@ -169,7 +179,8 @@ def sections(stdout: str, nonce: str) -> dict[str, tuple[str, int | None]]:
 def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any]) -> None:
     nonce = secrets.token_hex(8)
     argv = ["sh", "-c", GATHER_SCRIPT, "sh", nonce, f"{GPU_TIMEOUT_S:g}", f"{INSPECT_TIMEOUT_S:g}", f"{LOG_TIMEOUT_S:g}",
-            container, str(LOG_TAIL_LINES), *GPU_QUERY]
+            container, str(LOG_TAIL_LINES), marker_path(node, markers.DEPLOY_JOURNAL), lock_paths(s, node.name)[0],
+            *GPU_QUERY]
     try:
         r = s.run(node.name, argv, check=False, log=False,
                   timeout=GPU_TIMEOUT_S + INSPECT_TIMEOUT_S + LOG_TIMEOUT_S + 10)
@@ -200,6 +211,30 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
             f"docker inspect {container} exited {rc}: {err.strip()[-200:]}")
     if "logs" in got:
         fields["log_tail"] = got["logs"][0]
+    if "journal" in got:
+        fields["deploy_journal"] = deploy_in_flight(got["journal"][0], got.get("lease", ("", None))[0])
+
+
+def deploy_in_flight(journal_text: str, lease_text: str) -> health.DeployInFlight | None:
+    """The gather script's journal and lease sections -> what the sweep knows of a deploy in
+    flight (None: the journal does not parse, as for the deploy that would finish it). The lease
+    section is the lock file's `device inode` and the kernel's FLOCK lines for that inode
+    (/proc/locks names a file MAJOR:MINOR:INODE, device numbers in hex), or `absent`."""
+    try:
+        j = markers.DeployJournal.model_validate_json(journal_text)
+    except ValueError:
+        return None
+    lines = [ln.split() for ln in lease_text.splitlines() if ln.strip()]
+    held: bool | None
+    if lines and lines[0] == ["absent"]:
+        held = False
+    elif lines and len(lines[0]) == 2 and all(x.isdigit() for x in lines[0]):
+        dev, ino = int(lines[0][0]), int(lines[0][1])
+        want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+        held = any(want in ln for ln in lines[1:])
+    else:
+        held = None  # not read: say so, decide nothing
+    return health.DeployInFlight(j.run_id, j.phase, j.started, j.owner or None, held)
 
 
 def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,

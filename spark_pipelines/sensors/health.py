@@ -8,7 +8,10 @@ then per node:
   in_gateway, quarantined, the policy's decision, and /metrics figures with their units;
 - an evaluation of the `health` asset check on `node_deployment` for that partition;
 - the policy's run request (core.healing.decide): redeploy, quarantine, bench, or the rollback
-  decision, each with a run key of node + episode start + action.
+  decision, each with a run key of node + episode start + action; and, first of all, the repair
+  of a deploy whose run died on the node (its journal there, its node lease free): one
+  deploy_node_job keyed by the dead run, which finishes the rollback or the commit and puts the
+  node back in the gateway.
 
 Then the gateway reconcile plan (core.healing.reconcile) becomes a gateway_reconcile_job request
 when it changes anything. The cursor keeps each node's memory (episodes, budgets, what the last
@@ -110,7 +113,8 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                            "node_deployment. engine-down: redeploy, at most restart_budget times per window with backoff, then "
                            "quarantine; crash-loop / residue: quarantine, never a relaunch; regressed: a confirming "
                            "bench, then a redeploy on a fresh JIT cache, then the rollback decision; unreachable / "
-                           "wedged: recorded. "
+                           "wedged: recorded; a deploy whose run died (its journal on the node, its lease free): "
+                           "deploy_node_job finishes it at once. "
                            "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
     def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
         from spark_pipelines.doctor import bench_histories  # the one reader of a node's bench history
@@ -136,10 +140,12 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             v, obs = report.verdict, report.observation
             held = view.quarantined.get(name) if view else None
             c = obs.container
+            journal = obs.deploy_journal
             d = healing.decide(v, memory.get(name), settings, now=now,
                                quarantined=held.summary() if held else None,
                                benches=len(history[name].tok_s) if name in history else 0,
-                               started_at=c.started_at if c is not None and c.exists else None)
+                               started_at=c.started_at if c is not None and c.exists else None,
+                               interrupted=journal.run_id if journal is not None and journal.dead else None)
             before = d.memory.earlier
             seconds = obs.probed_at - before["probed_at"] if isinstance(before.get("probed_at"), (int, float)) else None
             figures = healing.engine_figures(obs.metrics, before.get("metrics"), seconds)

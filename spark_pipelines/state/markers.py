@@ -108,21 +108,48 @@ class RolloutPoint(Marker):
     holds_before: dict[str, dict[str, Any]] = {}
 
 
+# The phases of a deploy's journal, in order. Whoever finds the journal of a run that is gone
+# finishes from the phase it names (runbook.deploy.finish_interrupted):
+# - draining: nothing on the node changed yet (the gateway drain may have been made);
+# - setting-aside / launching / rolling-back: the previous deployment is (or may be) set aside:
+#   roll back to it (by container id), cache links, image tag and step marker included;
+# - committing: the new deployment was verified; committed if it still serves, else rolled back;
+# - ending: committed or rolled back; only the deploy's gateway drain may remain to undo.
+JOURNAL_PHASES = ("draining", "setting-aside", "launching", "committing", "rolling-back", "ending")
+
+
 class DeployJournal(Marker):
-    """A deploy in flight, written before it changes anything and removed when it committed or
-    rolled back: a run that died between the two (kill -9, a lost host) leaves it, and the next
-    run on the node (or the health sweep) finishes the rollback it describes."""
+    """A deploy in flight, written before it changes anything (its drain included), updated at
+    each phase and removed when it committed or rolled back and the gateway is restored: a run
+    that died between the two (kill -9, a lost host) leaves it, and the next run that takes the
+    node's lease (or the health sweep's repair) finishes what it describes. `token` names the
+    transaction (a process never finishes its own live one); `owner` is who wrote it, for the log."""
 
     run_id: str
+    token: str = ""
+    owner: str = ""  # "pid N on HOST"
     started: str
-    phase: str  # "set-aside" | "launching" | "committing"
-    kept_container_id: str | None = None
+    phase: str  # one of JOURNAL_PHASES
+    container_name: str = ""  # the launch profile's, as the deploy ran: recovery never relies on the fleet file
+    image: str = ""  # the image reference it launched (`<repo>:previous` is derived from it)
+    new_fingerprint: str | None = None  # the launch-spec label of the deployment it launched
+    new_image_id: str | None = None
+    new_container_id: str | None = None  # known once it passed its verification (phase committing)
+    before_container_id: str | None = None  # the live container before anything changed
+    kept_container_id: str | None = None  # the previous deployment, set aside as `<name>-previous`
     kept_image_id: str | None = None
     kept_fingerprint: str | None = None
-    drained: bool = False  # the deploy took the node out of the gateway
-    jit_links: dict[str, str] = {}
+    keep_previous: bool = False  # a rollout's deploy: its commit keeps the previous deployment
+    drain_reason: str | None = None  # the drain note's reason this deploy writes (its run named in it)
+    exporters: list[str] = []  # the exporters running before preflight stopped them
+    jit_key: str | None = None
+    jit_slots: list[str] = []
+    jit_before: list[tuple[str, str, str | None]] = []  # (mount, kind, link target) before the switch
     jit_set_aside: list[tuple[str, str]] = []
-    deploy_marker: DeployMarker | None = None
+    jit_retired: list[tuple[str, str]] = []
+    jit_fresh: bool = False
+    deploy_marker: DeployMarker | None = None  # the step marker before the deploy
+    outcome: str | None = None  # phase ending: what the commit or the rollback left
 
 
 def read_deploy(session: FleetSession, node: Node) -> DeployMarker | None:
@@ -131,3 +158,7 @@ def read_deploy(session: FleetSession, node: Node) -> DeployMarker | None:
 
 def write_deploy(session: FleetSession, node: Node, marker: DeployMarker) -> None:
     write_typed(session, node, DEPLOY, marker)
+
+
+def read_journal(session: FleetSession, node: Node) -> DeployJournal | None:
+    return read_typed(session, node, DEPLOY_JOURNAL, DeployJournal)

@@ -48,3 +48,111 @@ def test_a_fleet_file_that_does_not_load_is_one_line(tmp_path):
         Console(home, str(bad), log=lambda *_: None, startup_timeout_s=180).start()
     msg = str(e.value)
     assert "\n" not in msg and "log:" in msg and str(home / "console") in msg
+
+
+IN_PROCESS = """
+import sys
+import dagster as dg
+from spark_pipelines.definitions import build_definitions
+home, fleet = sys.argv[1:3]
+instance = dg.DagsterInstance.from_config(home)
+build_definitions(fleet).resolve_job_def("release_quarantine_job").execute_in_process(
+    instance=instance, partition_key="spark1", raise_on_error=False)
+"""
+
+
+@pytest.fixture()
+def hanging_fleet(tmp_path):
+    """The seed fleet with every host on a loopback port that accepts and never answers: a run's
+    SSH connect hangs (bounded), no traffic leaves the machine."""
+    import socket
+    import subprocess
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    (tmp_path / "known_hosts").write_text("")
+    data = yaml.safe_load(open(SEED))
+    for target in [*data["nodes"], data["gateway"]]:
+        target.update(host="127.0.0.1", port=srv.getsockname()[1], key_path=str(tmp_path / "key"),
+                      known_hosts=str(tmp_path / "known_hosts"))
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    yield path, accepted
+    srv.close()
+    for c in accepted:
+        c.close()
+
+
+def test_a_dead_run_is_failed_by_the_daemon_and_the_nodes_queue_moves(tmp_path, hanging_fleet):
+    """A run on spark1 whose process is killed -9 with no code server to notice (executed in
+    process by another process on the demo's instance) is marked FAILURE by the daemon's run
+    monitoring within about a minute, and the run queued behind it on spark1 starts. Then a valid
+    edit of the fleet file: the next run is refused with one line, nothing touched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import dagster as dg
+
+    fleet, accepted = hanging_fleet
+    home = prepare_instance_home(tmp_path / "home")
+    instance = dg.DagsterInstance.from_config(str(home))
+    with Console(home, str(fleet), log=lambda *_: None) as console:
+        p = subprocess.Popen([sys.executable, "-c", IN_PROCESS, str(home), str(fleet)], cwd=os.getcwd(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            dead = None
+            while dead is None and time.monotonic() < deadline:
+                started = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+                dead = started[0] if started else None
+                time.sleep(0.5)
+            assert dead is not None, "the in-process run did not start"
+            queued = console.launch("release_quarantine_job", "spark1")
+            time.sleep(5)
+            assert instance.get_run_by_id(queued).status == dg.DagsterRunStatus.QUEUED  # one run per node
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+            killed = time.monotonic()
+        finally:
+            if p.poll() is None:
+                p.kill()
+        while instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.STARTED:
+            assert time.monotonic() - killed < 75, "the dead run is still STARTED 75 s after its process died"
+            time.sleep(1)
+        failed_after = time.monotonic() - killed
+        assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
+        while instance.get_run_by_id(queued).status == dg.DagsterRunStatus.QUEUED:
+            assert time.monotonic() - killed < 120, "the queued run on spark1 did not leave the queue"
+            time.sleep(1)
+        print(f"dead run failed {failed_after:.0f} s after the kill; queued run left the queue "
+              f"{time.monotonic() - killed:.0f} s after")
+        console.terminate(queued)
+
+        # The fleet file edited (valid) without a reload: the run is refused before any connection.
+        data = yaml.safe_load(fleet.read_text())
+        data["nodes"][1]["hardware"] = "founders"
+        fleet.write_text(yaml.safe_dump(data, sort_keys=False))
+        time.sleep(1)
+        before = len(accepted)
+        out = console.run(instance, "release_quarantine_job", "spark2", timeout_s=180, progress=lambda *_: None)
+        assert not out.success
+        assert out.why.startswith("spark_pipelines.resources.ssh.FleetChanged: the fleet file changed since the "
+                                  "code location loaded: reload the code location (UI Reload) and launch again"), out.why
+        assert "\n" not in out.why and len(accepted) == before
+    instance.dispose()

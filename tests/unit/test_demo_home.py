@@ -12,7 +12,7 @@ def test_instance_home_turns_telemetry_off_but_keeps_an_existing_config(tmp_path
     home = tmp_path / "home"
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     assert prepare_instance_home() == home
-    assert (home / "dagster.yaml").read_text().startswith("telemetry:\n  enabled: false\n")
+    assert "\ntelemetry:\n  enabled: false\n" in (home / "dagster.yaml").read_text()
     (home / "dagster.yaml").write_text("run_retries:\n  enabled: true\n")
     prepare_instance_home()
     assert (home / "dagster.yaml").read_text() == "run_retries:\n  enabled: true\n"
@@ -48,3 +48,25 @@ def test_bench_runs_carry_the_bench_tag(seed_data, tmp_path):
     reqs = list(sched.evaluate_tick(ctx).run_requests)
     assert reqs and all(r.tags.get(BENCH_TAG) for r in reqs)
     assert len({r.partition_key for r in reqs}) == len(reqs)
+
+
+def test_the_demo_instance_fails_a_dead_run_and_upgrades_the_config_it_wrote_before(tmp_path):
+    """Run monitoring with the local launcher (a dead run's process is noticed, never resumed); a
+    dagster.yaml an older demo wrote (telemetry and run queue only) is brought up to date."""
+    from spark_pipelines.console_launcher import LocalRunLauncher
+    from spark_pipelines.demo import MONITOR_POLL_S, WRITTEN_BY
+
+    home = tmp_path / "home"
+    home.mkdir()
+    cfg = yaml.safe_load(TEMPLATE.read_text())
+    (home / "dagster.yaml").write_text(yaml.safe_dump({k: cfg[k] for k in ("telemetry", "run_queue")}))
+    prepare_instance_home(home)
+    assert (home / "dagster.yaml").read_text().startswith(WRITTEN_BY)
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        assert isinstance(instance.run_launcher, LocalRunLauncher)
+        assert instance.run_launcher.supports_check_run_worker_health
+        assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts == 0
+        assert instance.run_monitoring_poll_interval_seconds == MONITOR_POLL_S
+    finally:
+        instance.dispose()

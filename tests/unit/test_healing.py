@@ -234,3 +234,18 @@ def test_engine_figures_from_two_reads():
     two = healing.engine_figures(m2, m1, 60.0)
     assert two["generation tok/s"] == 10.0 and two["mtp_acceptance"] == 0.8
     assert healing.engine_figures(None) == {}
+
+
+def test_a_dead_deploy_is_repaired_at_once_whatever_the_verdict_and_outside_the_budget():
+    """A deploy journal whose run no longer holds the node's lease: its repair is requested on the
+    first sweep that sees it, once per dead run (the run key), with no redeploy counted."""
+    for name in ("engine-down", "healthy", "starting"):
+        d = decide(v(name), None, S, now=T0, interrupted="0123456789abcdef")
+        assert d.action is not None and d.action.job == "deploy_node_job" and d.action.kind == "redeploy"
+        assert d.action.run_key == healing.repair_key("spark2", "0123456789abcdef") == "repair-spark2-01234567"
+        assert "run 01234567 died on spark2" in d.note and d.memory.redeploys == []
+    # A quarantine does not hold the repair back (the journal must be finished), and says so.
+    d = decide(v("engine-down"), None, S, now=T0, interrupted="feed", quarantined="crash-loop: x")
+    assert d.action is not None and "stays quarantined (crash-loop: x)" in d.note
+    # Without a dead journal the ordinary policy: nothing on the first sweep.
+    assert decide(v("engine-down"), None, S, now=T0).action is None

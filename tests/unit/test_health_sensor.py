@@ -191,3 +191,28 @@ def health_core_action(job, config):
     from spark_pipelines.core.healing import Action
 
     return Action("redeploy", job, "heal-spark2-1-redeploy1", "test", config)
+
+
+def test_a_dead_deploys_journal_requests_its_repair_on_the_first_sweep(defs, monkeypatch):
+    """The sweep saw a deploy journal on spark2 and nobody holding its lease: one deploy_node_job
+    for spark2, keyed by the dead run (Dagster then never requests it twice), valid as it is."""
+    defs, _ = defs
+    dead = health.DeployInFlight("0123456789abcdef", "launching", "2026-01-01T00:00:00Z", "pid 1 on h", False)
+
+    def fake_sweep(s, nodes=None, **kw):
+        out = {"spark1": report("spark1", "healthy", health_ok=True)}
+        obs = health.Observation(node="spark2", probed_at=0.0, ssh_ok=True, health_ok=False,
+                                 container=health.ContainerState(exists=False), deploy_journal=dead)
+        out["spark2"] = sweep.NodeReport(obs, health.judge(obs))
+        return out
+
+    monkeypatch.setattr(sweep, "sweep", fake_sweep)
+    monkeypatch.setattr(reconcile, "read_view", lambda s, healthy: reconcile.View(Snapshot({"model_list": []}), {}, {}))
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance)
+        repair = [r for r in res.run_requests if r.job_name == "deploy_node_job"]
+        assert [(r.partition_key, r.run_key) for r in repair] == [("spark2", "repair-spark2-01234567")]
+        assert repair[0].run_config in (None, {}) or dg.validate_run_config(
+            defs.resolve_job_def("deploy_node_job"), repair[0].run_config)
+        latest = observations(instance, "spark2")[0]
+        assert latest["verdict"].value == "engine-down" and "died in phase launching" in latest["evidence"].value

@@ -424,3 +424,21 @@ def test_exit_status_and_every_verdict_has_runbook_advice():
         assert advice and "lower GMU to 0.80" not in advice.replace("do NOT lower GMU to 0.80", "")
     d = judge(serving()).to_dict()
     assert set(d) == {"verdict", "evidence", "advice"} and isinstance(d["evidence"], list)
+
+
+def test_a_dead_deploys_journal_makes_a_set_aside_node_engine_down_now_and_is_named_on_any_verdict():
+    from spark_pipelines.core.health import ContainerState, DeployInFlight, Observation, judge
+
+    prev = ContainerState(exists=True, status="exited", finished_at=990.0)
+    base = dict(node="spark2", probed_at=1000.0, ssh_ok=True, container=ContainerState(exists=False),
+                previous_container=prev, health_ok=False, health_error="refused")
+    # No journal: a previous deployment set aside 10 s ago is a deploy in progress.
+    assert judge(Observation(**base)).verdict == "starting"
+    live = DeployInFlight("run-live-1234", "launching", "2026-01-01T00:00:00Z", "pid 7 on h", lease_held=True)
+    v = judge(Observation(**base, deploy_journal=live))
+    assert v.verdict == "starting" and any("is in progress (phase launching" in e for e in v.evidence)
+    dead = DeployInFlight("run-dead-1234", "launching", "2026-01-01T00:00:00Z", "pid 7 on h", lease_held=False)
+    v = judge(Observation(**base, deploy_journal=dead))
+    assert v.verdict == "engine-down" and "interrupted" in v.advice
+    assert any("run run-dead (pid 7 on h" in e and "died in phase launching" in e for e in v.evidence)
+    assert dead.dead and not live.dead and not DeployInFlight("x", "ending").dead  # unknown lease: not dead

@@ -16,7 +16,8 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
-from spark_pipelines.core.fleet import Fleet, SshTarget, load_fleet
+from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.fleet import Fleet, SshTarget, fleet_digest, load_fleet, load_fleet_text, read_fleet_text
 from spark_pipelines.resources.ssh.connection import SshSettings
 from spark_pipelines.resources.ssh.errors import (
     HostKeyError,
@@ -33,12 +34,19 @@ from spark_pipelines.resources.ssh.output import STDOUT_CAPTURE_BYTES
 from spark_pipelines.resources.ssh.session import GATEWAY_KEY, CommandRecord, CommandResult, FleetSession
 
 
+class FleetChanged(RunbookError):
+    """A run launched from a code location that loaded another version of the fleet file."""
+
+
 class FleetSSH(dg.ConfigurableResource, SshSettings):
     """SSH to every node of the fleet (and the gateway host); see FleetSession for the behaviour.
 
     Its settings are the `SshSettings` fields (declared there, once); the session reads them from here."""
 
     fleet_path: str
+    # The digest of the fleet file's text the code location loaded (definitions.py sets it): a run
+    # whose file differs from it is refused before it touches anything (see setup_for_execution).
+    fleet_digest: str | None = None
 
     _session: FleetSession | None = PrivateAttr(default=None)
 
@@ -47,7 +55,20 @@ class FleetSSH(dg.ConfigurableResource, SshSettings):
         return FleetSession(load_fleet(self.fleet_path), self, logger or dg.get_dagster_logger())
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._session = self.open_session(context.log)
+        """A run's session, on the fleet the code location loaded: the file is read once here and a
+        run whose file is no longer that one is refused (FleetChanged), so partitions, code versions
+        and sensors (the loaded fleet) and what the run does to the nodes can never disagree."""
+        if self.fleet_digest is None or context.run is None:  # no loaded digest, or not a run (a sensor)
+            self._session = self.open_session(context.log)
+            return
+        text = read_fleet_text(self.fleet_path)
+        now = fleet_digest(text)
+        if now != self.fleet_digest:
+            raise FleetChanged(
+                f"the fleet file changed since the code location loaded: reload the code location (UI Reload) "
+                f"and launch again ({self.fleet_path} is {now} now, the code location loaded {self.fleet_digest}; "
+                f"nothing was touched)")
+        self._session = FleetSession(load_fleet_text(text, self.fleet_path), self, context.log)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._session is not None:
@@ -96,6 +117,7 @@ __all__ = [
     "STDOUT_CAPTURE_BYTES",
     "CommandRecord",
     "CommandResult",
+    "FleetChanged",
     "FleetSSH",
     "FleetSession",
     "HostKeyError",
