@@ -237,7 +237,7 @@ class _Transaction:
             txn.kept = PreviousDeploy(remote.previous_container_name(spec.container_name), j.kept_image_id or "",
                                       remote.previous_image_tag(spec.image), j.kept_container_id,
                                       j.kept_fingerprint or "")
-        txn.marker = j.deploy_marker.model_dump(exclude_defaults=True) if j.deploy_marker else None
+        txn.marker = j.deploy_marker
         txn.prepared = preflight.Prepared(list(j.exporters)) if j.exporters else None
         if j.jit_key and j.jit_before:
             txn.jit = jit_cache.Switch(
@@ -255,7 +255,7 @@ class _Transaction:
         self.before = self.docker.inspect_container(n, name)
         serving = engine.healthy(self.s.fleet, self.node) if self.before else None
         self.note(phase="setting-aside", before_container_id=str(self.before["Id"]) if self.before else None,
-                  deploy_marker=_typed_marker(self.marker))
+                  deploy_marker=self.marker)
         self.kept = self.docker.keep_previous(n, name, self.spec.image, serving=serving)
         k = self.kept
         self.note(phase="launching", kept_container_id=k.container_id if k else None,
@@ -529,13 +529,6 @@ def _still_serves(txn: _Transaction, j: markers.DeployJournal) -> bool:
     live = txn.docker.inspect_container(txn.node.name, txn.spec.container_name)
     return (live is not None and bool(j.new_container_id) and live.get("Id") == j.new_container_id
             and bool(live.get("State", {}).get("Running")) and engine.healthy(txn.s.fleet, txn.node))
-
-
-def _typed_marker(marker: dict[str, Any] | None) -> markers.DeployMarker | None:
-    try:
-        return markers.DeployMarker.model_validate(marker) if marker else None
-    except ValueError:  # a foreign marker: the rollback then writes one no skip can match
-        return None
 
 
 def _labelled(spec: LaunchSpec, image_id: str, checkpoint: str | None) -> LaunchSpec:
