@@ -16,6 +16,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from spark_pipelines.assets.adoption import adoption_definitions
 from spark_pipelines.assets.bench import bench_definitions
 from spark_pipelines.assets.experiments import experiment_definitions
 from spark_pipelines.assets.fleet_summary import fleet_summary_definitions
@@ -66,6 +67,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     images, nodes, rollout = image_definitions(fleet), node_definitions(fleet), rollout_definitions(fleet)
     bench, healing = bench_definitions(fleet), health_definitions(fleet)
     return dg.Definitions.merge(
+        adoption_definitions(fleet),
         model_definitions(fleet),
         images,
         nodes,

@@ -21,6 +21,7 @@ JIT_CACHE = "jit_cache"  # per node: the compiled kernels archived on the build 
 GATEWAY = "gateway"  # Phase 5: the LiteLLM config; drains and restores are observed on it
 BENCH_RESULTS = "bench_results"  # per node: the isolated bench and its promotion gate
 FLEET_ROLLOUT = "fleet_rollout"  # a new checkpoint or image onto the fleet as canary + waves
+FLEET_ADOPTION = "fleet_adoption"  # first contact: a hand-built fleet's steps recorded as the tool's own
 FLEET_SUMMARY = "fleet_summary"  # one row per node, read from what the others recorded
 WEDGE_EVIDENCE = "wedge_evidence"  # per node: the pre-drain capture of a suspected wedge
 COLD_DRAIN = "cold_drain"  # per node: the AC cold drain a person approves by launching it
@@ -31,6 +32,7 @@ BUILD_STEPS = (BASE_MODEL, HYBRID_CHECKPOINT, MTP_WEIGHTS, BASE_IMAGE, SERVING_I
 NODE_STEPS = (NODE_ARTIFACTS, NODE_DEPLOYMENT)  # per node; a change reaches the fleet as a rollout
 
 # Jobs: what sensors, schedules, the healing policies and the demo ask the instance to run.
+ADOPT_JOB = "adopt_job"  # fleet_adoption: first contact with a fleet built by hand
 BUILD_JOB = "build_job"  # steps 0-4 on the build host
 DISTRIBUTE_JOB = "distribute_job"  # the tree's copies before the per-node deploys
 DEPLOY_JOB = "deploy_node_job"  # artifacts + deployment + JIT cache of one node (a partition)

@@ -20,7 +20,7 @@ Both hold the node's lease and take `check=True` to say what they would do and t
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -31,12 +31,14 @@ from spark_pipelines.core.errors import first_line
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, launch_spec
 from spark_pipelines.core.remote import PROBE_TIMEOUT_S
-from spark_pipelines.core.steps import JIT_CACHE, MTP_WEIGHTS, NODE_ARTIFACTS, NODE_DEPLOYMENT, SERVING_IMAGE
+from spark_pipelines.core.steps import GATEWAY, JIT_CACHE, MTP_WEIGHTS, NODE_ARTIFACTS, NODE_DEPLOYMENT, SERVING_IMAGE
 from spark_pipelines.resources import engine
 from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import jit_cache
+from spark_pipelines.runbook.adoption_build import adopt_build_host, adopt_node_artifacts, asset_value
 from spark_pipelines.state import markers
 from spark_pipelines.state.markers import DeployMarker
 
@@ -164,37 +166,50 @@ def _put_back(s: FleetSession, n: str, done: list[tuple[str, str]]) -> str:
 # ------------------------------------------------------------------------------ the fleet
 
 
-BuildHost = Callable[[FleetSession, Mapping[str, str], bool], list[Finding]]
-NodeCopy = Callable[..., Finding]
-GatewayRoutes = Callable[[FleetSession, bool], Finding]
+def adopt_gateway(s: FleetSession, *, check: bool, gw: GatewayHost | None = None) -> Finding:
+    """The hand-written LiteLLM entries that route to fleet nodes, taken over (see
+    GatewayHost.take_over): routing unchanged, confirmed on the running proxy."""
+    gw = gw or GatewayHost(s)
+    if gw.read().config is None:
+        return Finding(GATEWAY, GATEWAY, core.BUILD, f"no config at {gw.config_path}: gateway_job writes it")
+    report = gw.take_over(check=check)
+    lines = tuple(report.lines())
+    if report.differing:
+        return Finding(GATEWAY, GATEWAY, core.DIFFERS, "routes to fleet nodes that are not what the fleet file would "
+                       "write: kept as the operator's (still drained with their node)", lines)
+    if report.taken_over or report.collapsed:
+        return Finding(GATEWAY, GATEWAY, core.ADOPT, f"{len(report.taken_over)} hand entr(y/ies) taken over"
+                       + (f", {len(report.collapsed)} duplicate(s) collapsed" if report.collapsed else "")
+                       + "; routing unchanged", lines)
+    return Finding(GATEWAY, GATEWAY, core.CURRENT, "every route to a fleet node is spark-pipelines' own", lines)
 
 
-def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: bool, build_host: BuildHost,
-                node_copy: NodeCopy, gateway: GatewayRoutes, nodes: Sequence[str] | None = None,
-                run_id: str = "", log: Any = None) -> list[Finding]:
+def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: bool, nodes: Sequence[str] | None = None,
+                hub: Any = None, gw: GatewayHost | None = None, run_id: str = "", log: Any = None) -> list[Finding]:
     """Every step of the chain against the live fleet, build host first (its verified checkpoint and
     image are what each node is compared with), then each serve node under its lease, one at a
     time, then the gateway's routes. `check`: say what would be done, write nothing."""
-    say = (log.info if log is not None else (lambda _line: None))
-    findings = list(build_host(s, code_versions, check))
-    facts = {f.step: f.facts for f in findings}
-    ckpt, image = facts.get(MTP_WEIGHTS, {}), facts.get(SERVING_IMAGE, {})
-    index, manifest, image_id = ckpt.get("index"), ckpt.get("manifest"), image.get("image_id")
+    say = log.info if log is not None else (lambda _line: None)
+    findings = adopt_build_host(s, code_versions, check=check, hub=hub)
+    for f in findings:
+        say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
+    by = {f.step: f for f in findings}
+    mtp, serving = asset_value(by[MTP_WEIGHTS]), asset_value(by[SERVING_IMAGE])
     for node in _targets(s, nodes):
         with nullcontext() if check else node_lease(s, node.name, "adopt", run_id=run_id):
-            here = [node_copy(s, node, code_version=code_versions[NODE_ARTIFACTS], index=index, manifest=manifest,
-                              image_id=image_id, check=check)]
-            if index and image_id:
-                here.append(adopt_deployment(s, node, code_version=code_versions[NODE_DEPLOYMENT], image_id=image_id,
-                                             index=index, manifest=manifest, check=check))
-                here.append(adopt_jit_cache(s, node, checkpoint=manifest or index, check=check))
+            if mtp is None or serving is None:
+                here = [Finding(node.name, NODE_ARTIFACTS, core.DIFFERS, "the build host's checkpoint or serving image "
+                                "is not verified: nothing to compare the node with")]
             else:
-                here.append(Finding(node.name, DEPLOYMENT, core.DIFFERS, "the build host's checkpoint or serving "
-                                    "image is not verified: nothing to compare the node with"))
+                here = [adopt_node_artifacts(s, node, mtp, serving, code_versions, check=check),
+                        adopt_deployment(s, node, code_version=code_versions[NODE_DEPLOYMENT],
+                                         image_id=serving.image_id, index=mtp.index, manifest=mtp.manifest, check=check),
+                        adopt_jit_cache(s, node, checkpoint=mtp.manifest or mtp.index, check=check)]
         for f in here:
             say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
         findings += here
-    findings.append(gateway(s, check))
+    findings.append(adopt_gateway(s, check=check, gw=gw))
+    say(f"[gateway] {findings[-1].action}: {findings[-1].why}")
     return findings
 
 
