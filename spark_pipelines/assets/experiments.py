@@ -26,6 +26,7 @@ from spark_pipelines.runbook.deploy import deploy
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.runbook.rotation import drained
+from spark_pipelines.state import records
 
 
 class Variant(dg.Config):
@@ -124,11 +125,9 @@ def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSS
     if la and lb:
         verdicts.append(f"loaded N={fleet.bench.loaded_concurrency}: " + bench_core.compare(la, lb, names=(na, nb)).text)
     table = comparison_md(node.name, reports, verdicts)
-    context.log_event(dg.AssetMaterialization(
-        asset_key=dg.AssetKey([steps.AB_EXPERIMENTS, node.name]),
-        description=f"{na} vs {nb} on {node.name}",
-        metadata={"comparison": dg.MetadataValue.md(table), "verdicts": dg.MetadataValue.json(verdicts)},
-    ))
+    records.record_experiment(context, node.name, description=f"{na} vs {nb} on {node.name}",
+                              metadata={"comparison": dg.MetadataValue.md(table),
+                                        "verdicts": dg.MetadataValue.json(verdicts)})
     return {"node": node.name, "verdicts": verdicts}
 
 

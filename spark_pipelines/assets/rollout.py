@@ -16,11 +16,12 @@ import dagster as dg
 from pydantic import Field
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.bench import bench_metadata, recorded_benches
+from spark_pipelines.assets.bench import bench_metadata
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload
 from spark_pipelines.core import steps
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
 from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
@@ -36,6 +37,7 @@ from spark_pipelines.runbook.bench import bench_node
 from spark_pipelines.runbook.distribution import DistributionFailed, distribute
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.quarantine import quarantined
+from spark_pipelines.state import records
 
 
 
@@ -120,15 +122,15 @@ def rollout_definitions(fleet) -> dg.Definitions:
         # 3. The baseline every node is judged against: the fleet on the version most of the
         # rotation runs now (not the newest bench: a canary that failed its gate was benched last).
         serving = Counter(running[n] for n in rotation if n in running).most_common(1)
-        records = [r for n in f.serve_nodes for r in recorded_benches(context.instance, n.name)]
-        base = baseline.fleet_baseline(records, identity=serving[0][0] if serving else None)
+        benches = [r for n in f.serve_nodes for r in records.recorded_benches(context.instance, n.name)]
+        base = baseline.fleet_baseline(benches, identity=serving[0][0] if serving else None)
         log.info(f"baseline on the previous version: {base.text() if base else 'none (no bench that counts)'}")
 
-        def on_progress(event: str, steps: list[core.NodeStep]) -> None:
+        def on_progress(event: str, done: list[core.NodeStep]) -> None:
             log.info(f"rollout: {event}")
-            context.log_event(dg.AssetObservation(asset_key=steps.FLEET_ROLLOUT, description=event, metadata={
-                "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(steps)),
-                "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))}))
+            records.observe(context, steps.FLEET_ROLLOUT, None, description=event, metadata={
+                "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(done)),
+                "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))})
 
         outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, new),
                                before, on_progress)
@@ -178,8 +180,10 @@ class _Steps:
                                   manifest=self.mtp_weights.manifest)
         d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
                             run_id=self.run_id, keep_previous=True)
-        self.context.log_event(dg.AssetMaterialization(steps.NODE_DEPLOYMENT, partition=node,
-                                                       metadata={**d.metadata, "rollout_run": self.run_id}))
+        # With its code and data versions, as node_deployment's own output: the pins sensor and
+        # the UI's staleness see the rollout's deploy as current.
+        records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,
+                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id})
         if d.mismatch:  # committed, but not what was meant: back to the previous version
             said = self.revert(node, d.mismatch)
             raise RunbookError(f"{d.mismatch}; {said}")
@@ -191,8 +195,8 @@ class _Steps:
             return core.judge(node, healthy=True, benched=False)
         b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id,
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
-        self.context.log_event(dg.AssetMaterialization(steps.BENCH_RESULTS, partition=node, metadata={
-            **bench_metadata(self.context, f, node, b), "rollout_run": self.run_id}))
+        records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
+                             {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
         return core.judge(node, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance, gpu_verdict=b.gpu_verdict,
                           floor_tok_s=f.bench_floor(n), floor_acceptance=f.bench.floor_mtp_acceptance,
                           baseline=self.base, max_regression=f.rollout.max_regression, void=b.record.void)
@@ -204,8 +208,8 @@ class _Steps:
         said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
                                    run_id=self.run_id)
         record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})
-        self.context.log_event(dg.AssetObservation(steps.NODE_DEPLOYMENT, partition=node, description=said,
-                                                   metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]}))
+        records.observe(self.context, steps.NODE_DEPLOYMENT, node, description=said,
+                        metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]})
         return said
 
     def finish(self, node: str) -> str:

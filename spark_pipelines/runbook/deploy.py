@@ -35,6 +35,7 @@ import httpx
 from spark_pipelines.core import diagnosis
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, LaunchSpec
@@ -411,9 +412,9 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         txn.restore_exporters()  # after the commit or the rollback: the serving vLLM claims its memory first
 
     meta = {
-        "kv_cache_tokens": ready.kv_tokens or 0,
+        keys.KV_CACHE_TOKENS: ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
-        "startup_seconds": round(time.monotonic() - started, 1),
+        keys.STARTUP_SECONDS: round(time.monotonic() - started, 1),
         "free_gib_at_preflight": report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }

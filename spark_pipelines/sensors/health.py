@@ -26,10 +26,12 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.core import health, healing, steps
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import reconcile, sweep
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.state import records
 
 ASSET = dg.AssetKey(steps.NODE_DEPLOYMENT)
 # The same reconcile plan is asked again only after this long (its job may have failed meanwhile).
@@ -77,12 +79,12 @@ def read_cursor(text: str | None) -> tuple[dict[str, healing.NodeMemory], dict[s
 def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | None, quarantined: str,
               figures: dict[str, float]) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "verdict": dg.MetadataValue.text(v.verdict),
-        "evidence": dg.MetadataValue.text("\n".join(v.evidence)),
-        "advice": dg.MetadataValue.text(v.advice),
-        "in_gateway": dg.MetadataValue.bool(bool(in_gateway)),
-        "quarantined": dg.MetadataValue.text(quarantined),
-        "policy": dg.MetadataValue.text(d.note),
+        keys.VERDICT: dg.MetadataValue.text(v.verdict),
+        keys.EVIDENCE: dg.MetadataValue.text("\n".join(v.evidence)),
+        keys.ADVICE: dg.MetadataValue.text(v.advice),
+        keys.IN_GATEWAY: dg.MetadataValue.bool(bool(in_gateway)),
+        keys.QUARANTINED: dg.MetadataValue.text(quarantined),
+        keys.POLICY: dg.MetadataValue.text(d.note),
     }
     for key, value in figures.items():
         meta[key] = (dg.MetadataValue.int(int(value)) if key.startswith("requests_")
@@ -113,11 +115,9 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                            "wedged: recorded. "
                            "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
     def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
-        from spark_pipelines.doctor import bench_histories  # the one reader of a node's bench history
-
         memory, last_reconcile = read_cursor(context.cursor)
         names = [n.name for n in fleet.serve_nodes]
-        history = bench_histories(names, context.instance)
+        history = records.bench_histories(names, context.instance)
         earlier = {n: e for n in names if (e := _earlier(memory.get(n, healing.NodeMemory()).earlier, n))}
         events: list[Any] = []
         requests: list[dg.RunRequest] = []
@@ -129,7 +129,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                 view: reconcile.View | None = reconcile.read_view(s, healthy_names)
                 gateway_note = ""
             except (RunbookError, RemoteError, ValueError) as e:
-                view, gateway_note = None, f"gateway not read ({str(e).splitlines()[0][:200]}): no reconcile"
+                view, gateway_note = None, f"gateway not read ({first_line(e)[:200]}): no reconcile"
         now = time.time()
         rotation = set(view.snapshot.rotation) if view else set()
         for name, report in reports.items():
@@ -146,8 +146,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             d.memory.earlier = _remember(obs)
             memory[name] = d.memory
             meta = _metadata(v, d, name in rotation if view else None, held.summary() if held else "", figures)
-            events.append(dg.AssetObservation(asset_key=ASSET, partition=name, metadata=meta,
-                                              description=f"{v.verdict}: {d.note}"))
+            events.append(records.observation(steps.NODE_DEPLOYMENT, name, meta, f"{v.verdict}: {d.note}"))
             # Not partition=name: runless evaluations share run_id "", and a second one for the same
             # partition violates asset_check_executions' unique (asset, check, run_id, partition) in
             # Dagster 1.13. The node is in the description and the metadata instead.
