@@ -26,7 +26,7 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.state import records
 from spark_pipelines.resources.engine import api_root
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 
 
 GROUP = "5_bench"
@@ -107,7 +107,7 @@ def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         path.write_bytes(png)
         meta["history_chart_png"] = dg.MetadataValue.path(str(path))
     except OSError as e:
-        context.log.warning(f"bench history chart not saved to a file: {e}")
+        context.log.warning(f"bench history chart not saved to a file: {first_line(e)}")
     return meta
 
 
@@ -152,7 +152,7 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     try:
         meta.update(chart_metadata(context, f, node, mean_v))
     except Exception as e:  # a chart must never fail a bench
-        context.log.warning(f"bench history chart not rendered: {e}")
+        context.log.warning(f"bench history chart not rendered: {first_line(e)}")
     return meta
 
 

@@ -18,7 +18,7 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.state import markers
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.rotation import promotion
 from spark_pipelines.state import records
 
@@ -39,7 +39,7 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
     try:
         rotation = gw.rotation()  # type: ignore[attr-defined]
     except Exception as e:  # a record must never fail the step it records
-        context.log.warning(f"gateway rotation not read after '{event}': {e}")
+        context.log.warning(f"gateway rotation not read after '{event}': {first_line(e)}")
         return
     records.observe(context, steps.GATEWAY, None, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
                     metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
@@ -112,7 +112,7 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                 routed = r.status_code == 200 and "data:" in body
                 detail = f"HTTP {r.status_code} via {r.headers.get('x-litellm-model-api-base', '?')}"
         except httpx.HTTPError as e:
-            detail = f"{type(e).__name__}: {e}"
+            detail = first_line(e)
         yield dg.Output(
             {"rotation": rotation, "left_out": left_out},
             data_version=dg.DataVersion(markers.signature(config)),

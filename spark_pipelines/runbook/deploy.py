@@ -229,7 +229,10 @@ class _Transaction:
             except Exception as e:
                 self.s.log.warning(f"[{n}] the rollout point was not cleared: {first_line(e)}")
         if self.jit is not None:  # first: the previous deployment restarts on its own cache
-            jit_cache.undo(self.s, self.jit, self.log)
+            try:
+                jit_cache.undo(self.s, self.jit, self.log)
+            except Exception as e:  # a cold cache costs a slow boot; the container still goes back
+                self.s.log.warning(f"[{n}] JIT cache mounts not put back: {first_line(e)}")
         try:
             kept = self.kept or self.docker.find_previous(n, name, self.spec.image)
             if kept is not None:
@@ -379,7 +382,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
             try:
                 smoke = engine.smoke_test(f, node)
             except (httpx.HTTPError, ValueError, KeyError) as e:
-                ok, smoke = False, {"error": f"{type(e).__name__}: {e}"}
+                ok, smoke = False, {"error": first_line(e)}
         container = docker.inspect_container(node.name, spec.container_name) or {}
         if ok and container.get("Image") != image_id:
             ok = False  # something else was launched than what we labelled

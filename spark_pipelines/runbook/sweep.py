@@ -24,6 +24,7 @@ import httpx
 from spark_pipelines.core import diagnosis, gpu, health, remote
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import expand_home
+from spark_pipelines.core.errors import first_line
 from spark_pipelines.resources.ssh import (
     FleetSession,
     HostKeyError,
@@ -112,7 +113,7 @@ def _http(fleet: Fleet, node: Node) -> dict[str, Any]:
             metrics = diagnosis.parse_metrics(interesting_metrics(
                 client.get(f"{root}/metrics", timeout=METRICS_TIMEOUT_S).text))
         except diagnosis.MetricsFormatError as e:
-            out["metrics_error"] = str(e)
+            out["metrics_error"] = first_line(e)
         except httpx.HTTPError:
             pass
         out["metrics"] = metrics
