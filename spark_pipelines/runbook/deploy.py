@@ -30,8 +30,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
-
 from spark_pipelines.core import diagnosis
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
@@ -381,7 +379,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         if ok:
             try:
                 smoke = engine.smoke_test(f, node)
-            except (httpx.HTTPError, ValueError, KeyError) as e:
+            except (engine.EngineError, ValueError, KeyError) as e:
                 ok, smoke = False, {"error": first_line(e)}
         container = docker.inspect_container(node.name, spec.container_name) or {}
         if ok and container.get("Image") != image_id:
