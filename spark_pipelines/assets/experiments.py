@@ -152,8 +152,5 @@ def ab_job(fleet: Fleet | None = None) -> dg.JobDefinition:
     return ab_experiment_job
 
 
-ab_experiment_job = ab_job()
-
-
 def experiment_definitions(fleet: Fleet | None = None) -> dg.Definitions:
     return dg.Definitions(jobs=[ab_job(fleet)])

@@ -31,7 +31,6 @@ from spark_pipelines.core.fleet import Fleet, Node
 OWNER_TAG = "spark_pipelines_node"  # in model_info; LiteLLM passes unknown model_info keys through
 # Configs written before entries were marked as owned used this key; read as owned, rewritten with OWNER_TAG.
 LEGACY_OWNER_TAGS = ("spark_node",)
-NODE_TAG = OWNER_TAG  # the name older callers use
 DRAIN_NOTE = "# spark-pipelines drained "  # header line: "<prefix><node>: <who> since <when>"
 
 

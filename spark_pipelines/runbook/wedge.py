@@ -465,7 +465,7 @@ class Validation:
 BenchRunner = Callable[[FleetSession, Node], tuple[float | None, list[gpu.GpuReading]]]
 
 
-def bench_node(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
+def bench_after_drain(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
     """The fleet's bench straight at the node (it is out of the gateway), GPU sampled under load."""
     from spark_pipelines.resources.bench_client import run_bench
     from spark_pipelines.runbook.bench import GpuSampler, wait_idle
@@ -480,7 +480,7 @@ def bench_node(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuR
     return mean, sampler.readings
 
 
-def validate(s: FleetSession, node: Node, gw: GatewayHost, *, bench: BenchRunner = bench_node,
+def validate(s: FleetSession, node: Node, gw: GatewayHost, *, bench: BenchRunner = bench_after_drain,
              load: LoadFactory = SustainedLoad) -> Validation:
     """The runbook's post-drain validation: a post-drain capture (the lock test again, and the
     tarball that proves the drain was attempted), a bench against the node's floor, the verdict
