@@ -142,7 +142,7 @@ def ab_job(fleet: Fleet | None = None) -> dg.JobDefinition:
     description = AB_JOB_DESCRIPTION
     if fleet is not None and fleet.serve_nodes:
         names = [n.name for n in fleet.serve_nodes]
-        config = {"ops": {"ab_experiment": {"config": {"node": names[0]}}}}
+        config = dg.RunConfig(ops={steps.AB_OP: ABConfig(node=names[0])})
         description += f" Nodes: {', '.join(names)} (config ops.ab_experiment.config.node)."
 
     @dg.job(name=steps.AB_JOB, description=description, config=config)

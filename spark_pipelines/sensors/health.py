@@ -25,6 +25,8 @@ from typing import Any
 
 import dagster as dg
 
+from spark_pipelines.assets.health import QuarantineConfig, ReconcileConfig
+from spark_pipelines.assets.nodes import DeployConfig
 from spark_pipelines.core import health, healing, steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
@@ -92,10 +94,19 @@ def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | Non
     return meta
 
 
+# The op and its config type each action's job takes (the policies in core say only the fields).
+ACTION_CONFIG: dict[str, tuple[str, type[dg.Config]]] = {
+    steps.QUARANTINE_JOB: (steps.QUARANTINE_OP, QuarantineConfig),
+    steps.DEPLOY_JOB: (steps.DEPLOY_OP, DeployConfig),
+}
+
+
 def _request(node: str, a: healing.Action, verdict: str) -> dg.RunRequest:
     tags = {steps.REASON_TAG: f"health-{verdict}", steps.HEALTH_ACTION_TAG: a.kind}
-    op = {steps.QUARANTINE_JOB: steps.QUARANTINE_OP, steps.DEPLOY_JOB: steps.DEPLOY_OP}.get(a.job)
-    config = {"ops": {op: {"config": dict(a.config)}}} if op and a.config else None
+    config = None
+    if a.config and a.job in ACTION_CONFIG:
+        op, schema = ACTION_CONFIG[a.job]
+        config = dg.RunConfig(ops={op: schema(**a.config)})
     return dg.RunRequest(run_key=a.run_key, job_name=a.job, partition_key=node, tags=tags, run_config=config)
 
 
@@ -176,7 +187,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                     last_reconcile = {"digest": digest, "at": int(now)}
                     requests.append(dg.RunRequest(
                         run_key=f"reconcile-{digest}-{int(now)}", job_name=steps.RECONCILE_JOB,
-                        run_config={"ops": {steps.RECONCILE_OP: {"config": plan.to_config()}}},
+                        run_config=dg.RunConfig(ops={steps.RECONCILE_OP: ReconcileConfig(**plan.to_config())}),
                         tags={steps.REASON_TAG: "health-reconcile"}))
         else:
             said.append(gateway_note)
