@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from spark_pipelines.core import diagnosis, gpu, health, remote
+from spark_pipelines.core import gpu, health, remote
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.core.errors import first_line
