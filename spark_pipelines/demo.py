@@ -17,38 +17,29 @@ from typing import Any
 import yaml
 
 from spark_pipelines.console import Console, ConsoleError, stop_leftovers
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.team.instance import TEMPLATE
 
-def latest_metadata(instance: Any, asset: str, partition: str | None) -> dict[str, Any]:
-    import dagster as dg
-
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None),
-        limit=1,
-    ).records
-    if not records or records[0].asset_materialization is None:
-        return {}
-    return {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
-
-
 def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> str:
+    from spark_pipelines.state.records import latest_metadata
+
     rows = [("node", "deploy", "KV tokens", "startup s", "mean tok/s", "vs reference", "loaded tok/s", "GPU under load", "gateway")]
     for n in nodes:
-        dep = latest_metadata(instance, "node_deployment", n)
-        b = latest_metadata(instance, "bench_results", n)
+        dep = latest_metadata(instance, steps.NODE_DEPLOYMENT, n)
+        b = latest_metadata(instance, steps.BENCH_RESULTS, n)
         deploy = "FAILED" if n in failures else ("ok" if dep else "-")
         rows.append((
             n,
             deploy,
-            f"{dep.get('kv_cache_tokens', '-')}",
-            f"{dep.get('startup_seconds', '-')}",
-            f"{b['mean_tok_s']:.1f}" if "mean_tok_s" in b else "-",
-            f"{b['vs_reference']:.2f}x" if "vs_reference" in b else "-",
-            f"{b['loaded_aggregate_tok_s']:.1f}" if "loaded_aggregate_tok_s" in b else "-",
-            b.get("gpu_under_load", "-"),
-            ("in" if b.get("promoted") else "out") if b else "-",
+            f"{dep.get(keys.KV_CACHE_TOKENS, '-')}",
+            f"{dep.get(keys.STARTUP_SECONDS, '-')}",
+            f"{b[keys.MEAN_TOK_S]:.1f}" if keys.MEAN_TOK_S in b else "-",
+            f"{b[keys.VS_REFERENCE]:.2f}x" if keys.VS_REFERENCE in b else "-",
+            f"{b[keys.LOADED_AGGREGATE_TOK_S]:.1f}" if keys.LOADED_AGGREGATE_TOK_S in b else "-",
+            b.get(keys.GPU_UNDER_LOAD, "-"),
+            ("in" if b.get(keys.PROMOTED) else "out") if b else "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731

@@ -69,49 +69,11 @@ def render_json(verdicts: dict[str, health.NodeVerdict]) -> str:
     return json.dumps({"nodes": {name: v.to_dict() for name, v in verdicts.items()}}, indent=2)
 
 
-BENCH_HISTORY_LIMIT = 20
-
-
-def bench_histories(names: list[str], instance: Any = None) -> dict[str, health.BenchHistory]:
-    """The nodes' last benches from the Dagster instance (DAGSTER_HOME), oldest first; {} when
-    there is no instance to read: a missing history only means `regressed` cannot be judged."""
-    import dagster as dg  # only here: the rest of the doctor runs without Dagster
-
-    if instance is None:
-        if not os.environ.get("DAGSTER_HOME"):
-            return {}
-        try:
-            instance = dg.DagsterInstance.get()
-        except Exception:  # an unusable DAGSTER_HOME must not stop the sweep
-            return {}
-    out: dict[str, health.BenchHistory] = {}
-    for name in names:
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey("bench_results"), asset_partitions=[name]),
-            limit=BENCH_HISTORY_LIMIT).records
-        tok_s: list[float] = []
-        acceptance: list[float] = []
-        latest_gpu = None
-        for rec in reversed(records):  # newest first from the instance
-            meta = rec.asset_materialization.metadata if rec.asset_materialization else {}
-            mean = meta.get("mean_tok_s")
-            if mean is None or not float(mean.value):
-                continue  # a bench that measured nothing is not a point of the history
-            tok_s.append(float(mean.value))
-            rate = meta.get("spec_acceptance_rate")
-            if rate is not None:
-                acceptance.append(float(rate.value))
-            state = meta.get("gpu_under_load")
-            latest_gpu = None if state is None else str(state.value)
-        if tok_s:
-            out[name] = health.BenchHistory(tuple(tok_s), tuple(acceptance) if len(acceptance) == len(tok_s)
-                                            else (), latest_gpu)
-    return out
-
-
 def run(fleet: Fleet, only: str | None = None, instance: Any = None) -> dict[str, health.NodeVerdict]:
     targets = _targets(fleet, only)
     _check_credentials(targets)
+    from spark_pipelines.state.records import bench_histories  # the instance in DAGSTER_HOME, when set
+
     history = bench_histories([n.name for n in targets], instance)
     quiet = logging.getLogger("spark_pipelines.doctor")
     quiet.addHandler(logging.NullHandler())

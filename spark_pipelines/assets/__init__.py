@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 import dagster as dg
 
-from spark_pipelines.core.fleet_settings import SshSettings
+from spark_pipelines.core.fleet_settings import StepRetrySettings
 from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
 from spark_pipelines.core.errors import RunbookError
 
@@ -33,7 +33,7 @@ def step_session(context: dg.AssetExecutionContext, *resources: object):
     return sessions[0]
 
 
-def retry_unreachable(settings: SshSettings) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def retry_unreachable(settings: StepRetrySettings) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Under @dg.asset: a step whose SSH session could not be opened is retried by Dagster after
     connect_backoff_s, doubled each time, up to connect_retries times. Only that failure: a host
     key mismatch, or anything after the session opened, fails the step as before."""

@@ -8,7 +8,6 @@ sees no change and the sensors work from the first tick. With `check: true` noth
 anywhere: the table says what the chain would do (the CLI's `adopt --check` and `plan --live`).
 """
 
-from __future__ import annotations
 
 import time
 from typing import Any

@@ -16,6 +16,7 @@ from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.core import steps
 from spark_pipelines.core import baseline
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
@@ -23,8 +24,9 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
+from spark_pipelines.state import records
 from spark_pipelines.resources.engine import api_root
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 
 
 GROUP = "5_bench"
@@ -33,23 +35,6 @@ ABOVE_FLOOR_DESCRIPTION = (
     "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor and its GPU "
     "showed no PD-firmware wedge under load. A failed gate keeps the node out of the gateway and fails "
     "the bench run for that node only; the check says why and what the runbook does next.")
-
-
-def bench_records(instance: dg.DagsterInstance, node: str, limit: int = 50) -> list:
-    """The node's bench materializations, newest first."""
-    return list(instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(steps.BENCH_RESULTS), asset_partitions=[node]), limit=limit
-    ).records)
-
-
-def history_points(context: dg.AssetExecutionContext | dg.OpExecutionContext, node: str) -> list[tuple[float, float]]:
-    points = []
-    for rec in bench_records(context.instance, node):
-        mat = rec.asset_materialization
-        v = mat.metadata.get("mean_tok_s") if mat else None
-        if v is not None and v.value is not None and float(v.value) > 0:
-            points.append((rec.timestamp, float(v.value)))
-    return points
 
 
 LATEST_COLUMNS = (
@@ -70,41 +55,30 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         if n.name == this["node"]:
             rows.append(this)
             continue
-        recs = bench_records(context.instance, n.name, limit=1)
-        mat = recs[0].asset_materialization if recs else None
-        if mat is None:
+        rec = records.latest(context.instance, steps.BENCH_RESULTS, n.name)
+        if rec is None or rec.asset_materialization is None:
             rows.append({"node": n.name, "benched (UTC)": summary.MISSING})
             continue
-        m = {k: v.value for k, v in mat.metadata.items()}
-        rows.append({"node": n.name, "benched (UTC)": summary.when(recs[0].timestamp),
-                     "mean tok/s": summary.rounded(m.get("mean_tok_s"), 2),
-                     "vs reference (x)": summary.rounded(m.get("vs_reference"), 2),
-                     "floor tok/s": summary.rounded(m.get("floor_tok_s")), "promoted": m.get("promoted")})
+        m = records.values(rec.asset_materialization)
+        rows.append({"node": n.name, "benched (UTC)": summary.when(rec.timestamp),
+                     "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
+                     "vs reference (x)": summary.rounded(m.get(keys.VS_REFERENCE), 2),
+                     "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)), "promoted": m.get(keys.PROMOTED)})
     return rows
-
-
-def recorded_benches(instance: dg.DagsterInstance, node: str, limit: int = 20) -> list[baseline.BenchRecord]:
-    """The node's benches as they recorded what makes them comparable (bench_record), newest first."""
-    out = []
-    for r in bench_records(instance, node, limit=limit):
-        v = r.asset_materialization.metadata.get("bench_record") if r.asset_materialization else None
-        if v is not None and isinstance(v.value, dict):
-            out.append(baseline.BenchRecord.from_dict(v.value))
-    return out
 
 
 def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, rec: baseline.BenchRecord) -> dict:
     """This bench next to every node's latest and the fleet's baseline on the same image, checkpoint
     and launch spec (void benches never count); read back from each node's recorded bench_record."""
-    records, latest = [rec], {}
+    benches, latest = [rec], {}
     for n in fleet.serve_nodes:
         if n.name == rec.node:
             latest[n.name] = rec
             continue
-        mine = recorded_benches(context.instance, n.name)
-        records += mine
+        mine = records.recorded_benches(context.instance, n.name)
+        benches += mine
         latest[n.name] = mine[0] if mine else None
-    base = baseline.fleet_baseline(records, identity=rec.identity)
+    base = baseline.fleet_baseline(benches, identity=rec.identity)
     meta: dict = {"fleet_baseline": base.text() if base else "none yet (no comparable bench that counts)",
                   "vs_fleet": table(baseline.SIDE_BY_SIDE_COLUMNS, baseline.side_by_side(latest, base))}
     if base and rec.valid and rec.tok_s is not None:
@@ -116,7 +90,7 @@ def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     """The fleet's bench history: a PNG file (path, inline) and the same image as markdown."""
     from spark_pipelines.assets.bench_chart import render_fleet_history_png
 
-    series = {n.name: history_points(context, n.name) for n in fleet.serve_nodes}
+    series = {n.name: records.bench_points(context.instance, n.name) for n in fleet.serve_nodes}
     series[node] = series.get(node, []) + ([(time.time(), mean)] if mean > 0 else [])
     series = {k: v for k, v in series.items() if v}
     if not series:
@@ -133,7 +107,7 @@ def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         path.write_bytes(png)
         meta["history_chart_png"] = dg.MetadataValue.path(str(path))
     except OSError as e:
-        context.log.warning(f"bench history chart not saved to a file: {e}")
+        context.log.warning(f"bench history chart not saved to a file: {first_line(e)}")
     return meta
 
 
@@ -145,30 +119,29 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     mean_v = float(b.mean or 0.0)
     vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
     meta: dict = {
-        # mean_tok_s, vs_reference, loaded_aggregate_tok_s, spec_acceptance_rate, promoted and
-        # gpu_under_load are read back (demo table, doctor, history chart): keep the keys.
-        "mean_tok_s": num(mean_v, 2),
-        "vs_reference": num(vs_ref, 2),
-        "reference_tok_s": num(f.bench.reference_tok_s, 1),
-        "floor_tok_s": num(floor, 1),
-        "promoted": b.promoted,
-        "gate": b.reason,
+        # The keys other code reads back (demo table, doctor, history chart, summary): core/record_keys.py.
+        keys.MEAN_TOK_S: num(mean_v, 2),
+        keys.VS_REFERENCE: num(vs_ref, 2),
+        keys.REFERENCE_TOK_S: num(f.bench.reference_tok_s, 1),
+        keys.FLOOR_TOK_S: num(floor, 1),
+        keys.PROMOTED: b.promoted,
+        keys.GATE: b.reason,
         "drain_wait_s": num(b.waited_s, 1),
-        "gpu_under_load": b.gpu_verdict.state,
+        keys.GPU_UNDER_LOAD: b.gpu_verdict.state,
         "gpu_samples": count(b.samples),
         "gpu_verdict": "; ".join(b.gpu_verdict.reasons) or "-",
         "isolation": b.report.isolation,
         # What makes it comparable (core/baseline.py); a void bench is never a baseline.
-        "bench_record": dg.MetadataValue.json(json.loads(json.dumps(b.record.to_dict()))),
+        keys.BENCH_RECORD: dg.MetadataValue.json(json.loads(json.dumps(b.record.to_dict()))),
         "void": "; ".join(b.record.void) or "no",
         "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
         "table": bench_table(b.report),
         "report": dg.MetadataValue.md(bench_core.render_markdown(b.report)),
     }
     if b.loaded is not None:
-        meta["loaded_aggregate_tok_s"] = num(b.loaded, 2)
+        meta[keys.LOADED_AGGREGATE_TOK_S] = num(b.loaded, 2)
     if b.acceptance is not None:
-        meta["spec_acceptance_rate"] = num(b.acceptance, 3)
+        meta[keys.SPEC_ACCEPTANCE_RATE] = num(b.acceptance, 3)
         meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
     this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
             "vs reference (x)": vs_ref, "floor tok/s": floor, "promoted": b.promoted}
@@ -179,7 +152,7 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     try:
         meta.update(chart_metadata(context, f, node, mean_v))
     except Exception as e:  # a chart must never fail a bench
-        context.log.warning(f"bench history chart not rendered: {e}")
+        context.log.warning(f"bench history chart not rendered: {first_line(e)}")
     return meta
 
 

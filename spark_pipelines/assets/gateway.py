@@ -12,14 +12,16 @@ import httpx
 from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import steps
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.state import markers
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.rotation import promotion
+from spark_pipelines.state import records
 
 
 POOL_COLUMNS = (
@@ -39,12 +41,11 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
     try:
         rotation = gw.rotation()  # type: ignore[attr-defined]
     except Exception as e:  # a record must never fail the step it records
-        context.log.warning(f"gateway rotation not read after '{event}': {e}")
+        context.log.warning(f"gateway rotation not read after '{event}': {first_line(e)}")
         return
-    context.log_event(dg.AssetObservation(
-        asset_key=steps.GATEWAY, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
-        metadata={"event": event, "rotation": ", ".join(rotation), "nodes_in_rotation": len(rotation),
-                  "left_out_by_node": dg.MetadataValue.json(left_out)}))
+    records.observe(context, steps.GATEWAY, None, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
+                    metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
+                              keys.LEFT_OUT_BY_NODE: dg.MetadataValue.json(left_out)})
 
 
 def pool_rows(config: dict, fleet: Fleet | None = None) -> list[dict]:
@@ -120,16 +121,16 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                 routed = r.status_code == 200 and "data:" in body
                 detail = f"HTTP {r.status_code} via {r.headers.get('x-litellm-model-api-base', '?')}"
         except httpx.HTTPError as e:
-            detail = f"{type(e).__name__}: {e}"
+            detail = first_line(e)
         yield dg.Output(
             {"rotation": rotation, "left_out": left_out},
             data_version=dg.DataVersion(markers.signature(config)),
             metadata={
                 "nodes_in_rotation": dg.MetadataValue.int(len(rotation)),
                 "reloaded": reloaded,
-                "rotation": ", ".join(rotation),
+                keys.ROTATION: ", ".join(rotation),
                 "left_out": "; ".join(f"{k}: {v}" for k, v in left_out.items()) or "none",
-                "left_out_by_node": dg.MetadataValue.json(left_out),
+                keys.LEFT_OUT_BY_NODE: dg.MetadataValue.json(left_out),
                 "proxy": dg.MetadataValue.url(host.base_url),
                 "config_path": dg.MetadataValue.path(host.config_path),
                 # Only what spark-pipelines owns: an operator's entries may carry literal api keys.

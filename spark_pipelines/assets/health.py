@@ -13,12 +13,14 @@ from spark_pipelines.assets import fail
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core import healing, steps
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import quarantine as quarantine_rb
 from spark_pipelines.runbook import reconcile, sweep
 from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.state import records
 
 
 class QuarantineConfig(dg.Config):
@@ -44,9 +46,9 @@ def _by(context: dg.OpExecutionContext) -> str:
 
 def _record(context: dg.OpExecutionContext, node: str, quarantined: str, what: str) -> None:
     """The health history per node shows quarantines and releases next to the sweeps' verdicts."""
-    context.log_event(dg.AssetObservation(asset_key=steps.NODE_DEPLOYMENT, partition=node, description=what,
-                                          metadata={"quarantined": dg.MetadataValue.text(quarantined),
-                                                    "policy": dg.MetadataValue.text(what)}))
+    records.observe(context, steps.NODE_DEPLOYMENT, node, description=what,
+                    metadata={keys.QUARANTINED: dg.MetadataValue.text(quarantined),
+                              keys.POLICY: dg.MetadataValue.text(what)})
 
 
 def health_definitions(fleet: Fleet) -> dg.Definitions:

@@ -1,9 +1,9 @@
 """A new image or checkpoint reaching the fleet as a rollout (`rollout_job`).
 
-Short wiring: `core.rollout` plans the waves, runs them and judges each node; the node steps are
-`runbook.distribution` (the new version onto every node first), `assets.nodes.deploy_recorded`
-(the deploy, keeping the previous version), `runbook.bench.bench_node` (the bench gate) and
-`runbook.rollout` (revert, finish). Progress is an observation on `fleet_rollout` after every
+Short wiring: `runbook.rollout.survey` puts the new version onto every node first and says who
+runs what; `core.rollout` plans the waves, runs them and judges each node; the node steps are
+`assets.nodes.deploy_recorded` (the deploy, keeping the previous version), `runbook.bench.bench_node`
+(the bench gate) and `runbook.rollout` (revert, finish). Progress is an observation on `fleet_rollout` after every
 step (the asset's Events tab: which node runs which version, which wave runs); each deploy and
 bench is also recorded on its node's node_deployment / bench_results partition.
 """
@@ -16,40 +16,30 @@ import dagster as dg
 from pydantic import Field
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.bench import bench_metadata, recorded_benches
+from spark_pipelines.assets.bench import bench_metadata
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload
 from spark_pipelines.core import steps
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
 from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, KERNELS_LABEL, launch_spec
+from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
-from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.resources import engine
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook.bench import bench_node
-from spark_pipelines.runbook.deploy import labels_of
-from spark_pipelines.runbook.distribution import DistributionFailed, distribute
-from spark_pipelines.state import markers
-from spark_pipelines.core.errors import RunbookError, first_line
-from spark_pipelines.runbook.quarantine import quarantined
-
+from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.state import records
 
 
 class RolloutConfig(dg.Config):
     bench_gate: bool = Field(default=True, description="Bench every node after its deploy and gate it on the floor, "
                                                        "the MTP acceptance floor and the fleet's baseline; off: "
                                                        "health and the smoke test only.")
-
-
-def version(image_id: str | None, fingerprint: str | None) -> str:
-    """A node's version as the rollout table shows it: image id and launch spec, short."""
-    return f"image {(image_id or 'none')[7:19]}, spec {(fingerprint or 'none')[:8]}"
 
 
 def rollout_definitions(fleet) -> dg.Definitions:
@@ -73,68 +63,40 @@ def rollout_definitions(fleet) -> dg.Definitions:
         f = s.fleet
         log = context.log
         run_id = context.run.run_id
-        docker = NodeDocker(s)
         gw = litellm.host()
 
-        # 1. The new version onto every node (the tree; holders are skipped in seconds).
-        payload = distribution_payload(cv, mtp_weights, serving_image)
-        skip: dict[str, str] = {}
+        # 1. The new version onto every node; who runs what, who is skipped, who is in the gateway.
         try:
-            distribute(s, f.serve_nodes, payload, log=log, run_id=run_id)
-        except DistributionFailed as e:
-            skip.update({n: f"no verified copy of the new version ({e.description[:160]})"
-                         for n in getattr(e, "report").given_up})
-
-        # 2. Who runs what now; who is already on the new version, or kept out of the rollout.
-        new = {n.name: version(serving_image.image_id, launch_spec(f, n).fingerprint) for n in f.serve_nodes}
-        before: dict[str, str] = {}
-        running: dict[str, baseline.BenchIdentity] = {}
-        for n in f.serve_nodes:
-            spec = launch_spec(f, n)
-            c = docker.inspect_container(n.name, spec.container_name)
-            labels = labels_of(c, markers.read_deploy(s, n)) if c else {}
-            before[n.name] = version(c.get("Image"), labels.get(DEPLOY_LABEL)) if c else "nothing"
-            if c:
-                running[n.name] = baseline.identity_of(c, labels, [], launch_label=KERNELS_LABEL,
-                                                       checkpoint_label=CHECKPOINT_LABEL)
-            if before[n.name] == new[n.name] and engine.healthy(f, n):
-                skip.setdefault(n.name, "already serves the new version")
-        for name, rec in quarantined(s).items():
-            skip.setdefault(name, f"quarantined: {rec.summary()}")
-        try:
-            rotation = gw.rotation()
-        except Exception as e:  # no plan without knowing who serves: nothing was deployed
-            fail(RunbookError(f"rollout refused, nothing deployed: the gateway host {f.gateway.host} could not be "
-                              f"read ({first_line(e)}); bring it back "
-                              f"and rerun rollout_job"))
-        missing = [n for n, why in skip.items() if why.startswith("no verified copy")]
-        if len(skip) == len(f.serve_nodes) and not missing:
-            log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in skip.items()))
+            sv = node_rollout.survey(s, gw, distribution_payload(cv, mtp_weights, serving_image), log, run_id=run_id)
+        except RunbookError as e:
+            fail(e)
+        if sv.nothing_to_do:
+            log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in sv.skip.items()))
             return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
-                                                  "nodes": table(core.STEP_COLUMNS, _rows(before, skip))})
+                                                  "nodes": table(core.STEP_COLUMNS, _rows(sv.before, sv.skip))})
         try:
-            plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=rotation,
+            plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=sv.rotation,
                                    max_unavailable=f.rollout.max_unavailable,
-                                   min_in_rotation=f.gateway.min_in_rotation, canary=f.rollout.canary, skip=skip)
+                                   min_in_rotation=f.gateway.min_in_rotation, canary=f.rollout.canary, skip=sv.skip)
         except core.RolloutRefused as e:
             fail(RunbookError(f"rollout refused, nothing changed: {e}"))
         log.info("rollout plan:\n" + plan.text())
 
-        # 3. The baseline every node is judged against: the fleet on the version most of the
+        # 2. The baseline every node is judged against: the fleet on the version most of the
         # rotation runs now (not the newest bench: a canary that failed its gate was benched last).
-        serving = Counter(running[n] for n in rotation if n in running).most_common(1)
-        records = [r for n in f.serve_nodes for r in recorded_benches(context.instance, n.name)]
-        base = baseline.fleet_baseline(records, identity=serving[0][0] if serving else None)
+        serving = Counter(sv.running[n] for n in sv.rotation if n in sv.running).most_common(1)
+        benches = [r for n in f.serve_nodes for r in records.recorded_benches(context.instance, n.name)]
+        base = baseline.fleet_baseline(benches, identity=serving[0][0] if serving else None)
         log.info(f"baseline on the previous version: {base.text() if base else 'none (no bench that counts)'}")
 
-        def on_progress(event: str, steps: list[core.NodeStep]) -> None:
+        def on_progress(event: str, done: list[core.NodeStep]) -> None:
             log.info(f"rollout: {event}")
-            context.log_event(dg.AssetObservation(asset_key=steps.FLEET_ROLLOUT, description=event, metadata={
-                "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(steps)),
-                "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))}))
+            records.observe(context, steps.FLEET_ROLLOUT, None, description=event, metadata={
+                "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(done)),
+                "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))})
 
-        outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, new),
-                               before, on_progress)
+        outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, sv.new),
+                               sv.before, on_progress)
         meta: dict[str, Any] = {
             "completed": outcome.completed,
             "outcome": outcome.headline(),
@@ -181,8 +143,10 @@ class _Steps:
                                   manifest=self.mtp_weights.manifest)
         d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
                             run_id=self.run_id, keep_previous=True)
-        self.context.log_event(dg.AssetMaterialization(steps.NODE_DEPLOYMENT, partition=node,
-                                                       metadata={**d.metadata, "rollout_run": self.run_id}))
+        # With its code and data versions, as node_deployment's own output: the pins sensor and
+        # the UI's staleness see the rollout's deploy as current.
+        records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,
+                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id})
         if d.mismatch:  # committed, but not what was meant: back to the previous version
             said = self.revert(node, d.mismatch)
             raise RunbookError(f"{d.mismatch}; {said}")
@@ -194,8 +158,8 @@ class _Steps:
             return core.judge(node, healthy=True, benched=False)
         b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id,
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
-        self.context.log_event(dg.AssetMaterialization(steps.BENCH_RESULTS, partition=node, metadata={
-            **bench_metadata(self.context, f, node, b), "rollout_run": self.run_id}))
+        records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
+                             {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
         return core.judge(node, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance, gpu_verdict=b.gpu_verdict,
                           floor_tok_s=f.bench_floor(n), floor_acceptance=f.bench.floor_mtp_acceptance,
                           baseline=self.base, max_regression=f.rollout.max_regression, void=b.record.void)
@@ -207,8 +171,8 @@ class _Steps:
         said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
                                    run_id=self.run_id)
         record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})
-        self.context.log_event(dg.AssetObservation(steps.NODE_DEPLOYMENT, partition=node, description=said,
-                                                   metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]}))
+        records.observe(self.context, steps.NODE_DEPLOYMENT, node, description=said,
+                        metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]})
         return said
 
     def finish(self, node: str) -> str:

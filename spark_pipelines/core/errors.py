@@ -19,9 +19,5 @@ class RunbookError(Exception):
         self.details = dict(details or {})
 
 
-class StepFailed(RunbookError):
-    """A build-host or node step produced nothing usable."""
-
-
 class DeployFailed(RunbookError):
     """A deploy did not leave the new launch serving; the message says what was put back."""

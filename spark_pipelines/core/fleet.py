@@ -33,7 +33,7 @@ from spark_pipelines.core.fleet_settings import (
     HealthSettings,
     PreflightSettings,
     RolloutSettings,
-    SshSettings,
+    StepRetrySettings,
 )
 from spark_pipelines.core.fleet_types import (
     AbsPath,
@@ -447,7 +447,7 @@ class Fleet(Strict):
     rollout: RolloutSettings = RolloutSettings()
     distribution: DistributionSettings = DistributionSettings()
     health: HealthSettings = HealthSettings()
-    ssh: SshSettings = SshSettings()
+    ssh: StepRetrySettings = StepRetrySettings()
 
     @field_validator("nodes")
     @classmethod

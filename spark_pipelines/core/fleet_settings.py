@@ -96,10 +96,12 @@ class HealthSettings(Strict):
     bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
 
 
-class SshSettings(Strict):
-    """A step whose SSH session could not be opened (refused, timed out, no route: nothing on the
-    node changed yet) is retried with backoff; a host key that does not match never is, nor is any
-    failure after the session opened (a failed launch has run its undo: a blind rerun would repeat it)."""
+class StepRetrySettings(Strict):
+    """The fleet file's `ssh:` section: how Dagster retries a whole step (not the connection's own
+    attempts within one session, resources.ssh.SshSettings.connect_retries). A step whose SSH
+    session could not be opened (refused, timed out, no route: nothing on the node changed yet) is
+    retried with backoff; a host key that does not match never is, nor is any failure after the
+    session opened (a failed launch has run its undo: a blind rerun would repeat it)."""
 
     connect_retries: Int = Field(default=2, ge=0, le=10, description="retries of a step that could not connect")
     connect_backoff_s: Int = Field(default=20, ge=1, le=3600,

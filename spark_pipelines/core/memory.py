@@ -18,9 +18,6 @@ from spark_pipelines.core.fleet import MIN_GMU
 TIGHT_MARGIN_GIB = 2.0
 # Each failed launch leaves 1-9 GiB of CUDA context residue that `docker rm` cannot clear.
 RESIDUE_PER_FAILURE_GIB = (1.0, 9.0)
-# nvidia_gpu_exporter (--gpus all) holds ~9 GiB of CUDA context while it runs.
-EXPORTER_HOLD_GIB = 9.0
-
 Verdict = Literal["pass", "tight", "fail"]
 
 

@@ -14,7 +14,6 @@ from spark_pipelines.core.memory import RESIDUE_PER_FAILURE_GIB, MemoryGate, mem
 # Exporters hold a CUDA context (~9 GiB for nvidia_gpu_exporter) and must be stopped before
 # launch so the memory check sees the real free memory; restarted once the node is healthy.
 EXPORTER_CONTAINERS = ("nvidia_gpu_exporter", "node_exporter")
-EXPORTER_SERVICES = ("prometheus-node-exporter",)
 
 Status = Literal["ok", "warn", "fail"]
 

@@ -18,6 +18,7 @@ from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.baseline import Baseline
 from spark_pipelines.core.bench import acceptance_gate
 from spark_pipelines.core.gpu import GpuVerdict
+from spark_pipelines.core.errors import first_line
 
 
 class RolloutRefused(ValueError):
@@ -220,7 +221,7 @@ def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
                 try:
                     done = steps.finish(st.node)
                 except Exception as e:  # the node serves its gated version either way
-                    done = f"not finished ({type(e).__name__}: {e})"
+                    done = f"not finished ({first_line(e)})"
                 st.why = f"{st.why}; {done}" if st.why else done
 
     def put_back(st: NodeStep, why: str) -> None:
@@ -228,7 +229,7 @@ def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
             st.why = f"{why}; {steps.revert(st.node, why)}"
             st.state, st.now = REVERTED, st.before
         except Exception as e:
-            st.state, st.why = REVERT_FAILED, f"{why}; the rollback failed: {e}"
+            st.state, st.why = REVERT_FAILED, f"{why}; the rollback failed: {first_line(e)}"
 
     try:
         for wave in plan.waves:

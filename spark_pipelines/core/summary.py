@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_pipelines.core import record_keys as keys
+
 MISSING = "-"
 
 # (column, type, what it says): the table schema the UI shows under the column headers.
@@ -85,17 +87,17 @@ def gateway_state(facts: NodeFacts, rotation: Rotation) -> str:
             return "in"
         why = rotation.left_out.get(facts.node)
     else:
-        in_gw = health.get("in_gateway")
+        in_gw = health.get(keys.IN_GATEWAY)
         if in_gw is None:
             return MISSING
         if in_gw in (True, "true", "True", "yes"):
             return "in"
         why = None
-    if not why and health.get("quarantined") not in (None, False, "false", "False", "no", ""):
-        why = f"quarantined: {health.get('quarantined')}" if isinstance(health.get("quarantined"), str) \
+    if not why and health.get(keys.QUARANTINED) not in (None, False, "false", "False", "no", ""):
+        why = f"quarantined: {health.get(keys.QUARANTINED)}" if isinstance(health.get(keys.QUARANTINED), str) \
             else "quarantined by the health sweep"
-    if not why and facts.bench and facts.bench.get("promoted") is False:
-        why = str(facts.bench.get("gate") or "below its bench floor")
+    if not why and facts.bench and facts.bench.get(keys.PROMOTED) is False:
+        why = str(facts.bench.get(keys.GATE) or "below its bench floor")
     return f"out: {why}" if why else "out"
 
 
@@ -105,18 +107,18 @@ def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
     art = facts.artifacts or {}
     bench = facts.bench or {}
     health = facts.health or {}
-    evidence = "; ".join(str(health[k]) for k in ("evidence", "advice") if health.get(k)) or MISSING
-    mean = rounded(bench.get("mean_tok_s"), 1) if bench else None
-    reference = facts.reference_tok_s or rounded(bench.get("reference_tok_s"))
-    floor = facts.floor_tok_s if facts.floor_tok_s is not None else rounded(bench.get("floor_tok_s"))
-    acceptance = bench.get("spec_acceptance_rate")
+    evidence = "; ".join(str(health[k]) for k in (keys.EVIDENCE, keys.ADVICE) if health.get(k)) or MISSING
+    mean = rounded(bench.get(keys.MEAN_TOK_S), 1) if bench else None
+    reference = facts.reference_tok_s or rounded(bench.get(keys.REFERENCE_TOK_S))
+    floor = facts.floor_tok_s if facts.floor_tok_s is not None else rounded(bench.get(keys.FLOOR_TOK_S))
+    acceptance = bench.get(keys.SPEC_ACCEPTANCE_RATE)
     return {
         "node": facts.node,
-        "health": str(health.get("verdict") or MISSING),
+        "health": str(health.get(keys.VERDICT) or MISSING),
         "evidence": evidence,
         "gateway": gateway_state(facts, rotation),
-        "image id": short_id(dep.get("image_id") or art.get("image_id")),
-        "checkpoint": short_id(art.get("checkpoint")),
+        "image id": short_id(dep.get(keys.IMAGE_ID) or art.get(keys.IMAGE_ID)),
+        "checkpoint": short_id(art.get(keys.CHECKPOINT)),
         "mean tok/s": mean,
         "vs reference (x)": round(mean / reference, 2) if mean is not None and reference else None,
         "floor tok/s": rounded(floor),

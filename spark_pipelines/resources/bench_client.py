@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from spark_pipelines.core import bench as core
+from spark_pipelines.core.errors import first_line
 
 # Markers of a delta that carries generated text: vLLM writes compact JSON, LiteLLM may add a
 # space after the colon; reasoning parsers put thinking tokens in reasoning(_content).
@@ -192,7 +193,7 @@ async def _stream_one(
         error = f"no complete answer within {timeout_s:.0f} s"
         reusable = False
     except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        error = first_line(exc)
         reusable = False
     finally:
         if conn is not None:
@@ -248,7 +249,7 @@ async def _post_one(
         else:
             usage = json.loads(raw).get("usage") or {}
     except (httpx.HTTPError, ValueError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = first_line(exc)
     finished = time.perf_counter()
     return core.RequestSample(
         phase=phase,
@@ -440,7 +441,7 @@ async def _probe(client: httpx.AsyncClient, api_root: str, headers: Mapping[str,
     try:
         resp = await client.get(api_root + "/models", headers=dict(headers))
     except httpx.HTTPError as exc:
-        raise BenchError(f"cannot reach {api_root}/models: {type(exc).__name__}: {exc}") from None
+        raise BenchError(f"cannot reach {api_root}/models: {first_line(exc)}") from None
     if resp.status_code != 200:
         # Gateways differ on a missing key: 401, or LiteLLM without a database answers 500/400.
         hint = "" if headers else (

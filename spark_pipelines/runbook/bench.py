@@ -25,7 +25,7 @@ from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.runbook.deploy import labels_of
 from spark_pipelines.resources.engine import api_root
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import read_gpu
 from spark_pipelines.runbook.rotation import drained
 
@@ -58,7 +58,7 @@ class GpuSampler:
             try:
                 self.readings.append(read_gpu(self._s, self._node.name, timeout=20))
             except Exception as e:  # a sample lost must not fail the bench it watches
-                self.errors.append(f"{type(e).__name__}: {e}")
+                self.errors.append(first_line(e))
 
     def verdict(self) -> gpu.GpuVerdict:
         v = gpu.judge_under_load(self.readings)

@@ -44,11 +44,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
-
 from spark_pipelines.core import diagnosis
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core import remote
@@ -351,7 +350,10 @@ class _Transaction:
             except Exception as e:
                 self.s.log.warning(f"[{n}] the rollout point was not cleared: {first_line(e)}")
         if self.jit is not None:  # first: the previous deployment restarts on its own cache
-            jit_cache.undo(self.s, self.jit, self.log)
+            try:
+                jit_cache.undo(self.s, self.jit, self.log)
+            except Exception as e:  # a cold cache costs a slow boot; the container still goes back
+                self.s.log.warning(f"[{n}] JIT cache mounts not put back: {first_line(e)}")
         try:
             kept = self.kept or self.docker.find_previous(n, name, self.spec.image)
             if kept is not None:
@@ -607,8 +609,8 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         if ok:
             try:
                 smoke = engine.smoke_test(f, node)
-            except (httpx.HTTPError, ValueError, KeyError) as e:
-                ok, smoke = False, {"error": f"{type(e).__name__}: {e}"}
+            except (engine.EngineError, ValueError, KeyError) as e:
+                ok, smoke = False, {"error": first_line(e)}
         container = docker.inspect_container(node.name, spec.container_name) or {}
         if ok and container.get("Image") != image_id:
             ok = False  # something else was launched than what we labelled
@@ -648,9 +650,9 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         txn.restore_exporters()  # after the commit or the rollback: the serving vLLM claims its memory first
 
     meta = {
-        "kv_cache_tokens": ready.kv_tokens or 0,
+        keys.KV_CACHE_TOKENS: ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
-        "startup_seconds": round(time.monotonic() - started, 1),
+        keys.STARTUP_SECONDS: round(time.monotonic() - started, 1),
         "free_gib_at_preflight": report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }

@@ -24,7 +24,7 @@ from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import MODELS_MOUNT, LaunchSpec, expand_home
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources.transfer import NodeStreams
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 
 COMPLETE = "COMPLETE"  # written last into an archived key: a half-copied backup is never restored
 _T = remote.PROBE_TIMEOUT_S
@@ -117,7 +117,7 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
                 for slot in sw.slots:  # never boot on a half-restored cache
                     _set_aside(s, n, slot, "failed", sw)
                     s.run(n, ["mkdir", "-p", slot], log=False, timeout=_T)
-                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                why = first_line(e)[:200]
                 plan = sw.plan = core.Plan(key, "cold", f"restoring key {key} from the build host failed ({why}): "
                                                         f"a first boot (25-45 min) compiles it", plan.set_aside)
         for m, slot in zip(mounts, sw.slots):
@@ -153,18 +153,18 @@ def undo(s: FleetSession, sw: Switch, log: Any) -> None:
             else:
                 s.run(n, ["rm", "-f", "--", m], log=False, timeout=_T)
         except Exception as e:
-            failed.append(f"{m}: {str(e).splitlines()[0][:160]}")
+            failed.append(f"{m}: {first_line(e)[:160]}")
     for slot, aside in sw.retired:  # the fresh slot the failed launch wrote goes aside in its turn
         try:
             s.run(n, ["mv", "-T", slot, f"{aside}.failed"], check=False, log=False, timeout=_T)
             s.run(n, ["mv", "-T", aside, slot], log=False, timeout=_T)
         except Exception as e:
-            failed.append(f"{slot} (kept as {aside}): {str(e).splitlines()[0][:160]}")
+            failed.append(f"{slot} (kept as {aside}): {first_line(e)[:160]}")
     for m, aside in reversed(sw.set_aside):
         try:
             s.run(n, ["mv", "-T", aside, m], log=False, timeout=_T)
         except Exception as e:
-            failed.append(f"{m} (kept as {aside}): {str(e).splitlines()[0][:160]}")
+            failed.append(f"{m} (kept as {aside}): {first_line(e)[:160]}")
     if failed:
         log.warning(f"[{n}] JIT cache mounts not all put back: {'; '.join(failed)}; the next deploy re-links them")
 

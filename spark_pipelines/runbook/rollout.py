@@ -1,5 +1,6 @@
-"""The node-side half of a rollout: put a node's previous deployment back after its commit
-(`revert`), or let it go once the rollout is over (`finish`).
+"""The node-side half of a rollout: the new version onto every node and who runs what
+(`survey`), put a node's previous deployment back after its commit (`revert`), or let it go once
+the rollout is over (`finish`).
 
 A rollout's deploy (`deploy(..., keep_previous=True)`) commits without dropping the replaced
 container, its image tag or its JIT cache slots, and writes the node's ROLLOUT_POINT marker. A
@@ -10,11 +11,12 @@ point still there for the next rollout (whose deploy supersedes it) or for a rev
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from spark_pipelines.core import remote
+from spark_pipelines.core import baseline, remote
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import LaunchSpec
+from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, KERNELS_LABEL, LaunchSpec, launch_spec
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
@@ -24,11 +26,72 @@ from spark_pipelines.runbook import jit_cache
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import RolloutPoint
-from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, finish_interrupted, restore_deploy_marker
+from spark_pipelines.runbook.deploy import (ROLLBACK_HEALTH_S, ROLLOUT_POINT, finish_interrupted, labels_of,
+                                            restore_deploy_marker)
 from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
+from spark_pipelines.runbook.quarantine import quarantined
 from spark_pipelines.runbook.rotation import drained
 
 _T = remote.PROBE_TIMEOUT_S
+
+
+def version(image_id: str | None, fingerprint: str | None) -> str:
+    """A node's version as the rollout table shows it: image id and launch spec, short."""
+    return f"image {(image_id or 'none')[7:19]}, spec {(fingerprint or 'none')[:8]}"
+
+
+NO_COPY = "no verified copy of the new version"
+
+
+@dataclass
+class Survey:
+    """Where the fleet stands before a rollout's first deploy."""
+
+    new: dict[str, str]  # node -> the version it is to run
+    before: dict[str, str]  # node -> the version it runs ("nothing")
+    running: dict[str, baseline.BenchIdentity]  # node -> the identity its benches record
+    rotation: list[str]  # who the gateway routes to
+    skip: dict[str, str] = field(default_factory=dict)  # node -> why the rollout leaves it as it is
+
+    @property
+    def nothing_to_do(self) -> bool:
+        """Every node skipped, and none for want of a copy (that is a failure, not nothing to do)."""
+        return len(self.skip) == len(self.new) and not any(why.startswith(NO_COPY) for why in self.skip.values())
+
+
+def survey(s: FleetSession, gw: GatewayHost, payload: Payload, log: Any, *, run_id: str = "") -> Survey:
+    """The new version onto every serve node first (the tree; holders are skipped in seconds),
+    then who runs what, who already serves the new version, who is quarantined and who is in the
+    gateway. Changes nothing that serves. Raises RunbookError when the gateway cannot be read: no
+    plan without knowing who serves."""
+    f = s.fleet
+    skip: dict[str, str] = {}
+    try:
+        distribute(s, f.serve_nodes, payload, log=log, run_id=run_id)
+    except DistributionFailed as e:
+        skip.update({n: f"{NO_COPY} ({e.description[:160]})" for n in getattr(e, "report").given_up})
+    docker = NodeDocker(s)
+    new = {n.name: version(payload.image_id, launch_spec(f, n).fingerprint) for n in f.serve_nodes}
+    before: dict[str, str] = {}
+    running: dict[str, baseline.BenchIdentity] = {}
+    for n in f.serve_nodes:
+        c = docker.inspect_container(n.name, launch_spec(f, n).container_name)
+        labels = labels_of(c, markers.read_deploy(s, n)) if c else {}
+        before[n.name] = version(c.get("Image"), labels.get(DEPLOY_LABEL)) if c else "nothing"
+        if c:
+            running[n.name] = baseline.identity_of(c, labels, [], launch_label=KERNELS_LABEL,
+                                                   checkpoint_label=CHECKPOINT_LABEL)
+        if before[n.name] == new[n.name] and engine.healthy(f, n):
+            skip.setdefault(n.name, "already serves the new version")
+    for name, rec in quarantined(s).items():
+        skip.setdefault(name, f"quarantined: {rec.summary()}")
+    try:
+        rotation = gw.rotation()
+    except Exception as e:
+        raise RunbookError(f"rollout refused, nothing deployed: the gateway host {f.gateway.host} could not be "
+                           f"read ({first_line(e)}); bring it back and rerun rollout_job") from None
+    return Survey(new, before, running, rotation, skip)
 
 
 def read_point(s: FleetSession, node: Node) -> RolloutPoint | None:

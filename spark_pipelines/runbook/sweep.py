@@ -1,6 +1,6 @@
 """The health sweep: probe every serve node at once, read-only, and judge each with `core.health`.
 
-A probe of one node reads /health and /metrics (the engine's URLs, beside the SSH part), and over
+A probe of one node reads /health and /metrics (resources.engine.probe, beside the SSH part), and over
 SSH: reachability, nvidia-smi (preflight's GPU_QUERY), `docker inspect` of the serving container
 and the tail of its log, in one command (GATHER_SCRIPT). Every step has its own short timeout, so
 a dead node costs one connect timeout, not the default connect retries. Nothing on a node is changed. Nodes are probed in parallel threads: a
@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from spark_pipelines.core import diagnosis, gpu, health, remote
+from spark_pipelines.core import gpu, health, remote
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import expand_home
+from spark_pipelines.core.errors import first_line
 from spark_pipelines.resources.ssh import (
     FleetSession,
     HostKeyError,
@@ -40,7 +39,6 @@ from spark_pipelines.state import markers
 
 # Per-step limits: a probe is a glance, not a wait.
 SSH_CONNECT_TIMEOUT_S = 5.0
-SSH_REACH_TIMEOUT_S = 10.0
 GPU_TIMEOUT_S = 15.0
 INSPECT_TIMEOUT_S = 15.0
 LOG_TIMEOUT_S = 20.0
@@ -79,58 +77,6 @@ def probe_settings(base: SshSettings | None = None) -> SshSettings:
     return SshSettings(**{**fields, "connect_timeout_s": SSH_CONNECT_TIMEOUT_S, "connect_retries": 0})
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
-
-
-_client: httpx.Client | None = None
-_client_lock = threading.Lock()
-
-
-def _http_client() -> httpx.Client:
-    """One client for every probe of the process: a new httpx client per request loads the CA
-    bundle each time (~0.1 s of CPU, the largest cost of a sweep before); the engine is plain http."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = httpx.Client(verify=False, limits=httpx.Limits(max_connections=256,
-                                                                     max_keepalive_connections=0))
-        return _client
-
-
-def interesting_metrics(text: str) -> str:
-    """Only the sample lines of the metrics the verdicts read: vLLM's /metrics is ~600 lines of
-    histograms and process gauges, and parsing all of it cost more CPU than the SSH probe.
-    Dropped comment lines leave those samples untyped, with the same names and values."""
-    keep = diagnosis.METRICS_OF_INTEREST
-    return "\n".join(line for line in text.splitlines()
-                     if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in keep) + "\n"
-
-
-def _http(fleet: Fleet, node: Node) -> dict[str, Any]:
-    root, client = engine.api_root(fleet, node), _http_client()
-    try:
-        ok = client.get(f"{root}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
-    except httpx.HTTPError:
-        ok = False
-    out: dict[str, Any] = {"health_ok": ok,
-                           "health_error": None if ok else f"no 200 from {root}/health within {HEALTH_TIMEOUT_S:g} s"}
-    if ok:  # a dead engine's /metrics says nothing the container state does not
-        metrics = None
-        try:
-            metrics = diagnosis.parse_metrics(interesting_metrics(
-                client.get(f"{root}/metrics", timeout=METRICS_TIMEOUT_S).text))
-        except diagnosis.MetricsFormatError as e:
-            out["metrics_error"] = str(e)
-        except httpx.HTTPError:
-            pass
-        out["metrics"] = metrics
-        if metrics is None and "metrics_error" not in out:
-            out["metrics_error"] = f"/metrics did not answer within {METRICS_TIMEOUT_S:g} s"
-    return out
-
-
 def _warm_start(s: FleetSession, fleet: Fleet, node: Node) -> bool | None:
     """Whether the torch.compile cache the launch mounts holds anything (a warm 7-10 min boot)."""
     mounts = [m.host for m in fleet.launch_for(node).cache_mounts if "vllm" in m.host]
@@ -155,7 +101,7 @@ def _inspect(s: FleetSession, node: Node, container: str) -> tuple[health.Contai
             return health.container_state(None), None
         return None, f"docker inspect {container} exited {r.exit_status}: {r.tail.strip()[-200:]}"
     except (RemoteError, ValueError) as e:
-        return None, _one_line(e)
+        return None, first_line(e)[:300]
 
 
 def sections(stdout: str, nonce: str) -> dict[str, tuple[str, int | None]]:
@@ -185,14 +131,14 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
         r = s.run(node.name, argv, check=False, log=False,
                   timeout=GPU_TIMEOUT_S + INSPECT_TIMEOUT_S + LOG_TIMEOUT_S + 10)
     except RemoteError as e:
-        fields["gpu_error"] = fields["container_error"] = _one_line(e)
+        fields["gpu_error"] = fields["container_error"] = first_line(e)[:300]
         return
     got = sections(r.stdout, nonce)
     gpu_text, _ = got.get("gpu", ("", None))
     try:
         fields["gpu"] = gpu.parse_reading(gpu_text)
     except gpu.GpuFormatError as e:
-        fields["gpu_error"] = _one_line(e)
+        fields["gpu_error"] = first_line(e)[:300]
     text, rc = got.get("inspect", ("", None))
     err, _ = got.get("inspect-err", ("", None))
     if rc is None:
@@ -203,7 +149,7 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
             data = json.loads(text)
             fields["container"], fields["container_error"] = health.container_state(data[0] if data else None), None
         except ValueError as e:
-            fields["container"], fields["container_error"] = None, _one_line(e)
+            fields["container"], fields["container_error"] = None, first_line(e)[:300]
     elif any(m in err for m in _NO_SUCH):
         fields["container"], fields["container_error"] = health.container_state(None), None
     else:
@@ -249,8 +195,8 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
         "clean_boot_free_gib": fleet.profile_of(node).clean_boot_free_gib,
     }
     http: dict[str, Any] = {}
-    side = threading.Thread(target=lambda: http.update(_http(fleet, node)), name=f"health-http-{node.name}",
-                            daemon=True)
+    side = threading.Thread(target=lambda: http.update(engine.probe(fleet, node, HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S)),
+                            name=f"health-http-{node.name}", daemon=True)
     side.start()
     try:
         try:
@@ -258,10 +204,10 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
         except (HostKeyError, NodeConnectError) as e:
             # Only "cannot reach" is a node that does not answer; the rest is a key or credential problem.
             refused = isinstance(e, HostKeyError) or "cannot reach" not in str(e)
-            fields.update(ssh_ok=False, ssh_error=_one_line(e), ssh_refused=refused)
+            fields.update(ssh_ok=False, ssh_error=first_line(e)[:300], ssh_refused=refused)
             return _observation(fields, side, http)
         except (RemoteError, OSError, EOFError) as e:
-            fields.update(ssh_ok=False, ssh_error=_one_line(e))
+            fields.update(ssh_ok=False, ssh_error=first_line(e)[:300])
             return _observation(fields, side, http)
         fields["ssh_ok"] = True
         _gather(s, node, container, fields)
@@ -298,7 +244,7 @@ def probe_and_judge(s: FleetSession, node: Node, *, bench: health.BenchHistory |
         obs = health.with_earlier(probe(s, node, bench=bench, clock=clock), earlier)
     except Exception as e:  # one node's surprise must not hide the others' verdicts
         obs = health.Observation(node=node.name, probed_at=clock(), ssh_ok=True, ssh_error=None)
-        return NodeReport(obs, health.NodeVerdict(node.name, "unknown", (f"the probe failed: {_one_line(e)}",),
+        return NodeReport(obs, health.NodeVerdict(node.name, "unknown", (f"the probe failed: {first_line(e)[:300]}",),
                                                   health.ADVICE["unknown"]))
     return NodeReport(obs, health.judge(obs))
 

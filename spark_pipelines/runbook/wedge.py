@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from spark_pipelines.core import gpu
 from spark_pipelines.core import wedge as wedge_core
 from spark_pipelines.core.diagnosis import METRIC_RUNNING
@@ -96,20 +94,17 @@ class SustainedLoad:
     def __init__(self, s: FleetSession, node: Node, streams: int = LOAD_STREAMS) -> None:
         f = s.fleet
         self._fleet, self._node = f, node
-        self._url = f"{engine.api_root(f, node)}/v1/chat/completions"
-        self._model = f.launch_for(node).served_model_name
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, name=f"wedge-load-{node.name}-{i}", daemon=True)
                          for i in range(streams)]
         self.errors: list[str] = []
 
     def _loop(self) -> None:
-        body = {"model": self._model, "max_tokens": LOAD_MAX_TOKENS,
-                "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]}
         while not self._stop.is_set():
             try:
-                httpx.post(self._url, json=body, timeout=LOAD_REQUEST_TIMEOUT_S)
-            except httpx.HTTPError as e:
+                engine.complete(self._fleet, self._node, "Write a long story about a lighthouse keeper.",
+                                LOAD_MAX_TOKENS, timeout=LOAD_REQUEST_TIMEOUT_S)
+            except engine.EngineError as e:
                 self.errors.append(first_line(e))
                 self._stop.wait(1.0)
 
@@ -457,7 +452,7 @@ class Validation:
 BenchRunner = Callable[[FleetSession, Node], tuple[float | None, list[gpu.GpuReading]]]
 
 
-def bench_node(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
+def bench_after_drain(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
     """The fleet's bench straight at the node (it is out of the gateway), GPU sampled under load."""
     from spark_pipelines.resources.bench_client import run_bench
     from spark_pipelines.runbook.bench import GpuSampler, wait_idle
@@ -472,7 +467,7 @@ def bench_node(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuR
     return mean, sampler.readings
 
 
-def validate(s: FleetSession, node: Node, gw: GatewayHost, *, bench: BenchRunner = bench_node,
+def validate(s: FleetSession, node: Node, gw: GatewayHost, *, bench: BenchRunner = bench_after_drain,
              load: LoadFactory = SustainedLoad) -> Validation:
     """The runbook's post-drain validation: a post-drain capture (the lock test again, and the
     tarball that proves the drain was attempted), a bench against the node's floor, the verdict

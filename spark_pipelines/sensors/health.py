@@ -28,11 +28,15 @@ from typing import Any
 
 import dagster as dg
 
+from spark_pipelines.assets.health import QuarantineConfig, ReconcileConfig
+from spark_pipelines.assets.nodes import DeployConfig
 from spark_pipelines.core import health, healing, steps
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import reconcile, sweep
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.state import records
 
 ASSET = dg.AssetKey(steps.NODE_DEPLOYMENT)
 # The same reconcile plan is asked again only after this long (its job may have failed meanwhile).
@@ -80,12 +84,12 @@ def read_cursor(text: str | None) -> tuple[dict[str, healing.NodeMemory], dict[s
 def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | None, quarantined: str,
               figures: dict[str, float]) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "verdict": dg.MetadataValue.text(v.verdict),
-        "evidence": dg.MetadataValue.text("\n".join(v.evidence)),
-        "advice": dg.MetadataValue.text(v.advice),
-        "in_gateway": dg.MetadataValue.bool(bool(in_gateway)),
-        "quarantined": dg.MetadataValue.text(quarantined),
-        "policy": dg.MetadataValue.text(d.note),
+        keys.VERDICT: dg.MetadataValue.text(v.verdict),
+        keys.EVIDENCE: dg.MetadataValue.text("\n".join(v.evidence)),
+        keys.ADVICE: dg.MetadataValue.text(v.advice),
+        keys.IN_GATEWAY: dg.MetadataValue.bool(bool(in_gateway)),
+        keys.QUARANTINED: dg.MetadataValue.text(quarantined),
+        keys.POLICY: dg.MetadataValue.text(d.note),
     }
     for key, value in figures.items():
         meta[key] = (dg.MetadataValue.int(int(value)) if key.startswith("requests_")
@@ -93,10 +97,19 @@ def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | Non
     return meta
 
 
+# The op and its config type each action's job takes (the policies in core say only the fields).
+ACTION_CONFIG: dict[str, tuple[str, type[dg.Config]]] = {
+    steps.QUARANTINE_JOB: (steps.QUARANTINE_OP, QuarantineConfig),
+    steps.DEPLOY_JOB: (steps.DEPLOY_OP, DeployConfig),
+}
+
+
 def _request(node: str, a: healing.Action, verdict: str) -> dg.RunRequest:
     tags = {steps.REASON_TAG: f"health-{verdict}", steps.HEALTH_ACTION_TAG: a.kind}
-    op = {steps.QUARANTINE_JOB: steps.QUARANTINE_OP, steps.DEPLOY_JOB: steps.DEPLOY_OP}.get(a.job)
-    config = {"ops": {op: {"config": dict(a.config)}}} if op and a.config else None
+    config = None
+    if a.config and a.job in ACTION_CONFIG:
+        op, schema = ACTION_CONFIG[a.job]
+        config = dg.RunConfig(ops={op: schema(**a.config)})
     return dg.RunRequest(run_key=a.run_key, job_name=a.job, partition_key=node, tags=tags, run_config=config)
 
 
@@ -117,11 +130,9 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                            "deploy_node_job finishes it at once. "
                            "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
     def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
-        from spark_pipelines.doctor import bench_histories  # the one reader of a node's bench history
-
         memory, last_reconcile = read_cursor(context.cursor)
         names = [n.name for n in fleet.serve_nodes]
-        history = bench_histories(names, context.instance)
+        history = records.bench_histories(names, context.instance)
         earlier = {n: e for n in names if (e := _earlier(memory.get(n, healing.NodeMemory()).earlier, n))}
         events: list[Any] = []
         requests: list[dg.RunRequest] = []
@@ -133,7 +144,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                 view: reconcile.View | None = reconcile.read_view(s, healthy_names)
                 gateway_note = ""
             except (RunbookError, RemoteError, ValueError) as e:
-                view, gateway_note = None, f"gateway not read ({str(e).splitlines()[0][:200]}): no reconcile"
+                view, gateway_note = None, f"gateway not read ({first_line(e)[:200]}): no reconcile"
         now = time.time()
         rotation = set(view.snapshot.rotation) if view else set()
         for name, report in reports.items():
@@ -152,8 +163,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             d.memory.earlier = _remember(obs)
             memory[name] = d.memory
             meta = _metadata(v, d, name in rotation if view else None, held.summary() if held else "", figures)
-            events.append(dg.AssetObservation(asset_key=ASSET, partition=name, metadata=meta,
-                                              description=f"{v.verdict}: {d.note}"))
+            events.append(records.observation(steps.NODE_DEPLOYMENT, name, meta, f"{v.verdict}: {d.note}"))
             # Not partition=name: runless evaluations share run_id "", and a second one for the same
             # partition violates asset_check_executions' unique (asset, check, run_id, partition) in
             # Dagster 1.13. The node is in the description and the metadata instead.
@@ -183,7 +193,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                     last_reconcile = {"digest": digest, "at": int(now)}
                     requests.append(dg.RunRequest(
                         run_key=f"reconcile-{digest}-{int(now)}", job_name=steps.RECONCILE_JOB,
-                        run_config={"ops": {steps.RECONCILE_OP: {"config": plan.to_config()}}},
+                        run_config=dg.RunConfig(ops={steps.RECONCILE_OP: ReconcileConfig(**plan.to_config())}),
                         tags={steps.REASON_TAG: "health-reconcile"}))
         else:
             said.append(gateway_note)

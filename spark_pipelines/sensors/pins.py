@@ -21,22 +21,10 @@ import dagster as dg
 from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.core import steps
+from spark_pipelines.state import records
 
 UNPARTITIONED = steps.BUILD_STEPS
 PER_NODE = steps.NODE_STEPS
-# The tag Dagster writes on every materialization of an asset that declares a code version.
-CODE_VERSION_TAG = "dagster/code_version"
-
-
-def recorded_code_version(instance: dg.DagsterInstance, step: str, partition: str | None = None) -> str | None:
-    """The code version of the latest materialization of `step` (of one node), None if never built."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(step), asset_partitions=[partition] if partition else None),
-        limit=1,
-    ).records
-    if not records or records[0].asset_materialization is None:
-        return None
-    return records[0].asset_materialization.tags.get(CODE_VERSION_TAG)
 
 
 def stale_steps(instance: dg.DagsterInstance, loaded: dict[str, str],
@@ -44,11 +32,11 @@ def stale_steps(instance: dg.DagsterInstance, loaded: dict[str, str],
     """(unpartitioned steps, node -> node steps) whose recorded code version differs from the
     loaded one. A step never materialized is not stale: the first build is the operator's."""
     def stale(step: str, partition: str | None = None) -> bool:
-        return recorded_code_version(instance, step, partition) not in (None, loaded[step])
+        return records.recorded_code_version(instance, step, partition) not in (None, loaded[step])
 
     build = [s for s in UNPARTITIONED if stale(s)]
     nodes = {n.name: [s for s in PER_NODE if stale(s, n.name)] for n in fleet.serve_nodes}
-    return build, {name: steps for name, steps in nodes.items() if steps}
+    return build, {name: stale_ones for name, stale_ones in nodes.items() if stale_ones}
 
 
 RELOAD_NOTE = "the fleet file changed since the code location loaded: reload it (UI Reload) to apply the edit"
@@ -86,7 +74,7 @@ def pins_sensors(fleet: Fleet, fleet_path: str, jobs: Sequence[Any] = ()) -> dg.
             # rollout (canary, waves, rollback), never as a deploy per node at once. The run key
             # holds the code versions: a rollout that stopped on a gate is not retried blindly.
             key = "-".join(f"{s}:{loaded[s]}" for s in PER_NODE)
-            stale = sorted({s for steps in nodes.values() for s in steps}, key=PER_NODE.index)
+            stale = sorted({s for node_steps in nodes.values() for s in node_steps}, key=PER_NODE.index)
             requests.append(dg.RunRequest(run_key=f"rollout-{key}", job_name=steps.ROLLOUT_JOB,
                                           tags={steps.PINS_TAG: ",".join(stale), steps.NODES_TAG: ",".join(nodes)}))
         if requests:

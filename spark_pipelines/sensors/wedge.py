@@ -17,6 +17,7 @@ import dagster as dg
 
 from spark_pipelines.core import gpu, steps
 from spark_pipelines.core.diagnosis import METRIC_RUNNING
+from spark_pipelines.core.errors import first_line
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH, RemoteError
@@ -33,7 +34,7 @@ def judge(s: FleetSession, node: str) -> gpu.GpuVerdict:
     try:
         return gpu.classify(read_gpu(s, node, timeout=sweep.GPU_TIMEOUT_S), under_load=True)
     except (RemoteError, gpu.GpuFormatError) as e:
-        return gpu.GpuVerdict(state="unknown", reasons=[f"nvidia-smi not read ({e})"])
+        return gpu.GpuVerdict(state="unknown", reasons=[f"nvidia-smi not read ({first_line(e)})"])
 
 
 def _episode(raw: Any) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def wedge_sensors(fleet: Fleet) -> dg.Definitions:
                 try:
                     rotation = set(GatewayHost(s).rotation())
                 except RemoteError as e:
-                    return dg.SensorResult(skip_reason=f"gateway config unreadable: {e}", cursor=context.cursor)
+                    return dg.SensorResult(skip_reason=f"gateway config unreadable: {first_line(e)}", cursor=context.cursor)
                 for name, running in busy.items():
                     if name not in rotation:
                         episodes.pop(name, None)

@@ -371,6 +371,14 @@ def test_wedge_watch_requests_the_capture_for_a_node_wedged_under_live_traffic(c
     worker = threading.Thread(target=traffic, daemon=True)
     worker.start()
     try:
+        # The tick judges only under live requests: wait until vLLM reports the first one running
+        # (the sensor's /metrics read can otherwise beat the traffic thread's first request).
+        from spark_pipelines.core.diagnosis import METRIC_RUNNING
+        from spark_pipelines.core.polling import poll_until
+        from spark_pipelines.resources.engine import engine_metrics
+
+        assert poll_until(lambda: (engine_metrics(fleet, fleet.node("spark2")) or {}).get(METRIC_RUNNING, 0),
+                          bool, timeout_s=30, every_s=0.2).done
         first = tick(idle.cursor)
         assert not first.run_requests and "spark2: wedged" in first.skip_reason.skip_message
         second = tick(first.cursor)

@@ -6,11 +6,11 @@ import pytest
 
 from spark_pipelines.assets import retry_unreachable
 from spark_pipelines.core.fleet import FleetError, parse_fleet
-from spark_pipelines.core.fleet_settings import SshSettings
+from spark_pipelines.core.fleet_settings import StepRetrySettings
 from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError, RemoteCommandError
 
 
-def attempts_of(settings: SshSettings, failures: list[Exception], generator: bool = False):
+def attempts_of(settings: StepRetrySettings, failures: list[Exception], generator: bool = False):
     """Materialize one asset whose body raises failures[0], failures[1], ... then succeeds."""
     calls: list[int] = []
 
@@ -34,13 +34,13 @@ def attempts_of(settings: SshSettings, failures: list[Exception], generator: boo
 
 @pytest.mark.parametrize("generator", [False, True])
 def test_connect_failures_are_retried_with_doubling_backoff(generator):
-    ok, calls, waits = attempts_of(SshSettings(connect_retries=2, connect_backoff_s=1),
+    ok, calls, waits = attempts_of(StepRetrySettings(connect_retries=2, connect_backoff_s=1),
                                    [NodeConnectError("spark2: connection refused")] * 2, generator)
     assert ok and calls == [0, 1, 2] and waits == [1, 2]
 
 
 def test_retries_end_with_the_connect_error():
-    ok, calls, waits = attempts_of(SshSettings(connect_retries=1, connect_backoff_s=1),
+    ok, calls, waits = attempts_of(StepRetrySettings(connect_retries=1, connect_backoff_s=1),
                                    [NodeConnectError("spark2: connection refused")] * 3)
     assert not ok and calls == [0, 1] and waits == [1]
 
@@ -48,17 +48,17 @@ def test_retries_end_with_the_connect_error():
 @pytest.mark.parametrize("error", [HostKeyError("spark2: host key mismatch"),
                                    RemoteCommandError("spark2", "docker run ...", 1, "launch failed")])
 def test_host_key_mismatch_and_failures_after_connecting_are_never_retried(error):
-    ok, calls, waits = attempts_of(SshSettings(connect_retries=3, connect_backoff_s=1), [error])
+    ok, calls, waits = attempts_of(StepRetrySettings(connect_retries=3, connect_backoff_s=1), [error])
     assert not ok and calls == [0] and waits == []
 
 
 def test_retries_off_fails_at_once():
-    ok, calls, waits = attempts_of(SshSettings(connect_retries=0), [NodeConnectError("spark2: no route")])
+    ok, calls, waits = attempts_of(StepRetrySettings(connect_retries=0), [NodeConnectError("spark2: no route")])
     assert not ok and calls == [0] and waits == []
 
 
 def test_fleet_file_ssh_settings(seed_data):
-    assert parse_fleet(seed_data, "f.yaml").ssh == SshSettings(connect_retries=2, connect_backoff_s=20)
+    assert parse_fleet(seed_data, "f.yaml").ssh == StepRetrySettings(connect_retries=2, connect_backoff_s=20)
     seed_data["ssh"] = {"connect_retries": -1}
     with pytest.raises(FleetError, match="ssh.connect_retries"):
         parse_fleet(seed_data, "f.yaml")

@@ -86,7 +86,7 @@ def test_bench_history_comes_from_the_instances_bench_results(tmp_path):
     import dagster as dg
 
     from spark_pipelines.core.health import BenchHistory
-    from spark_pipelines.doctor import bench_histories
+    from spark_pipelines.state.records import bench_histories
 
     with dg.DagsterInstance.local_temp(str(tmp_path)) as instance:
         for node, mean, rate, gpu_state in (("spark1", 51.2, 0.95, "healthy"), ("spark1", 0.0, None, "unknown"),
@@ -105,7 +105,7 @@ def test_bench_history_comes_from_the_instances_bench_results(tmp_path):
 
 
 def test_no_dagster_home_no_history(monkeypatch):
-    from spark_pipelines.doctor import bench_histories
+    from spark_pipelines.state.records import bench_histories
 
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     assert bench_histories(["spark1"]) == {}

@@ -2,7 +2,8 @@
 
 import pytest
 
-from spark_pipelines.assets.experiments import Variant, comparison_md, variant_fleet
+from spark_pipelines.assets.experiments import Variant
+from spark_pipelines.runbook.experiment import comparison_md, variant_fleet
 from spark_pipelines.core.launch import docker_run_argv
 from spark_pipelines.core.fleet import FleetError, load_fleet
 

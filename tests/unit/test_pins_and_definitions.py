@@ -43,7 +43,7 @@ def test_definitions_shape():
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == {"base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image",
                     "node_artifacts", "artifact_distribution", "node_deployment", "jit_cache", "gateway",
-                    "bench_results", "wedge_evidence", "cold_drain", "fleet_summary", "fleet_rollout"}
+                    "bench_results", "wedge_evidence", "cold_drain", "fleet_summary", "fleet_rollout", "fleet_adoption"}
     node = repo.asset_graph.get(__import__("dagster").AssetKey("node_deployment"))
     assert node.partitions_def.get_partition_keys() == ["spark1", "spark2"]
     cv = code_versions(load_fleet("fleets/seed.yaml"))

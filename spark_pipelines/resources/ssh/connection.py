@@ -44,7 +44,10 @@ class SshSettings(dg.Config):
     keepalive_s: float = Field(default=15.0, gt=0, description="ask for an answer after this long without bytes")
     dead_peer_s: float = Field(default=90.0, gt=0, description="no bytes for this long: the node is unresponsive")
     sftp_timeout_s: float = Field(default=60.0, gt=0, description="one SFTP request (open, stat, read, write)")
-    connect_retries: int = Field(default=3, ge=0)
+    # Retries within one connect (refused, reset, timed out: nothing ran yet), after retry_backoff_s
+    # doubling. A step that still cannot connect is then retried whole by Dagster, per the fleet
+    # file's ssh.connect_retries (core.fleet_settings.StepRetrySettings): two levels, two classes.
+    connect_retries: int = Field(default=3, ge=0, description="retries within one connect, before it fails")
     retry_backoff_s: float = Field(default=1.0, ge=0)
     trust_unknown_host_keys: bool = Field(
         default=False, description="accept and pin unknown host keys (logged as a warning); off = refuse"

@@ -27,6 +27,7 @@ import paramiko
 from spark_pipelines.core import remote
 from spark_pipelines.core.fleet import Fleet, Gateway, Node, SshTarget
 from spark_pipelines.core.launch import expand_home
+from spark_pipelines.core.errors import first_line
 from spark_pipelines.resources.ssh.connection import Connection, SshSettings, connect
 from spark_pipelines.resources.ssh.errors import (
     NodeUnresponsive,
@@ -310,7 +311,7 @@ class FleetSession(NodeFiles):
             finally:
                 chan.close()
         except BaseException as e:
-            footer = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            footer = first_line(e)
             raise
         finally:
             seconds = time.monotonic() - started

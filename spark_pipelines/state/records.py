@@ -1,0 +1,287 @@
+"""The Dagster instance, read and written from one place.
+
+Every materialization recorded outside an asset's own output (a rollout's deploys and benches,
+an adopted step), every observation, and every read of what the steps recorded (the bench
+history, the fleet summary's facts, the code version the pins sensor compares, the demo's table)
+goes through here, with the metadata keys of core/record_keys.py.
+
+A step recorded here carries what Dagster writes on an asset's own output: its code version,
+its data version and its inputs' data versions and event pointers. Without them the pins sensor
+reads "never materialized" and the UI's staleness has nothing to compare, so a launch-profile
+change after a rollout would go unseen.
+
+Dagster-side: assets, sensors, schedules and the faces import this; runbook/ and below never do.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.data_version import (  # the tags Dagster itself writes on an output
+    CODE_VERSION_TAG,
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+    DEFAULT_DATA_VERSION,
+    NULL_EVENT_POINTER,
+    compute_logical_data_version,
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
+
+from spark_pipelines.core import baseline, health, steps, summary
+from spark_pipelines.core import record_keys as keys
+from spark_pipelines.core.fleet import Fleet
+
+Where = dg.AssetExecutionContext | dg.OpExecutionContext | dg.DagsterInstance
+Record = dg.EventLogRecord
+
+# A step's upstream steps, as the asset graph declares them (tests/unit/test_records.py holds
+# these against the definitions): the provenance a recorded deploy or bench carries.
+DEPLOY_INPUTS = (steps.NODE_ARTIFACTS,)  # per node
+BENCH_INPUTS = (steps.NODE_DEPLOYMENT, steps.GATEWAY)  # per node, and the fleet's one gateway
+PER_NODE = frozenset({steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.JIT_CACHE, steps.BENCH_RESULTS})
+
+BENCH_HISTORY_LIMIT = 20
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+def _instance(where: Where) -> dg.DagsterInstance:
+    return where if isinstance(where, dg.DagsterInstance) else where.instance
+
+
+def _emit(where: Where, event: dg.AssetMaterialization | dg.AssetObservation) -> None:
+    if isinstance(where, dg.DagsterInstance):
+        where.report_runless_asset_event(event)
+    else:
+        where.log_event(event)
+
+
+def provenance_tags(instance: dg.DagsterInstance, code_version: str, data_version: str | None,
+                    inputs: Mapping[str, str | None]) -> dict[str, str]:
+    """The tags Dagster writes on an asset output: code version, each input's data version and
+    event pointer (its latest materialization for that partition), and the data version (given,
+    or derived from the code version and the inputs' versions as Dagster derives it)."""
+    tags: dict[str, str] = {CODE_VERSION_TAG: code_version}
+    versions: dict[dg.AssetKey, dg.DataVersion] = {}
+    for asset, partition in inputs.items():
+        key = dg.AssetKey(asset)
+        rec = latest(instance, asset, partition)
+        mat = rec.asset_materialization if rec else None
+        version = dg.DataVersion(mat.tags[DATA_VERSION_TAG]) if mat and mat.tags and DATA_VERSION_TAG in mat.tags \
+            else DEFAULT_DATA_VERSION
+        versions[key] = version
+        tags[get_input_data_version_tag(key)] = version.value
+        tags[get_input_event_pointer_tag(key)] = str(rec.storage_id) if rec else NULL_EVENT_POINTER
+    if data_version is None:
+        tags[DATA_VERSION_TAG] = compute_logical_data_version(code_version, versions).value
+    else:
+        tags[DATA_VERSION_TAG] = data_version
+        tags[DATA_VERSION_IS_USER_PROVIDED_TAG] = "true"
+    return tags
+
+
+def record_step(where: Where, asset: str, partition: str | None, code_version: str, data_version: str | None,
+                metadata: Mapping[str, Any], description: str | None = None, *,
+                inputs: Mapping[str, str | None] | None = None) -> dg.AssetMaterialization:
+    """Record `asset` (of `partition`) as materialized by a step that ran outside the asset (a
+    rollout's deploy, an adopted step): a materialization carrying the code version, the data
+    version (None: derived from the code version and the inputs) and the provenance of `inputs`
+    ({upstream asset: its partition, None when unpartitioned}), so the pins sensor and the UI's
+    staleness read it exactly as an output of the asset. Logged in the run of `where` (a step's
+    context), or runless on an instance. Returns what was recorded."""
+    tags = provenance_tags(_instance(where), code_version, data_version, inputs or {})
+    mat = dg.AssetMaterialization(asset, partition=partition, metadata=dict(metadata), description=description,
+                                  tags=tags)
+    _emit(where, mat)
+    return mat
+
+
+def record_deploy(where: Where, node: str, code_version: str, data_version: str, metadata: Mapping[str, Any],
+                  description: str | None = None) -> dg.AssetMaterialization:
+    """A node's deploy on node_deployment (a rollout's; node_deployment's own run records its
+    output through Dagster, with the same tags)."""
+    return record_step(where, steps.NODE_DEPLOYMENT, node, code_version, data_version, metadata, description,
+                       inputs=_inputs(DEPLOY_INPUTS, node))
+
+
+def record_bench(where: Where, node: str, code_version: str, metadata: Mapping[str, Any],
+                 data_version: str | None = None, description: str | None = None) -> dg.AssetMaterialization:
+    """A node's bench on bench_results (a rollout's bench gate); the data version, as for the
+    asset's own output, is derived from its code version and its inputs unless given."""
+    return record_step(where, steps.BENCH_RESULTS, node, code_version, data_version, metadata, description,
+                       inputs=_inputs(BENCH_INPUTS, node))
+
+
+def _inputs(assets: tuple[str, ...], node: str) -> dict[str, str | None]:
+    return {a: node if a in PER_NODE else None for a in assets}
+
+
+def observation(asset: str, partition: str | None, metadata: Mapping[str, Any],
+                description: str | None = None) -> dg.AssetObservation:
+    """What happened to an asset without a new materialization (a health sweep's verdict, a drain)."""
+    return dg.AssetObservation(asset_key=asset, partition=partition, metadata=dict(metadata), description=description)
+
+
+def observe(where: Where, asset: str, partition: str | None, metadata: Mapping[str, Any],
+            description: str | None = None) -> None:
+    _emit(where, observation(asset, partition, metadata, description))
+
+
+def record_experiment(where: Where, node: str, metadata: Mapping[str, Any], description: str) -> None:
+    """An A/B experiment's comparison, under ab_experiments/<node> (no step of the chain)."""
+    _emit(where, dg.AssetMaterialization(asset_key=dg.AssetKey([steps.AB_EXPERIMENTS, node]),
+                                         description=description, metadata=dict(metadata)))
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+def latest(instance: dg.DagsterInstance, asset: str, partition: str | None = None,
+           observation: bool = False) -> Record | None:
+    """The newest materialization (or observation) of `asset` for `partition`, or None."""
+    flt = dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None)
+    fetch = instance.fetch_observations if observation else instance.fetch_materializations
+    records = fetch(flt, limit=1).records
+    return records[0] if records else None
+
+
+def values(event: Any) -> dict[str, Any]:
+    """An event's metadata as plain values."""
+    return {k: v.value for k, v in event.metadata.items()} if event is not None else {}
+
+
+def latest_metadata(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> dict[str, Any]:
+    """The newest materialization's metadata as plain values; {} when never materialized."""
+    rec = latest(instance, asset, partition)
+    return values(rec.asset_materialization) if rec else {}
+
+
+def recorded_code_version(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> str | None:
+    """The code version of the newest materialization of `asset` (of one node), None if never built."""
+    rec = latest(instance, asset, partition)
+    if rec is None or rec.asset_materialization is None:
+        return None
+    return (rec.asset_materialization.tags or {}).get(CODE_VERSION_TAG)
+
+
+def bench_records(instance: dg.DagsterInstance, node: str, limit: int = 50) -> list[Record]:
+    """The node's bench materializations, newest first."""
+    return list(instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(steps.BENCH_RESULTS), asset_partitions=[node]), limit=limit
+    ).records)
+
+
+def bench_points(instance: dg.DagsterInstance, node: str) -> list[tuple[float, float]]:
+    """(when, mean tok/s) of the node's benches that measured something, newest first."""
+    points = []
+    for rec in bench_records(instance, node):
+        mean = values(rec.asset_materialization).get(keys.MEAN_TOK_S)
+        if mean is not None and float(mean) > 0:
+            points.append((rec.timestamp, float(mean)))
+    return points
+
+
+def recorded_benches(instance: dg.DagsterInstance, node: str, limit: int = 20) -> list[baseline.BenchRecord]:
+    """The node's benches as they recorded what makes them comparable (bench_record), newest first."""
+    out = []
+    for r in bench_records(instance, node, limit=limit):
+        v = r.asset_materialization.metadata.get(keys.BENCH_RECORD) if r.asset_materialization else None
+        if v is not None and isinstance(v.value, dict):
+            out.append(baseline.BenchRecord.from_dict(v.value))
+    return out
+
+
+def bench_histories(names: list[str], instance: dg.DagsterInstance | None = None) -> dict[str, health.BenchHistory]:
+    """The nodes' last benches, oldest first, for the health verdicts (`regressed`). Without an
+    instance, the one in DAGSTER_HOME when set; {} when there is none to read: a missing history
+    only means `regressed` cannot be judged."""
+    if instance is None:
+        if not os.environ.get("DAGSTER_HOME"):
+            return {}
+        try:
+            instance = dg.DagsterInstance.get()
+        except Exception:  # an unusable DAGSTER_HOME must not stop the sweep
+            return {}
+    out: dict[str, health.BenchHistory] = {}
+    for name in names:
+        tok_s: list[float] = []
+        acceptance: list[float] = []
+        latest_gpu = None
+        for rec in reversed(bench_records(instance, name, limit=BENCH_HISTORY_LIMIT)):  # newest first stored
+            meta = values(rec.asset_materialization)
+            mean = meta.get(keys.MEAN_TOK_S)
+            if mean is None or not float(mean):
+                continue  # a bench that measured nothing is not a point of the history
+            tok_s.append(float(mean))
+            rate = meta.get(keys.SPEC_ACCEPTANCE_RATE)
+            if rate is not None:
+                acceptance.append(float(rate))
+            state = meta.get(keys.GPU_UNDER_LOAD)
+            latest_gpu = None if state is None else str(state)
+        if tok_s:
+            out[name] = health.BenchHistory(tuple(tok_s), tuple(acceptance) if len(acceptance) == len(tok_s)
+                                            else (), latest_gpu)
+    return out
+
+
+def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
+    """The gateway's rotation as of its newest event: its materialization or a bench's observation."""
+    recs = [r for r in (latest(instance, steps.GATEWAY), latest(instance, steps.GATEWAY, observation=True)) if r]
+    if not recs:
+        return summary.Rotation()
+    rec = max(recs, key=lambda r: r.storage_id)
+    meta = values(rec.asset_materialization or rec.event_log_entry.asset_observation)
+    nodes = [n.strip() for n in str(meta.get(keys.ROTATION) or "").split(",") if n.strip()]
+    left = meta.get(keys.LEFT_OUT_BY_NODE)
+    return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True)
+
+
+def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> dict[str, Any] | None:
+    """The newest sweep's verdict and evidence, with the newest quarantine state over it: a
+    quarantine or release observation (no verdict of its own) must not blank the health column."""
+    records = instance.fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
+    seen = [values(r.event_log_entry.asset_observation) for r in records]
+    if not seen:
+        return None
+    swept = next((v for v in seen if keys.VERDICT in v), {})
+    return {**swept, **{k: seen[0][k] for k in (keys.QUARANTINED,) if k in seen[0]}}
+
+
+def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
+    """Each serve node's latest recorded facts, as core/summary.py decides a row from them."""
+    facts = []
+    for node in fleet.serve_nodes:
+        dep = latest(instance, steps.NODE_DEPLOYMENT, node.name)
+        art = latest(instance, steps.NODE_ARTIFACTS, node.name)
+        bench = latest(instance, steps.BENCH_RESULTS, node.name)
+        facts.append(summary.NodeFacts(
+            node=node.name,
+            deployment=values(dep.asset_materialization) if dep else None,
+            deployed_at=dep.timestamp if dep else None,
+            artifacts=values(art.asset_materialization) if art else None,
+            bench=values(bench.asset_materialization) if bench else None,
+            benched_at=bench.timestamp if bench else None,
+            health=latest_health(instance, node.name),
+            floor_tok_s=fleet.bench_floor(node),
+            reference_tok_s=fleet.bench.reference_tok_s,
+        ))
+    return facts
+
+
+# The observations that change a fleet summary row without any materialization.
+OBSERVED = (steps.NODE_DEPLOYMENT, steps.GATEWAY)
+
+
+def newest_observation_id(instance: dg.DagsterInstance, after: int | None) -> int | None:
+    """The storage id of the newest observation on node_deployment or gateway after `after`."""
+    newest = None
+    for asset in OBSERVED:
+        recs = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), after_storage_id=after),
+                                           limit=1).records
+        if recs and (newest is None or recs[0].storage_id > newest):
+            newest = recs[0].storage_id
+    return newest
