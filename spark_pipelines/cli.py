@@ -1,6 +1,7 @@
 """`spark-pipelines`: the same core as the Dagster assets, for a terminal.
 
-plan   what a deploy would do, touching nothing
+plan   what a deploy would do, touching nothing (--live: what the chain would do to the live fleet)
+adopt  first contact with a fleet built by hand: adopt what serves, change nothing (--check: only say)
 sim    the simulated GB10 fleet (up | down | status | set)
 bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from spark_pipelines.core import gateway as gateway_core
@@ -127,15 +130,39 @@ def render_plan_text(plan: dict[str, Any]) -> str:
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--fleet", default=DEFAULT_FLEET)
-    ap.add_argument("--node")
+    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET),
+                    help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    ap.add_argument("--node", help="one node (default: every serve node)")
+    ap.add_argument("--live", action="store_true",
+                    help="also read the live fleet and say per node and step what the chain would do "
+                         "(skip / adopt / build / relaunch / differs, and why); reads only")
     ap.add_argument("--format", choices=["text", "json"], default="text")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     fleet = load_fleet(args.fleet)
     plan = build_plan(fleet, args.node)
-    print(json.dumps(plan, indent=2) if args.format == "json" else render_plan_text(plan))
+    live = None
+    if args.live:
+        from spark_pipelines import adopt_command
+
+        try:
+            live = adopt_command.check(args.fleet, [args.node] if args.node else None)
+        except adopt_command.Unreachable as e:
+            print(f"spark-pipelines plan --live: {e}", file=sys.stderr)
+            return 1
+    if args.format == "json":
+        if live is not None:
+            plan["live"] = [f.to_dict() for f in live]
+        print(json.dumps(plan, indent=2))
+    else:
+        print(f"# fleet file: {Path(args.fleet).resolve()}")
+        print(render_plan_text(plan))
+        if live is not None:
+            from spark_pipelines.core.adoption import render_text
+
+            print("\n== live: what the chain would do to the fleet as it runs now (nothing was changed)")
+            print(render_text(live))
     return 0
 
 
@@ -153,7 +180,7 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import bench_command, demo, doctor
+    from spark_pipelines import adopt_command, bench_command, demo, doctor
     from spark_pipelines.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
@@ -161,6 +188,10 @@ def parser() -> Parser:
     plan = sub.add_parser("plan", help="what a deploy would do", description="render what a deploy would do, touching nothing")
     add_plan_arguments(plan)
     plan.set_defaults(run=cmd_plan)
+    adopt = sub.add_parser("adopt", help="first contact: adopt a fleet built by hand, change nothing",
+                           description=adopt_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    adopt_command.add_arguments(adopt)
+    adopt.set_defaults(run=adopt_command.adopt_run)
     bench = sub.add_parser("bench", help="the bench harness", description="Run the runbook's bench suite.")
     bench_command.add_arguments(bench)
     bench.set_defaults(run=bench_command.bench_run)

@@ -91,12 +91,13 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
         findings = adopt_fleet(s, cv, check=config.check, nodes=config.nodes or None, hub=hub,
                                gw=litellm.host(), run_id=context.run.run_id, log=context.log)
         recorded = [] if config.check else [f"{f.step}[{f.node}]" for f in findings if record(context, cv, f)]
-        gw_found = next(f for f in findings if f.step == steps.GATEWAY)
-        if not config.check and gw_found.action in (core.ADOPT, core.CURRENT):
+        gw_found = next((f for f in findings if f.step == steps.GATEWAY), None)
+        if not config.check and gw_found is not None and gw_found.action in (core.ADOPT, core.CURRENT):
             # As the gateway step records the config it leaves (its data version is the config's digest).
             records.record_step(context, steps.GATEWAY, None, cv[steps.GATEWAY],
                                 markers.signature(litellm.host().read().config), {"adopted": True, "found": gw_found.why},
-                                description=f"adopted from the live fleet: {gw_found.why}")
+                                description=f"adopted from the live fleet: {gw_found.why}",
+                                inputs={steps.NODE_DEPLOYMENT: None})  # as Dagster records a dep on every node
             recorded.append(steps.GATEWAY)
         meta: dict[str, Any] = {
             "check": config.check,

@@ -72,14 +72,16 @@ class _Http1Pool:
         self.host_header = netloc
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
-    async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        while self.idle:
+    async def acquire(self, fresh: bool = False) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """A connection and whether it was reused (a reused one may have been closed idle)."""
+        while self.idle and not fresh:
             reader, writer = self.idle.pop()
             if not reader.at_eof() and not writer.is_closing():
-                return reader, writer
+                return reader, writer, True
             writer.close()
-        return await asyncio.open_connection(self.host, self.port, ssl=self.ssl or None,
-                                             limit=1 << 20)
+        reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.ssl or None,
+                                                       limit=1 << 20)
+        return reader, writer, False
 
     def release(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], reuse: bool) -> None:
         if reuse:
@@ -120,10 +122,24 @@ async def _stream_one(
     reusable = False
     try:
         async with asyncio.timeout(timeout_s):
-            conn = await pool.acquire()
-            reader, writer = conn
-            writer.write(pool.request_head(payload, headers) + payload)
-            status_line = await reader.readline()
+            for attempt in (1, 2):
+                reader, writer, reused = await pool.acquire(fresh=attempt == 2)
+                conn = reader, writer
+                try:
+                    writer.write(pool.request_head(payload, headers) + payload)
+                    status_line = await reader.readline()
+                except ConnectionError:
+                    status_line = b""
+                    if not reused:
+                        raise
+                if status_line or not reused:
+                    break
+                # The server closed this kept-alive connection while it sat idle (uvicorn's
+                # keep-alive timeout is 5 s) before reading the request: send it again on a
+                # new connection, as HTTP clients do. A fresh connection that closes is an error.
+                pool.release(conn, False)
+                conn = None
+                started = clock()
             if not status_line:
                 raise ConnectionError("server closed the connection without answering")
             status = int(status_line.split(b" ", 2)[1])

@@ -29,7 +29,9 @@ from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core.adoption import Finding
 from spark_pipelines.core.errors import first_line
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, launch_spec
+from spark_pipelines.core.launch import (CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, expand_home,
+                                         launch_spec)
+from spark_pipelines.core.layout import STATE_DIR
 from spark_pipelines.core.remote import PROBE_TIMEOUT_S
 from spark_pipelines.core.steps import GATEWAY, JIT_CACHE, MTP_WEIGHTS, NODE_ARTIFACTS, NODE_DEPLOYMENT, SERVING_IMAGE
 from spark_pipelines.resources import engine
@@ -143,13 +145,24 @@ def adopt_jit_cache(s: FleetSession, node: Node, *, checkpoint: str | None, chec
             done.append((st.path, slot))
             s.run(node.name, ["ln", "-s", "--", posixpath.basename(slot), st.path], log=False, timeout=PROBE_TIMEOUT_S)
             if healthy:
-                s.run(node.name, ["touch", posixpath.join(slot, jit_core.SEALED)], log=False, timeout=PROBE_TIMEOUT_S)
+                _seal(s, node.name, slot, str(container.get("Image")))
     except BaseException as e:
         undone = _put_back(s, node.name, done)
         if isinstance(e, Exception):
             return Finding(node.name, JIT, core.DIFFERS, f"adopting the cache failed ({first_line(e)}); {undone}")
         raise
     return Finding(node.name, JIT, core.ADOPT, what, facts={"key": key})
+
+
+def _seal(s: FleetSession, n: str, slot: str, image: str) -> None:
+    """Mark a slot sealed. A hand-made cache folder is root's (docker made it for the bind mount and
+    the container wrote into it): then the mark is written as root in a throwaway container of the
+    image that runs there (no network), as the wipe of stale slots is."""
+    mark = posixpath.join(slot, jit_core.SEALED)
+    if s.run(n, ["touch", mark], check=False, log=False, timeout=PROBE_TIMEOUT_S).ok:
+        return
+    s.run(n, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "touch", "-v", f"{slot}:/jit", image,
+              f"/jit/{jit_core.SEALED}"], log=False, timeout=jit_cache.WIPE_TIMEOUT_S)
 
 
 def _put_back(s: FleetSession, n: str, done: list[tuple[str, str]]) -> str:
@@ -184,12 +197,36 @@ def adopt_gateway(s: FleetSession, *, check: bool, gw: GatewayHost | None = None
     return Finding(GATEWAY, GATEWAY, core.CURRENT, "every route to a fleet node is spark-pipelines' own", lines)
 
 
+# The state folder's nearest existing ancestor must be the node user's to write: dockerd creates a
+# bind mount's missing host folders as root, so a first `docker run -v ~/.cache/vllm:...` on a fresh
+# home leaves ~/.cache root's and no marker could be written there.
+_WRITABLE = 'd=$1; while [ ! -e "$d" ]; do d=$(dirname "$d"); done; [ -w "$d" ] && echo ok || echo "$d"'
+
+
+def state_unwritable(s: FleetSession, node: Node) -> Finding | None:
+    """Why spark-pipelines could not record its state on the node (None: it can)."""
+    state = expand_home(STATE_DIR, node.home_dir)
+    out = s.run(node.name, ["sh", "-c", _WRITABLE, "state-writable", state], log=False,
+                timeout=PROBE_TIMEOUT_S).stdout.strip()
+    if out == "ok":
+        return None
+    return Finding(node.name, "state", core.DIFFERS,
+                   f"{out} is not writable by {node.user} (docker created it as root for a cache mount): run "
+                   f"`sudo chown {node.user}: {out}` on {node.name}, then adopt again; nothing was recorded there")
+
+
 def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: bool, nodes: Sequence[str] | None = None,
                 hub: Any = None, gw: GatewayHost | None = None, run_id: str = "", log: Any = None) -> list[Finding]:
     """Every step of the chain against the live fleet, build host first (its verified checkpoint and
     image are what each node is compared with), then each serve node under its lease, one at a
     time, then the gateway's routes. `check`: say what would be done, write nothing."""
     say = log.info if log is not None else (lambda _line: None)
+    blocked = [f for f in (state_unwritable(s, n) for n in {s.fleet.build_node.name: s.fleet.build_node,
+                                                             **{n.name: n for n in _targets(s, nodes)}}.values()) if f]
+    if blocked:  # nothing is adopted on a fleet where the record of it could not be kept
+        for f in blocked:
+            say(f"[{f.node}] {f.why}")
+        return blocked
     findings = adopt_build_host(s, code_versions, check=check, hub=hub)
     for f in findings:
         say(f"[{f.node}] {f.step}: {f.action}: {f.why}")

@@ -149,7 +149,7 @@ def test_wedge_watch_requests_the_capture_and_the_capture_quarantines(fleet_file
             gw = gateway(s)
             # The REAL proxy no longer routes to spark2 (its /model/info), and the config says why.
             assert "spark2" not in gw.serving_nodes() and "spark1" in gw.serving_nodes()
-            assert "spark2" in gw.read().drains and gw.read().drains["spark2"].startswith("wedged: ")
+            assert "spark2" in gw.read().drains and "quarantined (wedged)" in gw.read().drains["spark2"]
             held = ledger.read(s).entry("spark2").quarantine
             tarball = s.read_bytes("spark1", meta["tarball"])  # on the build host, off the node
         assert held is not None and held.verdict == "wedged" and "708 MHz" in held.reason

@@ -24,14 +24,20 @@ import httpx
 import pytest
 import yaml
 
-from spark_pipelines.core.adoption import ADOPT, CURRENT
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.loader import LoadingContextForTest
+
+from spark_pipelines import cli
+from spark_pipelines.core.adoption import ADOPT, CURRENT, DIFFERS
+from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.ssh import FleetSession, read_command_log
 from spark_pipelines.runbook.adoption_build import adopt_build_host, adopt_node_artifacts, asset_value
-from spark_sim.hand import build_by_hand, spark_pipelines_traces
+from spark_sim.hand import Hand, build_by_hand, quick_relaunch_script, spark_pipelines_traces, wait_healthy
+from spark_sim.traffic import Streams
 from tests.e2e.test_chain import is_heavy
 from tests.plugins.distribution import sim_fleet_of
 
@@ -145,38 +151,203 @@ def test_check_mode_writes_nothing_and_would_adopt_everything(hand):
     print(f"adopt --check (build host + 2 node copies): {seconds:.1f} s")
 
 
-def test_adopted_build_host_skips_every_step_and_copies_nothing(hand):
-    sim, built = hand["sim"], hand["built"]
-    by, nodes = adopt(hand, check=False)
-    assert {s: f.action for s, f in by.items()} == {s: ADOPT for s in BUILD_STEPS}
-    assert nodes["spark2"].action == ADOPT
-    # spark2 got the build host's manifest file beside its copy, byte for byte (as a copy brings it).
-    assert ((checkpoint_dir(sim, "spark2") / MANIFEST_NAME).read_bytes()
-            == (checkpoint_dir(sim, "spark1") / MANIFEST_NAME).read_bytes())
-    again, nodes = adopt(hand, check=True)
-    assert {s: f.action for s, f in again.items()} == {s: CURRENT for s in BUILD_STEPS}
-    assert nodes["spark2"].action == CURRENT
+class Traffic:
+    """Clients streaming through the hand-built gateway for the whole of a block, one new stream
+    every `every_s`: how many were sent, how many failed, which node served each."""
 
+    def __init__(self, hand, every_s: float = 0.4):
+        sim = hand["sim"]
+        node_of = {f"http://{m.ip}:8000": m.name for m in sim.nodes}
+        self.streams = Streams(f"http://{sim.gateway.ip}:4000", os.environ["LITELLM_MASTER_KEY"], node_of,
+                               max_tokens=48, timeout_s=120)
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.streams.add(1)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.streams.wait(180)
+
+    @property
+    def failed(self) -> list[str]:
+        return [f"{s.node}: {s.error}" for s in self.streams.results if s.dropped]
+
+
+def not_checkpoint_heavy(hand, since: int) -> list[str]:
+    """Heavy commands but the JIT cache's back-up (an rsync of compiled kernels to the build host's
+    archive, which the chain's jit_cache step makes once per key): no rebuild, no copy of the
+    checkpoint or the image, no docker run."""
+    return [c for c in heavy_since(hand, since) if ".jit-" not in c and "jit-cache" not in c]
+
+
+def stale_status(hand, fleet_path: str) -> dict[str, set]:
+    graph = build_definitions(fleet_path).get_repository_def().asset_graph
+    resolver = CachingStaleStatusResolver(hand["instance"], graph, LoadingContextForTest(hand["instance"]))
+    out = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        parts = node.partitions_def.get_partition_keys() if node.partitions_def else [None]
+        out[key.to_user_string()] = {resolver.get_status(key, p) for p in parts}
+    return out
+
+
+def stale_causes(hand, step: str) -> list:
+    graph = build_definitions(hand["fleet"]).get_repository_def().asset_graph
+    resolver = CachingStaleStatusResolver(hand["instance"], graph, LoadingContextForTest(hand["instance"]))
+    node = graph.get(dg.AssetKey(step))
+    parts = node.partitions_def.get_partition_keys() if node.partitions_def else [None]
+    return [c.reason for p in parts for c in resolver.get_stale_causes(dg.AssetKey(step), p)]
+
+
+def adopt_fleet_check(hand, fleet: str | None = None, *args: str) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli.main(["adopt", "--check", "--fleet", fleet or hand["fleet"], "--format", "json", *args])
+    return rc, json.loads(buf.getvalue())
+
+
+def actions(report: dict) -> dict[tuple[str, str], str]:
+    return {(f["node"], f["step"]): f["action"] for f in report["findings"]}
+
+
+def test_adopt_check_reads_the_whole_fleet_and_changes_nothing(hand):
+    sim = hand["sim"]
+    config = Path(hand["built"].gateway_config).read_bytes()
+    t0 = time.monotonic()
+    rc, report = adopt_fleet_check(hand)
+    seconds = time.monotonic() - t0
+    found = actions(report)
+    assert rc == 0, report
+    for node in ("spark1", "spark2"):
+        assert found[(node, "node_deployment")] == ADOPT and found[(node, "jit_cache")] == ADOPT, report
+    # spark1 holds the build host's own checkpoint: nothing to record for its copy
+    assert found[("spark2", "node_artifacts")] == ADOPT and found[("spark1", "node_artifacts")] in (ADOPT, CURRENT)
+    assert found[("gateway", "gateway")] == ADOPT
+    assert spark_pipelines_traces(sim) == [] and Path(hand["built"].gateway_config).read_bytes() == config
+    print(f"adopt --check, 2 nodes: {seconds:.1f} s")
+
+
+def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
+    """Issue 21, done when: adopt, then the whole chain, with clients streaming through the gateway
+    all along: no container id changed, no checkpoint file or image rebuilt or re-copied, no
+    client request failed, each node once per pool, every step current on the instance."""
+    sim, built = hand["sim"], hand["built"]
     states = {n: file_states(sim, n) for n in ("spark1", "spark2")}
     images = {n: docker_id(sim, n, "image", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") for n in states}
     since = commands_so_far(hand)
-    res = run_job(hand, "build_job")
-    assert res.success, failures(res)
-    mats = materialized(res)
-    assert all(mats[s]["skipped"] is True for s in BUILD_STEPS), {s: mats[s].get("skipped") for s in BUILD_STEPS}
-    # The adopted outputs are what the steps record: same data versions.
-    assert mats["mtp_weights"]["index"] == asset_value(by["mtp_weights"]).index
-    spark2 = run_job(hand, "deploy_node_job", partition_key="spark2", asset_selection=[dg.AssetKey("node_artifacts")])
-    assert spark2.success, failures(spark2)
-    art = materialized(spark2)["node_artifacts"]
-    assert art["copied"] is False and art["image_copied"] is False
-    spark1 = run_job(hand, "deploy_node_job", partition_key="spark1", asset_selection=[dg.AssetKey("node_artifacts")])
-    assert spark1.success, failures(spark1)
-    assert heavy_since(hand, since) == []
+    with Traffic(hand) as traffic:
+        t0 = time.monotonic()
+        res = run_job(hand, "adopt_job")
+        adopt_seconds = time.monotonic() - t0
+        assert res.success, failures(res)
+        adopted = materialized(res)
+        assert adopted["fleet_adoption"]["changes_nothing_that_serves"] is True
+        assert "differs" not in adopted["fleet_adoption"]["summary"], adopted["fleet_adoption"]["findings"]
+        assert "node_deployment[spark2]" in adopted["fleet_adoption"]["recorded"]
+        # The instance shows every adopted step current before anything else ran.
+        status = stale_status(hand, hand["fleet"])
+        for step in (*BUILD_STEPS, "node_artifacts", "node_deployment", "gateway"):
+            assert status[step] == {StaleStatus.FRESH}, (step, status[step], stale_causes(hand, step))
+        sensor = build_definitions(hand["fleet"]).resolve_sensor_def("pins_changed")
+        tick = sensor(dg.build_sensor_context(instance=hand["instance"]))
+        assert not tick.run_requests, tick.run_requests
+        # Then the chain as the README says: every step skips.
+        res = run_job(hand, "build_job")
+        assert res.success, failures(res)
+        mats = materialized(res)
+        assert all(mats[s]["skipped"] is True for s in BUILD_STEPS), {s: mats[s].get("skipped") for s in BUILD_STEPS}
+        for node in ("spark1", "spark2"):
+            dep = run_job(hand, "deploy_node_job", partition_key=node)
+            assert dep.success, failures(dep)
+            got = materialized(dep)
+            assert got["node_artifacts"]["copied"] is False and got["node_deployment"]["skipped"] is True, got
+            assert got["node_deployment"]["adopted"] is True
+        gw = run_job(hand, "gateway_job")
+        assert gw.success, failures(gw)
+        for node in ("spark1", "spark2"):
+            bench = run_job(hand, "bench_job", partition_key=node)
+            assert bench.success, failures(bench)
+            b = materialized(bench)["bench_results"]
+            # The drain emptied every route to the node: the bench measured it alone.
+            assert b["void"] == "no" and b["isolation"].startswith("verified idle"), (b["void"], b["isolation"])
+    assert not traffic.failed, traffic.failed
+    assert len(traffic.streams.results) > 40 and {s.node for s in traffic.streams.results} == {"spark1", "spark2"}
+    assert not_checkpoint_heavy(hand, since) == []
     assert {n: file_states(sim, n) for n in states} == states
     assert {n: docker_id(sim, n, "image", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") for n in states} == images
     for node, cid in built.containers.items():
         assert docker_id(sim, node, "inspect", "--format", "{{.Id}} {{.State.Running}}", "vllm-qwen35-v2") == f"{cid} true"
+    config = yaml.safe_load(Path(built.gateway_config).read_text())
+    pairs = [(e["model_name"], e["litellm_params"]["api_base"]) for e in config["model_list"]]
+    assert len(pairs) == len(set(pairs)) == 6  # each node once per pool
+    assert "# spark1 entries" in Path(built.gateway_config).read_text()  # the operator's comments kept
+    print(f"adopt_job, 2 nodes: {adopt_seconds:.1f} s; client requests {len(traffic.streams.results)}, failed 0")
+
+
+def test_a_changed_launch_profile_rolls_out_through_drains_that_empty_the_node(hand):
+    path = relaunch_variant(hand, "fleet-v2.yaml", env={"VLLM_LOGGING_LEVEL": "INFO"})
+    with Traffic(hand) as traffic:
+        res = run_job(hand, "rollout_job", fleet=path)
+    assert res.success, failures(res)
+    assert not traffic.failed, traffic.failed
+    fleet = load_fleet(path)
+    with FleetSession(fleet) as s:
+        for n in fleet.serve_nodes:
+            c = s.run(n.name, ["docker", "inspect", "--format", '{{index .Config.Labels "org.spark-pipelines.deploy"}}',
+                               "vllm-qwen35-v2"], log=False).stdout.strip()
+            assert c == launch_spec(fleet, n).fingerprint, (n.name, c)
+
+
+def test_one_node_unlike_the_fleet_file_is_reported_and_moved_only_by_the_rollout(hand):
+    """spark2 relaunched by hand with the runbook's quick-relaunch script (MAX_JOBS and
+    FLASHINFER_NVCC_THREADS only): adoption lists the difference field by field and changes
+    nothing; the next rollout moves spark2 through a real drain and leaves spark1 alone."""
+    sim = hand["sim"]
+    path = str(hand["root"] / "fleet-v2.yaml")
+    Hand(sim, lambda _: None).run(sim.node("spark2"), quick_relaunch_script(), "quick relaunch")
+    wait_healthy([sim.node("spark2")])
+    cid = docker_id(sim, "spark2", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2")
+    spark1 = docker_id(sim, "spark1", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2")
+    rc, report = adopt_fleet_check(hand, path)
+    assert rc == 1
+    diff = next(f for f in report["findings"] if f["node"] == "spark2" and f["step"] == "node_deployment")
+    assert diff["action"] == DIFFERS and any(d.startswith("env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: not set")
+                                             for d in diff["differences"]), diff
+    res = run_job(hand, "adopt_job", fleet=path)
+    assert res.success, failures(res)
+    assert docker_id(sim, "spark2", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") == cid  # left as it is
+    with Traffic(hand) as traffic:
+        res = run_job(hand, "rollout_job", fleet=path)
+    assert res.success, failures(res)
+    assert not traffic.failed, traffic.failed
+    assert docker_id(sim, "spark2", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") != cid
+    assert docker_id(sim, "spark1", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") == spark1
+    rc, report = adopt_fleet_check(hand, path)
+    assert rc == 0 and actions(report)[("spark2", "node_deployment")] == CURRENT, report
+
+
+def relaunch_variant(hand, name: str, **launch) -> str:
+    data = yaml.safe_load(open(hand["fleet"]))
+    for k, v in launch.items():
+        if k == "env":
+            data["launch"]["env"].update(v)
+        else:
+            data["launch"][k] = v
+    path = hand["root"] / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
 
 
 def _bump_recipe(hand) -> str:
