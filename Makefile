@@ -31,8 +31,9 @@ ui:
 	@scripts/bootstrap.sh base
 	@.venv/bin/python -c "from spark_pipelines.demo import prepare_instance_home; \
 	  from spark_pipelines.console import stop_leftovers; stop_leftovers(prepare_instance_home())"
-	SPARK_FLEET=$${SPARK_FLEET:-$$( [ -f sim-fleet.yaml ] && echo sim-fleet.yaml || echo fleets/seed.yaml )} \
-	  .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	@fleet=$$(.venv/bin/python -c "import sys; from spark_pipelines.demo import ui_fleet_command; sys.exit(ui_fleet_command())") && \
+	  echo "make ui: fleet file $$fleet" && \
+	  SPARK_FLEET=$$fleet .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 sim-down:
 	.venv/bin/spark-pipelines sim down

@@ -11,6 +11,7 @@ import sys
 from spark_pipelines.core import bench as core
 from spark_pipelines.resources.bench_client import BenchError, run_bench
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (vLLM or LiteLLM)")
     p.add_argument("--model", required=True, help="served model name")
@@ -21,6 +22,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--metrics-url", help="vLLM /metrics when --base-url is a gateway")
     p.add_argument("--no-stream", action="store_true", help="the recipe's non-streaming requests")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one request may take (default 600: 16k tokens at the runbook's ~52 tok/s with room)")
+    p.add_argument("--max-time", type=float, default=3600.0, metavar="S",
+                   help="seconds the whole bench may take (default 3600)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+class Progress:
+    """Progress on stderr: a live status line and timed lines through rich on a terminal, plain
+    lines otherwise (a log file, CI, a pipe), so a long bench is never silent."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.console = None
+        self.status = None
+        if not quiet and sys.stderr.isatty():
+            from rich.console import Console
+
+            self.console = Console(stderr=True, log_path=False)
+
+    def __enter__(self) -> Progress:
+        if self.console is not None:
+            self.status = self.console.status("bench: starting")
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+    def __call__(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self.console is not None:
+            self.console.log(line)
+            if self.status is not None:
+                self.status.update(f"bench: {line}")
+        else:
+            print(f"bench: {line}", file=sys.stderr, flush=True)
 
 
 def bench_run(args: argparse.Namespace) -> int:
@@ -33,22 +73,29 @@ def bench_run(args: argparse.Namespace) -> int:
                     f"--api-key-env {args.api_key_env}: that environment variable is not set"
                 )
             api_key = os.environ[args.api_key_env]
-        report = run_bench(
-            args.base_url,
-            args.model,
-            args.suite,
-            args.concurrency,
-            args.repeats,
-            api_key,
-            metrics_url=args.metrics_url,
-            stream=not args.no_stream,
-        )
+        for name, value in (("--timeout", args.timeout), ("--max-time", args.max_time)):
+            if not 1 <= value <= 86400:
+                raise core.BenchRefused(f"{name} {value:g}: give seconds between 1 and 86400")
+        with Progress(args.quiet) as progress:
+            report = run_bench(
+                args.base_url,
+                args.model,
+                args.suite,
+                args.concurrency,
+                args.repeats,
+                api_key,
+                metrics_url=args.metrics_url,
+                stream=not args.no_stream,
+                timeout_s=args.timeout,
+                max_s=args.max_time,
+                on_progress=progress,
+            )
     except (core.BenchRefused, BenchError) as exc:
         print(f"spark-pipelines bench: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # 128 + SIGINT, as shells report an interrupted command
         print("spark-pipelines bench: interrupted", file=sys.stderr)
-        return 2
+        return 130
     if args.format == "json":
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -1,5 +1,7 @@
 """`spark-pipelines`: the same core as the Dagster assets, for a terminal.
 
+Usage: spark-pipelines COMMAND [options]   (spark-pipelines COMMAND --help; --version)
+
 plan   what a deploy would do, touching nothing (--live: what the chain would do to the live fleet)
 adopt  first contact with a fleet built by hand: adopt what serves, change nothing (--check: only say)
 sim    the simulated GB10 fleet (up | down | status | set)
@@ -129,14 +131,21 @@ def render_plan_text(plan: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+PLAN_DESCRIPTION = ("Render what a deploy of the fleet file would do, touching nothing: per node the preflight "
+                    "checks and the memory gate, the docker run argv, the rollout's order, the gateway config. "
+                    "Exit 0; 2 on a refused fleet file (one line naming the field); with --live, 1 when the "
+                    "live fleet cannot be read.")
+
+
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET),
                     help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
-    ap.add_argument("--node", help="one node (default: every serve node)")
+    ap.add_argument("--node", metavar="NAME", help="one serve node (default: every serve node)")
     ap.add_argument("--live", action="store_true",
                     help="also read the live fleet and say per node and step what the chain would do "
                          "(skip / adopt / build / relaunch / differs, and why); reads only")
-    ap.add_argument("--format", choices=["text", "json"], default="text")
+    ap.add_argument("--format", choices=["text", "json"], default="text",
+                    help="text for a person, json for a program (default: text)")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -166,6 +175,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject's [project] version)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("spark-pipelines")
+    except PackageNotFoundError:
+        return "unknown (not installed: scripts/bootstrap.sh base)"
+
+
 def _delegate(module: str, func: str, argv: list[str]) -> int:
     import importlib
 
@@ -185,7 +205,7 @@ def parser() -> Parser:
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
-    plan = sub.add_parser("plan", help="what a deploy would do", description="render what a deploy would do, touching nothing")
+    plan = sub.add_parser("plan", help="what a deploy would do", description=PLAN_DESCRIPTION)
     add_plan_arguments(plan)
     plan.set_defaults(run=cmd_plan)
     adopt = sub.add_parser("adopt", help="first contact: adopt a fleet built by hand, change nothing",
@@ -216,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"spark-pipelines {version()}")
+        return 0
     try:
         if argv[0] in DELEGATED:
             return DELEGATED[argv[0]](argv[1:])

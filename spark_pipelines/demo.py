@@ -141,8 +141,60 @@ def prepare_instance_home(home: Path | None = None) -> Path:
     return home
 
 
+# The fleet file the demo's runs were made with, kept on the instance: `make ui` opens that
+# file, or says loudly that it cannot.
+DEMO_FLEET_RECORD = "demo-fleet-file"
+SEED_FLEET = "fleets/seed.yaml"
+
+
+def ui_fleet(home: Path, environ: dict[str, str] | None = None) -> tuple[str, str | None]:
+    """The fleet file `make ui` opens on the demo's instance, and a warning when it is not the one
+    the instance's runs were made with: SPARK_FLEET; else the demo's own file while it exists; else
+    the seed, said loudly (its hosts are real nodes, not the recorded demo's)."""
+    env = os.environ if environ is None else environ
+    if env.get("SPARK_FLEET"):
+        return env["SPARK_FLEET"], None
+    record = home / DEMO_FLEET_RECORD
+    recorded = record.read_text().strip() if record.is_file() else ""
+    if recorded and Path(recorded).is_file():
+        return recorded, None
+    if Path("sim-fleet.yaml").is_file():
+        return "sim-fleet.yaml", None
+    if not recorded:
+        return SEED_FLEET, None
+    return SEED_FLEET, (
+        f"the demo's fleet file {recorded} is gone (make sim-down): the UI opens on {SEED_FLEET}, whose hosts "
+        f"are the runbook's real nodes, not the simulated ones the recorded runs used. Steps will show a new "
+        f"code version there, and Materialize acts on those hosts. To see the demo's fleet again: make demo; to "
+        f"choose a file: SPARK_FLEET=path make ui")
+
+
+def ui_fleet_command() -> int:
+    """`python -c ...ui_fleet_command()` in `make ui`: the path on stdout, a warning on stderr."""
+    path, warning = ui_fleet(prepare_instance_home())
+    if warning:
+        bar = "!" * 78
+        print(f"{bar}\nmake ui: {warning}\n{bar}", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def _node_count(text: str) -> int:
+    """--nodes, checked while parsing: a bad value is refused before any fleet is touched."""
+    from spark_sim.layout import MAX_NODES
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nodes; choose 1 to {MAX_NODES}") from None
+    if not 1 <= n <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"{n}: choose between 1 and {MAX_NODES} nodes")
+    return n
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--nodes", type=_node_count, default=2,
+                    help="simulated nodes, 1-32 (spark1 founders + build host, the others gx10); default 2")
     ap.add_argument("--fleet-out", default="sim-fleet.yaml")
     ap.add_argument("--stop", action="store_true",
                     help="only stop a Dagster console (webserver, daemon, code server) a killed demo left running")
@@ -182,6 +234,7 @@ def demo_command(args: argparse.Namespace) -> int:
         os.environ["LITELLM_MASTER_KEY"] = sim.master_key_file.read_text().strip()
     os.environ["SPARK_FLEET"] = fleet_path
     home = prepare_instance_home()
+    (home / DEMO_FLEET_RECORD).write_text(str(Path(fleet_path).resolve()) + "\n")
     print(f"Dagster instance: {home}")
     instance = dg.DagsterInstance.get()
     # Stopped at the end (see README "What else"): `make ui` then serves the same code location, so

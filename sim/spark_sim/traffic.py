@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -69,39 +69,59 @@ class Stream:
     error: str = ""
     started: float = 0.0
     ended: float = 0.0
+    resent: list[str] = field(default_factory=list)  # connection errors before any answer, then sent again
 
     @property
     def dropped(self) -> bool:
         return not self.finished
 
 
+# Raised before a response head arrived: the server never took the request (a refused or reset
+# connection), so a client may send it again; the OpenAI SDK does, twice by default.
+_UNANSWERED = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+
+
 def _one(url: str, key: str, pool: str, max_tokens: int, node_of: dict[str, str], out: Stream,
-         timeout_s: float) -> None:
+         timeout_s: float, resend: int = 0) -> None:
     body = {"model": pool, "stream": True, "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": "Count slowly, one word per line."}]}
     out.started = time.monotonic()
     finish = None
     try:
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s,
-                          headers={"Authorization": f"Bearer {key}"}) as r:
-            base = r.headers.get(API_BASE_HEADER, "")
-            out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
-            if r.status_code != 200:
-                out.error = f"HTTP {r.status_code}"
-                return
-            for line in r.iter_lines():
-                if line == "data: [DONE]":
-                    out.finished = finish is not None
+        with httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"}) as client:
+            request = client.build_request("POST", f"{url}/v1/chat/completions", json=body)
+            while True:
+                try:
+                    r = client.send(request, stream=True)  # returns once the response head arrived
                     break
-                if line.startswith("data: "):
-                    choices = json.loads(line[6:]).get("choices") or []
-                    if choices:
-                        out.chunks += 1
-                        finish = choices[0].get("finish_reason") or finish
-            if not out.finished:
-                out.error = "the stream ended without finish_reason and [DONE]"
+                except _UNANSWERED as e:
+                    if len(out.resent) >= resend:
+                        raise
+                    out.resent.append(f"{time.monotonic() - out.started:.2f}s {type(e).__name__}: {e}"[:200])
+                    time.sleep(0.2 * len(out.resent))
+            try:
+                base = r.headers.get(API_BASE_HEADER, "")
+                out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+                if r.status_code != 200:
+                    out.error = f"HTTP {r.status_code}"
+                    return
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        out.finished = finish is not None
+                        break
+                    if line.startswith("data: "):
+                        choices = json.loads(line[6:]).get("choices") or []
+                        if choices:
+                            out.chunks += 1
+                            finish = choices[0].get("finish_reason") or finish
+                if not out.finished:
+                    out.error = "the stream ended without finish_reason and [DONE]"
+            finally:
+                r.close()
     except (httpx.HTTPError, ValueError) as e:
         out.error = f"{type(e).__name__}: {e}"[:200]
+    except Exception as e:  # a thread's exception would vanish: make it this stream's error
+        out.error = f"client failure: {type(e).__name__}: {e}"[:200]
     finally:
         out.ended = time.monotonic()
 
@@ -111,16 +131,17 @@ class Streams:
     their ends."""
 
     def __init__(self, gateway_url: str, key: str, node_of: dict[str, str], *, max_tokens: int,
-                 pool: str = "fast", timeout_s: float = 120.0) -> None:
+                 pool: str = "fast", timeout_s: float = 120.0, resend_unanswered: int = 0) -> None:
         self._args = (gateway_url, key, pool, max_tokens, node_of)
         self._timeout_s = timeout_s
+        self._resend = resend_unanswered
         self.results: list[Stream] = []
         self._threads: list[threading.Thread] = []
 
     def add(self, n: int) -> Streams:
         for _ in range(n):
             s = Stream()
-            t = threading.Thread(target=_one, args=(*self._args, s, self._timeout_s), daemon=True)
+            t = threading.Thread(target=_one, args=(*self._args, s, self._timeout_s, self._resend), daemon=True)
             self.results.append(s)
             self._threads.append(t)
             t.start()

@@ -94,6 +94,11 @@ LOADED_PROMPT = BenchPrompt(
     LOADED_MAX_TOKENS,
 )
 
+# vLLM runs at most max_num_seqs (256 by default) sequences at once and queues the rest: more
+# concurrent streams measure the queue, not the node, and each holds a client socket.
+MAX_CONCURRENCY = 256
+MAX_REPEATS = 20  # the recipe's 2; 20 already takes ~25 min of single-stream prompts on a GB10
+
 SUITES = ("recipe", "loaded", "all")
 PHASE_RECIPE = "recipe"
 PHASE_LOADED = "loaded"
@@ -133,8 +138,15 @@ def plan_suite(
         raise BenchRefused(f"suite {suite!r} is unknown; choose one of: {', '.join(SUITES)}")
     if not isinstance(concurrency, int) or concurrency < 1:
         raise BenchRefused(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+    if concurrency > MAX_CONCURRENCY:
+        raise BenchRefused(f"concurrency {concurrency} is above {MAX_CONCURRENCY}: vLLM runs at most max_num_seqs "
+                           f"({MAX_CONCURRENCY} by default) at once and queues the rest; use {MAX_CONCURRENCY} or less "
+                           f"(the runbook's loaded probe is {LOADED_CONCURRENCY})")
     if not isinstance(repeats, int) or repeats < 1:
         raise BenchRefused(f"repeats must be a whole number >= 1, got {repeats!r}")
+    if repeats > MAX_REPEATS:
+        raise BenchRefused(f"repeats {repeats} is above {MAX_REPEATS}; the recipe uses {RECIPE_RUNS} (a warm-up, "
+                           "then one measured run)")
     if loaded_max_tokens < 1:
         raise BenchRefused(f"loaded max_tokens must be >= 1, got {loaded_max_tokens!r}")
     phases: list[tuple[str, tuple[BenchPrompt, ...], int]] = []

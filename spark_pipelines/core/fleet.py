@@ -74,8 +74,8 @@ FIX_ENV_VARS: tuple[str, ...] = (
 # processes of 1-4 GB each and the OOM killer takes the node (runbook lesson 1).
 JIT_THROTTLE_ENV_VARS: tuple[str, ...] = ("MAX_JOBS", "FLASHINFER_NVCC_THREADS")
 
-# Below this GMU the request_memory() check passes but CUDA graph capture OOMs: 0.80 leaves only
-# 30.4 GiB after the 66.93 GiB model load (runbook lesson 10). Never a fix, only a probe.
+# At or below this GMU the request_memory() check passes but CUDA graph capture OOMs: 0.80 leaves
+# only 30.4 GiB after the 66.93 GiB model load (runbook lesson 10). Never a fix, only a probe.
 MIN_GMU = 0.80
 
 
@@ -336,9 +336,9 @@ class LaunchProfile(Strict):
 def _check_gmu_floor(v: float) -> float:
     if not math.isfinite(v):  # nan passes every comparison below
         raise ValueError(f"{v} is not a finite number; use 0.85")
-    if v < MIN_GMU:
+    if v <= MIN_GMU:
         raise ValueError(
-            f"{v} is below {MIN_GMU}: it passes request_memory() but CUDA graph capture OOMs "
+            f"{v} is at or below {MIN_GMU}: it passes request_memory() but CUDA graph capture OOMs "
             "(runbook lesson 10). Use 0.85 on a clean boot; if free memory is short, reboot to clear residue"
         )
     if v > 1:
@@ -599,9 +599,11 @@ def _check_text_at(value: str, where: str) -> None:
 
 
 def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
+    if data is None:
+        raise FleetError(f"{source}: the file is empty; start from a copy of fleets/seed.yaml")
     if not isinstance(data, dict):
         raise FleetError(f"{source}: expected a mapping with nodes, pins, launch, gateway at the top level, "
-                         f"got {type(data).__name__}")
+                         f"got {'a list' if isinstance(data, list) else type(data).__name__}")
     try:
         _refuse_hostile(data)
         return Fleet.model_validate(data)

@@ -3,6 +3,7 @@ and what to write instead."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -64,12 +65,21 @@ def render_path(loc: tuple[Any, ...], data: Any = None) -> str:
 def explain(err: ValidationError, data: Any) -> str:
     """The first problem as one line (field, value, fix), then how many more there are."""
     lines = []
-    for e in err.errors():
+    errors = err.errors()
+    missing: dict[tuple, list[str]] = {}  # parent path -> the fields missing there
+    for e in errors:
+        if e["type"] == "missing" and e["loc"] and isinstance(e["loc"][-1], str):
+            missing.setdefault(tuple(e["loc"][:-1]), []).append(e["loc"][-1])
+    # An unknown key first: a misspelt key is also a missing one, and the misspelling is the fix.
+    for e in sorted(errors, key=lambda e: e["type"] != "extra_forbidden"):
         loc = render_path(tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function-"))), data)
         msg = e["msg"].removeprefix("Value error, ")
         val = e.get("input")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (typo?); remove it or check the spelling"
+            key = e["loc"][-1] if e["loc"] else ""
+            near = difflib.get_close_matches(str(key), missing.get(tuple(e["loc"][:-1]), []), n=1, cutoff=0.6)
+            msg = (f"unknown key; did you mean {near[0]!r}? Rename it" if near
+                   else "unknown key (typo?); remove it or check the spelling")
         elif e["type"] == "missing":
             msg = "required field is missing; add it"
         elif e["type"] in _HINTS:

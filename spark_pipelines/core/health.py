@@ -268,8 +268,10 @@ def unreachable(obs: Observation) -> NodeVerdict | None:
         return None
     evidence = [f"SSH: {obs.ssh_error or 'no session'}"]
     if obs.ssh_refused:
-        return _verdict(obs, "unknown", [*evidence, "the node answers but refuses the session: not a dead node"],
-                        "fix the SSH credentials or the known_hosts entry the error names, then probe again")
+        return _verdict(obs, "unknown", [*evidence, "no session for a reason of the fleet file or the credentials "
+                                                    "(host key, key, user, host name): not a dead node"],
+                        "fix what the SSH error names (key, user, known_hosts entry or host), then probe again; "
+                        "never a reset for this")
     if obs.health_ok:
         evidence.append("/health still answers 200: vLLM serves, but the node cannot be inspected or managed")
     dead_for = None if obs.ssh_dead_since is None else obs.probed_at - obs.ssh_dead_since

@@ -53,7 +53,7 @@ def memory_gate(free_gib: float, total_gib: float, gmu: float, max_gmu: float = 
     advice: list[str] = []
     if gmu > max_gmu:
         advice.append(f"GMU {gmu:g} is above this hardware's max {max_gmu:g}; use {min(0.85, max_gmu):g}")
-    if gmu < MIN_GMU:
+    if gmu <= MIN_GMU:
         advice.append(f"GMU {gmu:g} passes this check but OOMs in CUDA graph capture; use 0.85 on a clean boot")
     if margin < 0:
         verdict: Verdict = "fail"

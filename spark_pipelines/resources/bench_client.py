@@ -45,6 +45,11 @@ def _carries_text(line: bytes) -> bool:
     return False
 
 
+# /metrics and /v1/models answer at once on a live server: one that accepts and stays silent is
+# reported within this, not after a generation's timeout.
+PROBE_TIMEOUT_S = 30.0
+
+
 class BenchError(Exception):
     """A problem that stops the whole run (unreachable server, refused isolation...)."""
 
@@ -303,7 +308,7 @@ async def read_metrics(
     from spark_pipelines.core.diagnosis import parse_metrics
 
     try:
-        resp = await client.get(metrics_url, headers=dict(headers or {}))
+        resp = await client.get(metrics_url, headers=dict(headers or {}), timeout=PROBE_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     if resp.status_code != 200:
@@ -330,11 +335,41 @@ async def run_bench_async(
     loaded_requests: int | None = None,
     require_isolation: bool = True,
     timeout_s: float = 600.0,
+    max_s: float | None = None,
     reference_mean_tok_s: float = core.REFERENCE_MEAN_TOK_S,
     on_progress: Callable[[str], None] | None = None,
 ) -> core.BenchReport:
     """Run a suite; see `run_bench`. `on_progress` gets one line per request (single stream) or
-    per concurrent phase, so a long bench is not silent."""
+    per concurrent phase, so a long bench is not silent. `max_s` bounds the whole bench."""
+    bench = _run_bench(base_url, model, suite, concurrency, repeats, api_key, metrics_url=metrics_url,
+                       stream=stream, ignore_eos=ignore_eos, loaded_max_tokens=loaded_max_tokens,
+                       loaded_requests=loaded_requests, require_isolation=require_isolation,
+                       timeout_s=timeout_s, reference_mean_tok_s=reference_mean_tok_s, on_progress=on_progress)
+    try:
+        async with asyncio.timeout(max_s):  # None: no bound beyond each request's timeout_s
+            return await bench
+    except TimeoutError:
+        raise BenchError(f"the bench did not finish within {max_s:.0f} s (--max-time); nothing was recorded") from None
+
+
+async def _run_bench(
+    base_url: str,
+    model: str,
+    suite: str,
+    concurrency: int,
+    repeats: int,
+    api_key: str | None,
+    *,
+    metrics_url: str | None,
+    stream: bool,
+    ignore_eos: bool,
+    loaded_max_tokens: int,
+    loaded_requests: int | None,
+    require_isolation: bool,
+    timeout_s: float,
+    reference_mean_tok_s: float,
+    on_progress: Callable[[str], None] | None,
+) -> core.BenchReport:
     say = on_progress or (lambda _line: None)
     plan = core.plan_suite(
         suite,
@@ -358,6 +393,7 @@ async def run_bench_async(
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         # The metrics endpoint of a gateway may want the same key; vLLM ignores it.
+        say(f"reading {metrics_url} (is anything else running there?)")
         before = await read_metrics(client, metrics_url, headers)
         if before is None:
             isolation = f"not verified ({metrics_url} has no vLLM metrics)"
@@ -455,7 +491,7 @@ def run_bench(
 async def _probe(client: httpx.AsyncClient, api_root: str, headers: Mapping[str, str]) -> None:
     """Fail fast, with one message, when nothing (usable) answers at base_url."""
     try:
-        resp = await client.get(api_root + "/models", headers=dict(headers))
+        resp = await client.get(api_root + "/models", headers=dict(headers), timeout=PROBE_TIMEOUT_S)
     except httpx.HTTPError as exc:
         raise BenchError(f"cannot reach {api_root}/models: {first_line(exc)}") from None
     if resp.status_code != 200:

@@ -28,6 +28,7 @@ from spark_pipelines.resources.ssh import (
     FleetSession,
     HostKeyError,
     NodeConnectError,
+    NodeUnreachable,
     RemoteError,
     SshSettings,
 )
@@ -202,8 +203,9 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
         try:
             s.connection(node.name)  # reachability: a verified, authenticated session
         except (HostKeyError, NodeConnectError) as e:
-            # Only "cannot reach" is a node that does not answer; the rest is a key or credential problem.
-            refused = isinstance(e, HostKeyError) or "cannot reach" not in str(e)
+            # Only a node that does not answer is unreachable; the rest (host key, credentials, a
+            # host name that does not resolve) is the fleet file's or the operator's to fix.
+            refused = not isinstance(e, NodeUnreachable)
             fields.update(ssh_ok=False, ssh_error=first_line(e)[:300], ssh_refused=refused)
             return _observation(fields, side, http)
         except (RemoteError, OSError, EOFError) as e:

@@ -1,4 +1,13 @@
-"""`spark-pipelines team up | down | status`: the team instance on this machine (see instance.py)."""
+"""`spark-pipelines team up | down | status`: the team instance on this machine.
+
+up      PostgreSQL, the Dagster daemon and UI (http://127.0.0.1:3000 unless --port), the code location
+        in its image, every run in its own container, all on loopback; returns once the UI answers
+down    stops the processes and run containers; the database (runs, history) is kept
+status  what runs, where, and the UI's address
+
+The state lives under --root (default $SPARK_TEAM_ROOT or /var/lib/spark-pipelines/team). Needs root
+for the team's own dockerd, unless DOCKER_HOST names an engine.
+"""
 
 from __future__ import annotations
 
@@ -23,10 +32,10 @@ def default_fleet() -> str:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("action", choices=("up", "down", "status"))
+    ap.add_argument("action", choices=("up", "down", "status"), help="up | down | status (see above)")
     ap.add_argument("--fleet", default=None, help="fleet file (default: $SPARK_FLEET, sim-fleet.yaml, fleets/seed.yaml)")
     ap.add_argument("--root", default=None, help=f"the team's state (default: ${'{'}SPARK_TEAM_ROOT{'}'} or {default_root()})")
-    ap.add_argument("--port", type=int, default=WEB_PORT, help="the UI's port on 127.0.0.1")
+    ap.add_argument("--port", type=int, default=WEB_PORT, help=f"the UI's port on 127.0.0.1 (default {WEB_PORT})")
 
 
 def team_command(args: argparse.Namespace) -> int:

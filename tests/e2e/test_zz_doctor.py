@@ -248,7 +248,7 @@ def test_link_down_is_unreachable(deployed, capsys, sim_fleet):
     assert nodes["spark1"]["verdict"] == "healthy"
     v = nodes["spark2"]
     assert v["verdict"] == "unreachable", v
-    assert v["evidence"][0].startswith("SSH: NodeConnectError")
+    assert v["evidence"][0].startswith("SSH: NodeUnreachable")
     assert "10 min" in v["advice"] and "hard-reset" in v["advice"]
     assert took < 30  # short per-step timeouts, no connect retries
     wait_serving(fleet, "spark2", 60)

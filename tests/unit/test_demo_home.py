@@ -70,3 +70,22 @@ def test_the_demo_instance_fails_a_dead_run_and_upgrades_the_config_it_wrote_bef
         assert instance.run_monitoring_poll_interval_seconds == MONITOR_POLL_S
     finally:
         instance.dispose()
+
+
+def test_make_ui_keeps_the_demos_fleet_file_or_says_loudly_that_it_switched(tmp_path, monkeypatch):
+    """Issue 23, item 11: after `make sim-down` the UI must not quietly open on the seed's real hosts."""
+    from spark_pipelines.demo import DEMO_FLEET_RECORD, SEED_FLEET, ui_fleet
+
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / ".dagster-home"
+    home.mkdir()
+    assert ui_fleet(home, {}) == (SEED_FLEET, None)  # no demo ever ran here: the seed, quietly
+    demo_file = tmp_path / "sim-fleet.yaml"
+    demo_file.write_text("nodes: []\n")
+    (home / DEMO_FLEET_RECORD).write_text(f"{demo_file}\n")
+    assert ui_fleet(home, {}) == (str(demo_file), None)
+    assert ui_fleet(home, {"SPARK_FLEET": "mine.yaml"}) == ("mine.yaml", None)
+    demo_file.unlink()  # make sim-down
+    path, warning = ui_fleet(home, {})
+    assert path == SEED_FLEET and warning is not None
+    assert f"{demo_file} is gone" in warning and "real nodes" in warning and "SPARK_FLEET=path make ui" in warning

@@ -39,6 +39,14 @@ def test_gmu_below_080_refused_with_reason(seed_data):
     refused(seed_data, "launch.gpu_memory_utilization", "0.78", "CUDA graph capture", "reboot")
 
 
+def test_gmu_of_exactly_080_refused_too(seed_data):
+    """The runbook's 0.80 is the value that OOMs in CUDA graph capture, not the lowest safe one."""
+    seed_data["launch"]["gpu_memory_utilization"] = 0.80
+    refused(seed_data, "launch.gpu_memory_utilization", "0.8", "at or below 0.8", "CUDA graph capture")
+    seed_data["launch"]["gpu_memory_utilization"] = 0.82
+    assert parse_fleet(seed_data, "f.yaml").launch.gpu_memory_utilization == 0.82  # above it: allowed (no runbook evidence against it)
+
+
 def test_prefix_caching_refused(seed_data):
     seed_data["launch"]["extra_flags"] = ["--enable-chunked-prefill", "--enable-prefix-caching"]
     refused(seed_data, "--enable-prefix-caching", "Qwen3.5", "remove it")
@@ -190,7 +198,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         (b"nodes: []\nnodes: []\n", "duplicate key 'nodes'"),
         (b"x: !!python/object/apply:os.system [id]\n", "remove the tag"),
         (b"- 1\n- 2\n", "expected a mapping"),
-        (b"", "expected a mapping"),
+        (b"", "the file is empty"),
         (("a: " + "1" * 5000).encode(), "thousands of digits"),
         (b"a: " + b"x" * (2 << 20), "over 1024 KiB"),
     ],
@@ -234,3 +242,14 @@ def test_gateway_reload_mode_brings_its_command_and_an_explicit_one_wins(seed_da
     assert g.restart_command == ("docker", "compose", "restart", "litellm") and g.graceful_confirm_s == 30
     gw["graceful_confirm_s"] = 0
     refused(seed_data, "gateway.graceful_confirm_s")
+
+
+def test_an_empty_file_and_a_misspelt_top_level_key_say_what_to_do(seed_data):
+    with pytest.raises(FleetError, match=r"f.yaml: the file is empty; start from a copy of fleets/seed.yaml"):
+        parse_fleet(None, "f.yaml")
+    seed_data["nodess"] = seed_data.pop("nodes")
+    msg = refused(seed_data, "nodess: unknown key; did you mean 'nodes'? Rename it")
+    assert not msg.startswith("f.yaml: nodes:"), msg  # the misspelling first, not "nodes missing"
+    seed_data["nodes"] = seed_data.pop("nodess")
+    seed_data["gateway"]["colour"] = "blue"  # nothing close: the plain advice
+    refused(seed_data, "gateway.colour: unknown key (typo?); remove it or check the spelling")

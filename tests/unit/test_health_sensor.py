@@ -67,7 +67,7 @@ def test_unreachable_nodes_are_recorded_not_acted_on(defs):
         assert "spark1: unreachable" in skip and "spark2: unreachable" in skip and "gateway not read" in skip
         obs = observations(instance, "spark2")
         assert len(obs) == 1 and KEYS <= set(obs[0])
-        assert obs[0]["verdict"].value == "unreachable" and obs[0]["evidence"].value.startswith("SSH: NodeConnectError")
+        assert obs[0]["verdict"].value == "unreachable" and obs[0]["evidence"].value.startswith("SSH: NodeUnreachable")
         assert obs[0]["quarantined"].value == "" and obs[0]["in_gateway"].value is False
         state["up"] = False
         res = tick(defs, instance, res.cursor)

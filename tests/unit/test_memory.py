@@ -30,3 +30,8 @@ def test_bad_numbers_refused():
         memory_gate(-1, 121.69, 0.85)
     with pytest.raises(ValueError):
         memory_gate(100, 0, 0.85)
+
+
+def test_gmu_080_passes_the_free_memory_check_but_is_called_out():
+    g = memory_gate(118.0, 121.69, 0.80, 0.85)
+    assert g.verdict == "pass" and any("OOMs in CUDA graph capture" in a for a in g.advice)

@@ -49,7 +49,10 @@ def test_every_command_shares_the_one_parser_one_line_per_bad_input():
     cases = [
         (["bench", "--model", "m"], "spark-pipelines bench: the following arguments are required: --base-url"),
         (["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--suite", "fast"], "invalid choice: 'fast'"),
-        (["demo", "--nodes", "x"], "spark-pipelines demo: argument --nodes: invalid int value: 'x'"),
+        (["demo", "--nodes", "x"], "spark-pipelines demo: argument --nodes: 'x' is not a number of nodes"),
+        # Refused while parsing: before the demo takes a running fleet down (issue 23, item 4).
+        (["demo", "--nodes", "0"], "spark-pipelines demo: argument --nodes: 0: choose between 1 and 32 nodes"),
+        (["demo", "--nodes", "99"], "spark-pipelines demo: argument --nodes: 99: choose between 1 and 32 nodes"),
         (["plan", "--format", "xml"], "spark-pipelines plan: argument --format"),
         (["nosuch"], "invalid choice: 'nosuch'"),
     ]
@@ -67,3 +70,53 @@ def test_plan_lists_the_checks_preflight_runs_in_its_order():
                          earlyoom_installed=False, running_exporters=[], disk_free_gib=500.0, page_cache_flushed=True)
     report = evaluate("spark1", clean, gmu=0.85, max_gmu=0.85, profile_total_gib=121.69, min_disk_gib=170.0)
     assert [c.name for c in report.checks] == [name for name, _ in CHECKS]
+
+
+def test_version_and_help_follow_the_conventions():
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.startswith("spark-pipelines 0.") and not p.stderr, (p.stdout, p.stderr)
+    plan = run("plan", "--help").stdout
+    for needle in ("--fleet FLEET", "$SPARK_FLEET", "--node NAME", "every serve node", "--live", "(default: text)"):
+        assert needle in plan, (needle, plan)
+    team = run("team", "--help").stdout
+    assert "instance.py" not in team and "the database (runs, history) is kept" in team and "(default 3000)" in team
+
+
+def test_bench_interrupted_exits_130_not_2(tmp_path):
+    """Ctrl-C in a bench against a server that accepts and never answers: status 130, one line."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)  # connections complete in the backlog; nothing ever answers
+        port = srv.getsockname()[1]
+        p = subprocess.Popen([sys.executable, "-m", "spark_pipelines.cli", "bench", "--base-url",
+                              f"http://127.0.0.1:{port}", "--model", "m"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, (p.returncode, err)
+    assert err.strip().splitlines()[-1] == "spark-pipelines bench: interrupted" and "Traceback" not in err, err
+
+
+def test_bench_is_bounded_and_never_silent():
+    """--concurrency 100000 is refused before any request; a server that accepts and never answers
+    is given up within --max-time, with progress lines on stderr meanwhile (not a TTY: plain)."""
+    import socket
+    import time
+
+    p = run("bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--suite", "loaded", "--concurrency", "100000")
+    assert p.returncode == 2 and "concurrency 100000 is above 256" in p.stderr and "max_num_seqs" in p.stderr, p.stderr
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        t0 = time.monotonic()
+        p = run("bench", "--base-url", f"http://127.0.0.1:{srv.getsockname()[1]}", "--model", "m", "--max-time", "3")
+        took = time.monotonic() - t0
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and took < 20, (took, p.stderr)
+    assert lines[0].startswith("bench: reading http://127.0.0.1:") and lines[0].endswith("/metrics (is anything else running there?)")
+    assert lines[-1] == "spark-pipelines bench: the bench did not finish within 3 s (--max-time); nothing was recorded"

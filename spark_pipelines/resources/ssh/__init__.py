@@ -22,6 +22,7 @@ from spark_pipelines.resources.ssh.connection import SshSettings
 from spark_pipelines.resources.ssh.errors import (
     HostKeyError,
     NodeConnectError,
+    NodeUnreachable,
     NodeUnresponsive,
     RemoteCommandError,
     RemoteCommandTimeout,

@@ -26,7 +26,7 @@ from pydantic import Field
 
 from spark_pipelines.core import remote
 from spark_pipelines.core.fleet import SshTarget
-from spark_pipelines.resources.ssh.errors import UNREACHABLE_ADVICE, HostKeyError, NodeConnectError
+from spark_pipelines.resources.ssh.errors import UNREACHABLE_ADVICE, HostKeyError, NodeConnectError, NodeUnreachable
 
 
 class SshSettings(dg.Config):
@@ -221,6 +221,11 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
     key_file: str | None = None
     if t.key_path is not None:
         kp = local_path(t.key_path)
+        if kp.is_dir():
+            raise NodeConnectError(
+                f"node {key}: key_path {kp} is a directory, not a key file; point key_path at the private "
+                f"key itself (e.g. {kp}/id_ed25519), or set it to null to use ssh-agent"
+            )
         if not kp.is_file():
             raise NodeConnectError(
                 f"node {key}: key_path {kp} does not exist; fix key_path in the fleet file, or set it "
@@ -285,6 +290,13 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
                 f"node {key}: {t.user}@{t.host}:{t.port} refused {how} ({e}); add the public key to "
                 f"~{t.user}/.ssh/authorized_keys on the node, or fix user/key_path in the fleet file"
             ) from None
+        except socket.gaierror as e:
+            # The name does not resolve: the fleet file's host, not the node (no retry, no reset advice).
+            client.close()
+            raise NodeConnectError(
+                f"node {key}: host {t.host!r} does not resolve ({e.strerror or e}); fix host in the fleet "
+                f"file: an address, or a name DNS or /etc/hosts knows (paramiko does not read ~/.ssh/config)"
+            ) from None
         except (OSError, socket.timeout, paramiko.SSHException, EOFError) as e:
             # Connection-level failures only: nothing ran yet, so retrying is safe.
             client.close()
@@ -303,11 +315,11 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
         assert transport is not None and sock is not None
         return Connection(client, Liveness(key, transport, sock, s.keepalive_s, s.dead_peer_s, log))
     if tcp_up:
-        raise NodeConnectError(
+        raise NodeUnreachable(
             f"node {key}: sshd at {t.host}:{t.port} accepted the connection but did not answer within "
             f"{s.connect_timeout_s:.0f} s ({s.connect_retries + 1} attempts, last: {last}); {UNREACHABLE_ADVICE}"
         )
-    raise NodeConnectError(
+    raise NodeUnreachable(
         f"node {key}: cannot reach {t.user}@{t.host}:{t.port} after {s.connect_retries + 1} attempts "
         f"({last}); check that the node is up and sshd listens on port {t.port}"
     )

@@ -17,6 +17,12 @@ class NodeConnectError(RemoteError):
     """No SSH session could be opened to a node."""
 
 
+class NodeUnreachable(NodeConnectError):
+    """The node does not answer (no TCP connection, or an sshd that accepts and never speaks): the
+    only connect failure that says something about the node itself rather than the fleet file or
+    the credentials."""
+
+
 class HostKeyError(NodeConnectError):
     """The node's host key is unknown or does not match known_hosts: refused, never retried."""
 
