@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.metadata import bench_table, count, num, table
+from spark_pipelines.assets.metadata import bench_table, count, num, rounded_json, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.core import steps
@@ -41,7 +41,7 @@ LATEST_COLUMNS = (
     ("node", "string", "serve node"),
     ("benched (UTC)", "string", "when its last bench was recorded"),
     ("mean tok/s", "number", "recipe mean output tok/s"),
-    ("vs reference (x)", "number", "mean / the recipe's reference"),
+    ("vs reference", "string", "mean / the recipe's reference (x, two decimals)"),
     ("floor tok/s", "number", "the node's promotion floor"),
     ("promoted", "bool", "passed above_floor"),
 )
@@ -62,7 +62,7 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         m = records.values(rec.asset_materialization)
         rows.append({"node": n.name, "benched (UTC)": summary.when(rec.timestamp),
                      "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
-                     "vs reference (x)": summary.rounded(m.get(keys.VS_REFERENCE), 2),
+                     "vs reference": summary.ratio(summary.rounded(m.get(keys.VS_REFERENCE), 2)),
                      "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)), "promoted": m.get(keys.PROMOTED)})
     return rows
 
@@ -132,7 +132,7 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         "gpu_verdict": "; ".join(b.gpu_verdict.reasons) or "-",
         "isolation": b.report.isolation,
         # What makes it comparable (core/baseline.py); a void bench is never a baseline.
-        keys.BENCH_RECORD: dg.MetadataValue.json(json.loads(json.dumps(b.record.to_dict()))),
+        keys.BENCH_RECORD: dg.MetadataValue.json(rounded_json(json.loads(json.dumps(b.record.to_dict())))),
         "void": "; ".join(b.record.void) or "no",
         "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
         "table": bench_table(b.report),
@@ -144,7 +144,7 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         meta[keys.SPEC_ACCEPTANCE_RATE] = num(b.acceptance, 3)
         meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
     this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
-            "vs reference (x)": vs_ref, "floor tok/s": floor, "promoted": b.promoted}
+            "vs reference": summary.ratio(vs_ref), "floor tok/s": floor, "promoted": b.promoted}
     # First: the asset's Overview shows the newest materialization of any node, so every node's
     # latest figures head it (one node's own page is the Partitions tab with that node selected).
     meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this)), **meta}

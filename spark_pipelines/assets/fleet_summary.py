@@ -37,6 +37,7 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         inside = sum(1 for r in rows if r["gateway"] == "in")
         return dg.MaterializeResult(metadata={
             "nodes": table(summary.COLUMNS, rows),
+            "detail": table(summary.DETAIL_COLUMNS, rows),
             "headline": summary.headline(rows),
             "nodes_in_gateway": count(inside),
             "nodes_total": count(len(rows)),
@@ -52,6 +53,11 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         newest = records.newest_observation_id(context.instance, after)
         if newest is None:
             return dg.SensorResult(skip_reason="no new health sweep or gateway observation")
+        made = records.newest_materialization_id(context.instance, steps.FLEET_SUMMARY)
+        if made is not None and made > newest:
+            # The summary was made after that observation (the demo's last run, or the automation
+            # sensor on the same change): it already shows it; a second run would repeat it.
+            return dg.SensorResult(skip_reason="fleet_summary is newer than the last observation", cursor=str(newest))
         return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"fleet-summary-{newest}",
                                                            asset_selection=[SUMMARY_KEY])],
                                cursor=str(newest))
@@ -61,4 +67,6 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Declarative automation of fleet_summary: refreshed once a deploy, artifacts copy, gateway "
                     "write or bench has materialized (read-only, no node touched).")
-    return dg.Definitions(assets=[fleet_summary], sensors=[fleet_summary_refresh, automation])
+    summary_job = dg.define_asset_job(steps.SUMMARY_JOB, selection=[SUMMARY_KEY],
+                                      description="fleet_summary now (read-only): the demo's last run, or by hand.")
+    return dg.Definitions(assets=[fleet_summary], sensors=[fleet_summary_refresh, automation], jobs=[summary_job])

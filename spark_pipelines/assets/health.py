@@ -132,12 +132,16 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
 
     @dg.asset_check(asset=steps.NODE_DEPLOYMENT, name=steps.HEALTH_CHECK,
                     description="The health sweep's verdict per node (node_health reports one result per node "
-                                "each sweep, the node named in its metadata); run here, it sweeps every serve node "
-                                "and passes when each is healthy or starting.")
+                                "each sweep, the node named in its metadata). In a node's deploy run it judges "
+                                "that node only; run on its own, every serve node. Passes when each is healthy "
+                                "or starting.")
     def health_check(context: dg.AssetCheckExecutionContext, ssh: FleetSSH) -> dg.AssetCheckResult:
         fleet = ssh.session.fleet
+        # A deploy of spark1 must not go red because spark2 is not deployed yet.
+        partition = context.run.tags.get("dagster/partition")
+        nodes = [fleet.node(partition)] if partition in fleet.node_names else None
         with sweep.open_session(fleet, context.log) as s:
-            verdicts = {n: r.verdict for n, r in sweep.sweep(s).items()}
+            verdicts = {n: r.verdict for n, r in sweep.sweep(s, nodes).items()}
         return dg.AssetCheckResult(
             passed=not any(v.needs_action for v in verdicts.values()), severity=dg.AssetCheckSeverity.WARN,
             description="; ".join(f"{n}: {v.verdict} -> {v.advice[:120]}" for n, v in verdicts.items()),

@@ -12,6 +12,7 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core.summary import ratio
 
 
 def num(value: float | int | None, digits: int = 2) -> dg.MetadataValue:
@@ -33,6 +34,17 @@ def table(columns: Sequence[tuple[str, str, str]], rows: Sequence[Mapping[str, A
     return dg.MetadataValue.table(records=records, schema=schema)
 
 
+def rounded_json(value: Any, digits: int = 4) -> Any:
+    """A JSON value for the UI with floats rounded (0.9465, not 0.9465020576131687)."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: rounded_json(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded_json(v, digits) for v in value]
+    return value
+
+
 def _cell(value: Any) -> str | int | float | bool | None:
     if value is None or isinstance(value, (str, int, bool)):
         return value
@@ -48,7 +60,7 @@ BENCH_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("measured", "number", "requests that count (warm-up and failures excluded)"),
     ("tok/s", "number", "output tokens per second per request (median); loaded: aggregate"),
     ("reference tok/s", "number", "the recipe's figure for this prompt"),
-    ("vs reference (x)", "number", "tok/s / reference"),
+    ("vs reference", "string", "tok/s / reference (x, two decimals)"),
     ("TTFT ms", "number", "time to first token (median)"),
     ("TPOT ms", "number", "time per output token (median)"),
     ("failures", "number", "requests that failed"),
@@ -72,13 +84,13 @@ def bench_rows(report: bench_core.BenchReport) -> list[dict[str, Any]]:
         tok = _median(p.tok_s)
         rows.append({"phase": p.phase, "prompt": p.prompt, "max tokens": p.max_tokens, "measured": p.measured,
                      "tok/s": tok, "reference tok/s": p.reference_tok_s,
-                     "vs reference (x)": round(tok / p.reference_tok_s, 2) if tok and p.reference_tok_s else None,
+                     "vs reference": ratio(tok / p.reference_tok_s if tok and p.reference_tok_s else None),
                      "TTFT ms": _ms(p.ttft_s), "TPOT ms": _ms(p.tpot_s), "failures": p.failures})
     mean = report.recipe_mean_tok_s
     if mean is not None:
         ref = report.reference_mean_tok_s
         rows.append({"phase": bench_core.PHASE_RECIPE, "prompt": "mean", "tok/s": _median(mean),
-                     "reference tok/s": ref, "vs reference (x)": round(mean.median / ref, 2) if ref else None})
+                     "reference tok/s": ref, "vs reference": ratio(mean.median / ref if ref else None)})
     for ph in report.phases:
         if ph.phase == bench_core.PHASE_RECIPE:
             continue

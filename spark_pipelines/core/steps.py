@@ -73,6 +73,7 @@ HEALTH_SENSOR = "node_health"
 PINS_SENSOR = "pins_changed"
 ROLLOUT_SENSOR = "rollout"  # declarative automation of fleet_rollout
 WEDGE_SENSOR = "wedge_watch"
+SUMMARY_JOB = "fleet_summary_job"  # the demo's last run: the summary as the chain left the fleet
 SUMMARY_SENSOR = "fleet_summary_refresh"
 SUMMARY_AUTOMATION = "fleet_summary_automation"
 WEEKLY_REBUILD = "weekly_rebuild"

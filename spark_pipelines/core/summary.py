@@ -15,22 +15,29 @@ from spark_pipelines.core import record_keys as keys
 
 MISSING = "-"
 
-# (column, type, what it says): the table schema the UI shows under the column headers.
+# (column, type, what it says): the table schemas the UI shows under the column headers. The
+# first table is narrow on purpose (it fits the asset pane without a scrollbar): who serves, who
+# does not and why, how fast against the floor. The detail table carries the rest.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("node", "string", "serve node (partition)"),
-    ("health", "string", "latest health sweep verdict (healthy, starting, engine-down, crash-loop, residue, "
-                         "wedged, regressed, unreachable, unknown)"),
-    ("evidence", "string", "what decided the verdict, and the runbook's advice"),
+    ("health", "string", "latest verdict: the health sweep's (healthy, starting, engine-down, crash-loop, residue, "
+                         "wedged, regressed, unreachable, unknown), or the deploy's own check when newer"),
     ("gateway", "string", "in or out of the LiteLLM rotation, and why out"),
+    ("mean tok/s", "number", "last bench: recipe mean output tok/s (single stream)"),
+    ("floor tok/s", "number", "the node's promotion floor"),
+)
+DETAIL_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("node", "string", "serve node (partition)"),
+    ("evidence", "string", "what decided the verdict, and the runbook's advice"),
+    ("vs reference", "string", "last bench mean / the recipe's reference (x)"),
+    ("MTP acceptance (%)", "number", "last bench: speculative-token acceptance"),
     ("image id", "string", "serving image id the node runs (sha256, first 12)"),
     ("checkpoint", "string", "checkpoint version on the node (safetensors index digest, first 12)"),
-    ("mean tok/s", "number", "last bench: recipe mean output tok/s (single stream)"),
-    ("vs reference (x)", "number", "last bench mean / the recipe's reference"),
-    ("floor tok/s", "number", "the node's promotion floor"),
-    ("MTP acceptance (%)", "number", "last bench: speculative-token acceptance"),
     ("last bench (UTC)", "string", "when the last bench was recorded"),
     ("last deploy (UTC)", "string", "when node_deployment was last recorded"),
 )
+# A committed (or adopted) deploy verified /health, readiness and a smoke answer itself.
+HEALTHY_AT_DEPLOY = "healthy (deploy)"
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class NodeFacts:
     bench: Mapping[str, Any] | None = None
     benched_at: float | None = None
     health: Mapping[str, Any] | None = None
+    health_at: float | None = None  # when the newest sweep verdict was recorded
     floor_tok_s: float | None = None
     reference_tok_s: float | None = None
 
@@ -101,8 +109,22 @@ def gateway_state(facts: NodeFacts, rotation: Rotation) -> str:
     return f"out: {why}" if why else "out"
 
 
+def ratio(value: float | None) -> str:
+    """A ratio as people read one: two decimals and an x (1.00x, not 1)."""
+    return MISSING if value is None else f"{value:.2f}x"
+
+
+def health_of(facts: NodeFacts) -> str:
+    """The sweep's verdict, unless the node's deploy is newer: then the deploy's own health check."""
+    verdict = (facts.health or {}).get(keys.VERDICT)
+    if facts.deployment is not None and facts.deployed_at is not None and (
+            verdict is None or facts.health_at is None or facts.deployed_at > facts.health_at):
+        return HEALTHY_AT_DEPLOY
+    return str(verdict or MISSING)
+
+
 def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
-    """One node's row, keyed by the COLUMNS names."""
+    """One node's row, keyed by the COLUMNS and DETAIL_COLUMNS names."""
     dep = facts.deployment or {}
     art = facts.artifacts or {}
     bench = facts.bench or {}
@@ -114,15 +136,15 @@ def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
     acceptance = bench.get(keys.SPEC_ACCEPTANCE_RATE)
     return {
         "node": facts.node,
-        "health": str(health.get(keys.VERDICT) or MISSING),
-        "evidence": evidence,
+        "health": health_of(facts),
         "gateway": gateway_state(facts, rotation),
+        "mean tok/s": mean,
+        "floor tok/s": rounded(floor),
+        "evidence": evidence,
+        "vs reference": ratio(mean / reference if mean is not None and reference else None),
+        "MTP acceptance (%)": rounded(float(acceptance) * 100, 1) if acceptance is not None else None,
         "image id": short_id(dep.get(keys.IMAGE_ID) or art.get(keys.IMAGE_ID)),
         "checkpoint": short_id(art.get(keys.CHECKPOINT)),
-        "mean tok/s": mean,
-        "vs reference (x)": round(mean / reference, 2) if mean is not None and reference else None,
-        "floor tok/s": rounded(floor),
-        "MTP acceptance (%)": rounded(float(acceptance) * 100, 1) if acceptance is not None else None,
         "last bench (UTC)": when(facts.benched_at),
         "last deploy (UTC)": when(facts.deployed_at),
     }
@@ -130,6 +152,7 @@ def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
 
 def summary_rows(facts: Sequence[NodeFacts], rotation: Rotation) -> list[dict[str, Any]]:
     return [summary_row(f, rotation) for f in facts]
+
 
 
 def headline(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -251,6 +251,13 @@ def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) 
     return {**swept, **{k: seen[0][k] for k in (keys.QUARANTINED,) if k in seen[0]}}
 
 
+def latest_health_at(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> float | None:
+    """When the newest sweep verdict on `node` was recorded (None: never)."""
+    records = instance.fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
+    return next((r.timestamp for r in records if keys.VERDICT in values(r.event_log_entry.asset_observation)), None)
+
+
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
     """Each serve node's latest recorded facts, as core/summary.py decides a row from them."""
     facts = []
@@ -266,6 +273,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             bench=values(bench.asset_materialization) if bench else None,
             benched_at=bench.timestamp if bench else None,
             health=latest_health(instance, node.name),
+            health_at=latest_health_at(instance, node.name),
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,
         ))
@@ -274,6 +282,12 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
 
 # The observations that change a fleet summary row without any materialization.
 OBSERVED = (steps.NODE_DEPLOYMENT, steps.GATEWAY)
+
+
+def newest_materialization_id(instance: dg.DagsterInstance, asset: str) -> int | None:
+    """The storage id of the asset's newest materialization (None: never materialized)."""
+    recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset)), limit=1).records
+    return recs[0].storage_id if recs else None
 
 
 def newest_observation_id(instance: dg.DagsterInstance, after: int | None) -> int | None:

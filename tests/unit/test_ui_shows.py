@@ -27,6 +27,7 @@ def _facts(**kw) -> summary.NodeFacts:
         benched_at=dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.timezone.utc).timestamp(),
         health={"verdict": "healthy", "evidence": "/health 200 in 0.01 s", "advice": "none",
                 "in_gateway": True, "quarantined": False},
+        health_at=dt.datetime(2026, 12, 3, 9, 40, tzinfo=dt.timezone.utc).timestamp(),
         floor_tok_s=45.0,
         reference_tok_s=51.6,
     )
@@ -36,11 +37,12 @@ def _facts(**kw) -> summary.NodeFacts:
 
 def test_summary_row_reads_rounded_with_units():
     row = summary.summary_row(_facts(), summary.Rotation(nodes=["spark1"], known=True))
-    assert [c[0] for c in summary.COLUMNS] == list(row)
+    assert [c[0] for c in summary.COLUMNS] + [c[0] for c in summary.DETAIL_COLUMNS[1:]] == list(row)
+    assert len(summary.COLUMNS) <= 5  # the first table fits the asset pane (issue 23, item 8)
     assert row["health"] == "healthy" and row["evidence"] == "/health 200 in 0.01 s; none"
     assert row["gateway"] == "in"
     assert row["image id"] == "0123456789ab" and row["checkpoint"] == "9f8e7d6c5b4a"
-    assert row["mean tok/s"] == 51.6 and row["vs reference (x)"] == 1.0 and row["floor tok/s"] == 45.0
+    assert row["mean tok/s"] == 51.6 and row["vs reference"] == "1.00x" and row["floor tok/s"] == 45.0
     assert row["MTP acceptance (%)"] == 94.7
     assert row["last bench (UTC)"] == "2026-12-03 10:00" and row["last deploy (UTC)"] == "2026-12-03 09:30"
 
@@ -57,6 +59,17 @@ def test_summary_row_says_why_a_node_is_out():
     assert summary.summary_row(quarantined, rot)["gateway"] == "out: quarantined by the health sweep"
     rows = summary.summary_rows([_facts(), benched_out], rot)
     assert summary.headline(rows) == f"1 of 2 node(s) in the gateway; out: spark2 (out: {gate})"
+
+
+def test_a_deploy_newer_than_the_last_sweep_shows_the_deploys_own_health():
+    """Issue 23, item 8: after a demo the health column read "-" (no sweep yet) though each deploy
+    had verified /health, readiness and a smoke answer."""
+    never_swept = _facts(health=None, health_at=None)
+    assert summary.summary_row(never_swept, summary.Rotation())["health"] == summary.HEALTHY_AT_DEPLOY
+    swept_after = _facts(health={"verdict": "engine-down"}, health_at=never_swept.deployed_at + 60)
+    assert summary.summary_row(swept_after, summary.Rotation())["health"] == "engine-down"
+    swept_before = _facts(health={"verdict": "engine-down"}, health_at=never_swept.deployed_at - 60)
+    assert summary.summary_row(swept_before, summary.Rotation())["health"] == summary.HEALTHY_AT_DEPLOY
 
 
 def test_summary_row_of_a_node_never_seen_is_dashes():
@@ -218,3 +231,12 @@ def test_ab_experiment_launches_with_a_node_by_default(repo):
     from spark_pipelines.assets.experiments import ABConfig
 
     assert ABConfig().node is None  # the op takes the first serve node
+
+
+def test_ratios_read_with_two_decimals_and_recorded_json_is_rounded():
+    """Issue 23, item 12: "1" read as "1.00x"; bench_record's 0.9465020576131687 as 0.9465."""
+    from spark_pipelines.assets.metadata import rounded_json
+
+    assert summary.ratio(1.0) == "1.00x" and summary.ratio(0.9876) == "0.99x" and summary.ratio(None) == "-"
+    rec = {"acceptance": 0.9465020576131687, "runs": [{"tok_s": 51.60761915408371}], "node": "spark1", "n": 3}
+    assert rounded_json(rec) == {"acceptance": 0.9465, "runs": [{"tok_s": 51.6076}], "node": "spark1", "n": 3}
