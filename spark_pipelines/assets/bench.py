@@ -41,6 +41,7 @@ LATEST_COLUMNS = (
     ("node", "string", "serve node"),
     ("benched (UTC)", "string", "when its last bench was recorded"),
     ("mean tok/s", "number", "recipe mean output tok/s"),
+    ("trend", "string", f"the last {summary.TREND_POINTS} bench means, oldest first, scaled from 0"),
     ("vs reference", "string", "mean / the recipe's reference (x, two decimals)"),
     ("floor tok/s", "number", "the node's promotion floor"),
     ("promoted", "bool", "passed above_floor"),
@@ -62,6 +63,7 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         m = records.values(rec.asset_materialization)
         rows.append({"node": n.name, "benched (UTC)": summary.when(rec.timestamp),
                      "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
+                     "trend": summary.trend([v for _, v in reversed(records.bench_points(context.instance, n.name))]),
                      "vs reference": summary.ratio(summary.rounded(m.get(keys.VS_REFERENCE), 2)),
                      "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)), "promoted": m.get(keys.PROMOTED)})
     return rows
@@ -143,7 +145,9 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     if b.acceptance is not None:
         meta[keys.SPEC_ACCEPTANCE_RATE] = num(b.acceptance, 3)
         meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
+    earlier = [v for _, v in reversed(records.bench_points(context.instance, node))]
     this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
+            "trend": summary.trend(earlier + ([mean_v] if mean_v > 0 else [])),
             "vs reference": summary.ratio(vs_ref), "floor tok/s": floor, "promoted": b.promoted}
     # First: the asset's Overview shows the newest materialization of any node, so every node's
     # latest figures head it (one node's own page is the Partitions tab with that node selected).

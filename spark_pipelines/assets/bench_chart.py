@@ -19,8 +19,11 @@ from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S  # noqa: E402
 Timestamp = dt.datetime | float | int
 Points = Sequence[tuple[Timestamp, float]]
 
-# A lone point (or points minutes apart) still gets a readable axis: at least this wide.
-MIN_SPAN = dt.timedelta(hours=12)
+# A lone point (or points minutes apart) still gets a readable axis: at least this wide. Not
+# wider: two benches two minutes apart on a half-day axis are one blob.
+MIN_SPAN = dt.timedelta(minutes=30)
+# One marker shape per node, the later ones hollow: equal figures stay visible on top of each other.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 DATE_FORMAT = "%Y-%m-%d %H:%M"
 
 
@@ -56,6 +59,16 @@ def x_range(times: Sequence[dt.datetime]) -> tuple[dt.datetime, dt.datetime]:
     return mid - half, mid + half
 
 
+def marker_style(index: int) -> dict[str, object]:
+    """The index-th node's marker: its own shape, larger and hollow from the second node on, so a
+    point equal to another node's is drawn around it, not under it."""
+    style: dict[str, object] = {"marker": MARKERS[index % len(MARKERS)], "markersize": 6 + 2 * min(index, 3)}
+    if index:
+        style["markerfacecolor"] = "none"
+        style["markeredgewidth"] = 1.5
+    return style
+
+
 def y_range(values: Sequence[float], lines: Sequence[float | None] = ()) -> tuple[float, float]:
     """From 0 to 15 % above the highest point or line: relative differences read true."""
     top = max([*values, *(v for v in lines if v is not None), 0.0])
@@ -74,9 +87,9 @@ def render_fleet_history_png(
     floors = dict(floors or {})
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
     try:
-        for node, points in data.items():
-            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linewidth=1.5,
-                              label=f"{node} mean tok/s")
+        for i, (node, points) in enumerate(data.items()):
+            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5,
+                              label=f"{node} mean tok/s", **marker_style(i))
             if node in floors:
                 ax.axhline(floors[node], color=line.get_color(), linestyle=":", linewidth=1,
                            label=f"{node} floor {floors[node]:g} tok/s")

@@ -14,6 +14,8 @@ from typing import Any
 from spark_pipelines.core import record_keys as keys
 
 MISSING = "-"
+BLOCKS = "▁▂▃▄▅▆▇█"
+TREND_POINTS = 12
 
 # (column, type, what it says): the table schemas the UI shows under the column headers. The
 # first table is narrow on purpose (it fits the asset pane without a scrollbar): who serves, who
@@ -29,6 +31,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 DETAIL_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("node", "string", "serve node (partition)"),
     ("evidence", "string", "what decided the verdict, and the runbook's advice"),
+    ("trend", "string", f"the last {TREND_POINTS} bench means, oldest first, scaled from 0 (the chart at a glance)"),
     ("vs reference", "string", "last bench mean / the recipe's reference (x)"),
     ("MTP acceptance (%)", "number", "last bench: speculative-token acceptance"),
     ("image id", "string", "serving image id the node runs (sha256, first 12)"),
@@ -53,6 +56,7 @@ class NodeFacts:
     health: Mapping[str, Any] | None = None
     health_at: float | None = None  # when the newest sweep verdict was recorded
     floor_tok_s: float | None = None
+    bench_means: Sequence[float] = ()  # every recorded bench mean, oldest first
     reference_tok_s: float | None = None
 
 
@@ -114,6 +118,16 @@ def ratio(value: float | None) -> str:
     return MISSING if value is None else f"{value:.2f}x"
 
 
+def trend(values: Sequence[float], points: int = TREND_POINTS) -> str:
+    """The last `points` bench means as a sparkline, oldest first, scaled from 0 like the chart
+    (a 0.1 tok/s wobble stays flat; a node at a third of its speed reads low at a glance)."""
+    tail = [float(v) for v in values][-points:]
+    if not tail:
+        return MISSING
+    top = max(tail) or 1.0
+    return "".join(BLOCKS[min(len(BLOCKS) - 1, int(v / top * (len(BLOCKS) - 1) + 0.5))] for v in tail)
+
+
 def health_of(facts: NodeFacts) -> str:
     """The sweep's verdict, unless the node's deploy is newer: then the deploy's own health check."""
     verdict = (facts.health or {}).get(keys.VERDICT)
@@ -141,6 +155,7 @@ def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
         "mean tok/s": mean,
         "floor tok/s": rounded(floor),
         "evidence": evidence,
+        "trend": trend(facts.bench_means),
         "vs reference": ratio(mean / reference if mean is not None and reference else None),
         "MTP acceptance (%)": rounded(float(acceptance) * 100, 1) if acceptance is not None else None,
         "image id": short_id(dep.get(keys.IMAGE_ID) or art.get(keys.IMAGE_ID)),

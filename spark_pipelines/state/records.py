@@ -274,6 +274,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             benched_at=bench.timestamp if bench else None,
             health=latest_health(instance, node.name),
             health_at=latest_health_at(instance, node.name),
+            bench_means=[mean for _, mean in reversed(bench_points(instance, node.name))],
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,
         ))

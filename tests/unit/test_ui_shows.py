@@ -84,7 +84,10 @@ def test_summary_row_of_a_node_never_seen_is_dashes():
 def test_chart_axis_is_dated_and_a_lone_point_is_not_years_wide():
     t = dt.datetime(2026, 12, 3, 4, 30, tzinfo=dt.timezone.utc)
     lo, hi = x_range([t])
-    assert lo < t < hi and dt.timedelta(hours=12) <= hi - lo <= dt.timedelta(days=1)
+    assert lo < t < hi and dt.timedelta(minutes=30) <= hi - lo <= dt.timedelta(hours=1)
+    # Issue 23, item 12: two benches two minutes apart got a 14-hour axis.
+    lo, hi = x_range([t, t + dt.timedelta(minutes=2)])
+    assert hi - lo <= dt.timedelta(hours=1)
     lo, hi = x_range([t, t + dt.timedelta(days=30)])
     assert lo < t and hi > t + dt.timedelta(days=30) and hi - lo < dt.timedelta(days=34)
 
@@ -240,3 +243,22 @@ def test_ratios_read_with_two_decimals_and_recorded_json_is_rounded():
     assert summary.ratio(1.0) == "1.00x" and summary.ratio(0.9876) == "0.99x" and summary.ratio(None) == "-"
     rec = {"acceptance": 0.9465020576131687, "runs": [{"tok_s": 51.60761915408371}], "node": "spark1", "n": 3}
     assert rounded_json(rec) == {"acceptance": 0.9465, "runs": [{"tok_s": 51.6076}], "node": "spark1", "n": 3}
+
+
+def test_each_nodes_points_have_their_own_marker_and_later_ones_are_hollow():
+    from spark_pipelines.assets.bench_chart import marker_style
+
+    styles = [marker_style(i) for i in range(4)]
+    assert len({st["marker"] for st in styles}) == 4
+    assert "markerfacecolor" not in styles[0] and all(st["markerfacecolor"] == "none" for st in styles[1:])
+    assert styles[1]["markersize"] > styles[0]["markersize"]  # drawn around an equal point, not under it
+
+
+def test_the_trend_column_is_the_chart_at_a_glance():
+    """Issue 23, item 12: the history chart sits behind "Show Markdown"; the tables show a sparkline
+    inline, scaled from 0 like the chart (a wobble is flat, a wedge's third of the speed reads low)."""
+    assert summary.trend([51.6, 51.7, 51.6]) == "███"
+    assert summary.trend([52.0, 52.0, 17.3]) == "██▃"
+    assert summary.trend([]) == "-" and len(summary.trend([50.0] * 40)) == summary.TREND_POINTS
+    row = summary.summary_row(_facts(bench_means=[51.0, 34.0, 51.6]), summary.Rotation())
+    assert row["trend"] == "█▆█"
