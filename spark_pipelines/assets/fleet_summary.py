@@ -25,7 +25,10 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         group_name=GROUP,
         kinds={"table"},
         deps=[steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.GATEWAY, steps.BENCH_RESULTS],
-        automation_condition=dg.AutomationCondition.any_deps_updated() & ~dg.AutomationCondition.in_progress(),
+        # Not when it was itself made since the last tick (the demo's last run, the refresh sensor's):
+        # opening the UI after a demo launches nothing.
+        automation_condition=(dg.AutomationCondition.any_deps_updated() & ~dg.AutomationCondition.newly_updated()
+                              & ~dg.AutomationCondition.in_progress()),
         description="One row per node: health sweep verdict and evidence, in or out of the gateway and why, the "
                     "image id and checkpoint it serves, last bench tok/s against the reference and its floor, MTP "
                     "acceptance, last bench and deploy. Refreshed after every deploy, bench, drain/restore and "
@@ -53,6 +56,9 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         newest = records.newest_observation_id(context.instance, after)
         if newest is None:
             return dg.SensorResult(skip_reason="no new health sweep or gateway observation")
+        running = records.run_in_progress_for(context.instance, steps.FLEET_SUMMARY)
+        if running is not None:  # the automation sensor asked for one on the same change: it will read this
+            return dg.SensorResult(skip_reason=f"a fleet_summary run is already on its way ({running[:8]})")
         made = records.newest_materialization_id(context.instance, steps.FLEET_SUMMARY)
         if made is not None and made > newest:
             # The summary was made after that observation (the demo's last run, or the automation

@@ -291,6 +291,17 @@ def newest_materialization_id(instance: dg.DagsterInstance, asset: str) -> int |
     return recs[0].storage_id if recs else None
 
 
+def run_in_progress_for(instance: dg.DagsterInstance, asset: str) -> str | None:
+    """The id of a queued or running run that will materialize `asset` (None: none)."""
+    waiting = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+               dg.DagsterRunStatus.STARTED]
+    key = dg.AssetKey(asset)
+    for run in instance.get_runs(dg.RunsFilter(statuses=waiting), limit=50):
+        if run.asset_selection and key in run.asset_selection:
+            return run.run_id
+    return None
+
+
 def newest_observation_id(instance: dg.DagsterInstance, after: int | None) -> int | None:
     """The storage id of the newest observation on node_deployment or gateway after `after`."""
     newest = None

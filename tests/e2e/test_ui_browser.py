@@ -134,6 +134,24 @@ def test_node_health_sensor_page(ui):
     shown.has("/health")
 
 
+# The first table holding every narrow summary column: where its right edge is, and every
+# ancestor that scrolls it sideways (a table wider than its pane).
+NARROW_TABLE_FITS = """(() => {
+  const want = ["node", "health", "gateway", "mean tok/s", "floor tok/s"];
+  const table = [...document.querySelectorAll("table")].find(t => {
+    const heads = [...t.querySelectorAll("th")].map(h => h.innerText.trim());
+    return want.every(w => heads.some(h => h.startsWith(w)));
+  });
+  if (!table) return {found: false, tables: document.querySelectorAll("table").length};
+  const scrolled = [];
+  for (let el = table; el; el = el.parentElement) {
+    const ox = getComputedStyle(el).overflowX;
+    if (el.scrollWidth > el.clientWidth + 1 && ox !== "visible") scrolled.push(`${el.tagName}.${el.className}: ${el.scrollWidth} > ${el.clientWidth}`);
+  }
+  return {found: true, right: table.getBoundingClientRect().right, viewport: window.innerWidth, scrolled};
+})()"""
+
+
 def test_fleet_summary_shows_one_row_per_node(ui):
     """The page an operator opens first: the daemon's automation refreshes fleet_summary after the
     benches; its table names every node with its bench figure and the column units."""
@@ -152,6 +170,10 @@ def test_fleet_summary_shows_one_row_per_node(ui):
     shown = ui["browser"].open(f"{ui['url']}/assets/fleet_summary", "fleet-summary",
                                expect=["fleet_summary", "spark1", "spark2"])
     shown.has("mean tok/s", "floor tok/s", "MTP acceptance (%)")
+    # Issue 23, item 8: the first table fits the pane at 1600x1000, no scrollbar hiding tok/s.
+    fit = ui["browser"].eval(NARROW_TABLE_FITS)
+    assert isinstance(fit, dict) and fit.get("found"), (fit, shown.screenshot)
+    assert fit["right"] <= fit["viewport"] and not fit["scrolled"], (fit, shown.screenshot)
     for node in ("spark1", "spark2"):
         mean = round(ui["mean_tok_s"][node], 1)  # the table's 1 decimal; the UI drops a trailing .0
         assert any(abs(float(n) - mean) < 1e-9 for n in _numbers(shown.text)), \

@@ -121,3 +121,28 @@ def test_refresh_sensor_requests_nothing_when_the_summary_is_already_newer(insta
     record(instance, dg.AssetObservation("node_deployment", partition="spark2", metadata={"verdict": "wedged"}))
     with dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs) as ctx:
         (req,) = sensor(ctx).run_requests  # a newer observation: one refresh
+
+
+def test_refresh_sensor_waits_for_a_summary_run_already_on_its_way(instance, defs):
+    """Both sensors saw one change (a bench: a materialization and a drain observation): one run."""
+    sensor = next(s for s in defs.sensors if s.name == "fleet_summary_refresh")
+    seed(instance)
+    (asset,) = defs.assets
+    # A run created and not started yet (NOT_STARTED), as a sensor's request is before it launches.
+    instance.create_run_for_job(dg.Definitions(assets=[asset]).get_implicit_global_asset_job_def(),
+                                asset_selection=frozenset({dg.AssetKey("fleet_summary")}))
+    with dg.build_sensor_context(instance=instance, cursor=None, definitions=defs) as ctx:
+        result = sensor(ctx)
+    assert not result.run_requests and "already on its way" in result.skip_reason.skip_message
+
+
+def test_automation_launches_nothing_when_the_summary_was_made_after_the_change(instance, defs):
+    """Issue 23, item 10: the demo's last run is the summary; the UI's daemon must not make it again."""
+    first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+    record(instance, dg.AssetMaterialization("bench_results", partition="spark1", metadata={"mean_tok_s": 51.6}))
+    record(instance, dg.AssetMaterialization("fleet_summary"))  # the demo's fleet_summary_job, after the bench
+    after_demo = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+    assert after_demo.total_requested == 0
+    record(instance, dg.AssetMaterialization("bench_results", partition="spark2", metadata={"mean_tok_s": 51.2}))
+    later = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=after_demo.cursor)
+    assert later.total_requested == 1  # a change the summary has not seen: one refresh
