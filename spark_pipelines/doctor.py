@@ -18,6 +18,7 @@ from typing import Any
 
 from spark_pipelines.core import health
 from spark_pipelines.core.fleet import Fleet, FleetError, Node, load_fleet
+from spark_pipelines.resources.ssh.connection import key_path_problem
 from spark_pipelines.runbook import sweep
 
 DEFAULT_FLEET = "fleets/seed.yaml"
@@ -48,9 +49,9 @@ def _targets(fleet: Fleet, only: str | None) -> list[Node]:
 def _check_credentials(nodes: list[Node]) -> None:
     """A missing key or known_hosts file is the operator's input, not a node being down."""
     for n in nodes:
-        if n.key_path is not None and not Path(os.path.expanduser(n.key_path)).is_file():
-            raise DoctorUsageError(f"{PROG}: node {n.name}: key_path {n.key_path} does not exist; fix key_path in "
-                                   "the fleet file (or set it to null to use ssh-agent)")
+        problem = None if n.key_path is None else key_path_problem(Path(os.path.expanduser(n.key_path)))
+        if problem:
+            raise DoctorUsageError(f"{PROG}: node {n.name}: {problem}")
         if not Path(os.path.expanduser(n.known_hosts)).is_file():
             raise DoctorUsageError(f"{PROG}: node {n.name}: known_hosts {n.known_hosts} does not exist; add the "
                                    "node's verified host key there (ssh-keyscan -p PORT HOST >> FILE)")

@@ -56,6 +56,12 @@ def test_missing_credentials_are_input_errors_not_dead_nodes(tmp_path):
     err = one_line_exit_2(run("--fleet", variant(tmp_path, no_key)))
     assert "key_path" in err and "no-such-key" in err and "spark1" in err
 
+    def key_is_a_directory(d):  # issue 23, item 6: it said "does not exist"
+        for n in d["nodes"]:
+            n["key_path"] = str(tmp_path)
+    err = one_line_exit_2(run("--fleet", variant(tmp_path, key_is_a_directory)))
+    assert "is a directory, not a key file" in err and "does not exist" not in err and "spark1" in err
+
     def no_known_hosts(d):
         key = tmp_path / "key"
         key.write_text("not a key")

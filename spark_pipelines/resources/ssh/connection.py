@@ -214,6 +214,16 @@ def _open_socket(t: SshTarget, timeout_s: float) -> _WatchedSocket:
     return sock
 
 
+def key_path_problem(kp: Path) -> str | None:
+    """What is wrong with a fleet file's key_path, worded with its fix (None: a file is there)."""
+    if kp.is_dir():
+        return (f"key_path {kp} is a directory, not a key file; point key_path at the private key itself "
+                f"(e.g. {kp}/id_ed25519), or set it to null to use ssh-agent")
+    if not kp.is_file():
+        return f"key_path {kp} does not exist; fix key_path in the fleet file, or set it to null to use ssh-agent"
+    return None
+
+
 def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
     """Open and verify one connection to target t (called `key` in messages), with retries on
     connection-level failures only; host-key and auth failures are never retried."""
@@ -221,16 +231,9 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
     key_file: str | None = None
     if t.key_path is not None:
         kp = local_path(t.key_path)
-        if kp.is_dir():
-            raise NodeConnectError(
-                f"node {key}: key_path {kp} is a directory, not a key file; point key_path at the private "
-                f"key itself (e.g. {kp}/id_ed25519), or set it to null to use ssh-agent"
-            )
-        if not kp.is_file():
-            raise NodeConnectError(
-                f"node {key}: key_path {kp} does not exist; fix key_path in the fleet file, or set it "
-                f"to null to use ssh-agent"
-            )
+        problem = key_path_problem(kp)
+        if problem:
+            raise NodeConnectError(f"node {key}: {problem}")
         key_file = str(kp)
     elif not os.environ.get("SSH_AUTH_SOCK"):
         raise NodeConnectError(
