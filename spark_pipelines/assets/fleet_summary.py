@@ -29,10 +29,10 @@ def fleet_summary_definitions(fleet: Fleet) -> dg.Definitions:
         # opening the UI after a demo launches nothing.
         automation_condition=(dg.AutomationCondition.any_deps_updated() & ~dg.AutomationCondition.newly_updated()
                               & ~dg.AutomationCondition.in_progress()),
-        description="One row per node: health sweep verdict and evidence, in or out of the gateway and why, the "
-                    "image id and checkpoint it serves, last bench tok/s against the reference and its floor, MTP "
-                    "acceptance, last bench and deploy. Refreshed after every deploy, bench, drain/restore and "
-                    "health sweep.",
+        description="One row per node in two tables. nodes: health (the sweep's verdict, or the deploy's own "
+                    "check when newer), in or out of the gateway and why, last bench tok/s and its floor. detail: "
+                    "evidence, the bench trend, tok/s against the reference, MTP acceptance, image id, checkpoint, "
+                    "last bench and deploy. Refreshed after every deploy, bench, drain/restore and health sweep.",
     )
     def fleet_summary(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         rows = summary.summary_rows(records.node_facts(context.instance, fleet),

@@ -135,20 +135,24 @@ def test_node_health_sensor_page(ui):
 
 
 # The first table holding every narrow summary column: where its right edge is, and every
-# ancestor that scrolls it sideways (a table wider than its pane).
+# ancestor that scrolls sideways and hides part of it (the detail table below may scroll; this
+# one must be whole in view).
 NARROW_TABLE_FITS = """(() => {
   const want = ["node", "health", "gateway", "mean tok/s", "floor tok/s"];
   const table = [...document.querySelectorAll("table")].find(t => {
-    const heads = [...t.querySelectorAll("th")].map(h => h.innerText.trim());
+    const heads = [...t.querySelectorAll("th")].filter(h => h.closest("table") === t).map(h => h.innerText.trim());
     return want.every(w => heads.some(h => h.startsWith(w)));
   });
   if (!table) return {found: false, tables: document.querySelectorAll("table").length};
   const scrolled = [];
-  for (let el = table; el; el = el.parentElement) {
+  const box = table.getBoundingClientRect();
+  for (let el = table.parentElement; el; el = el.parentElement) {
     const ox = getComputedStyle(el).overflowX;
-    if (el.scrollWidth > el.clientWidth + 1 && ox !== "visible") scrolled.push(`${el.tagName}.${el.className}: ${el.scrollWidth} > ${el.clientWidth}`);
+    if (ox === "visible") continue;
+    const seen = el.getBoundingClientRect().left + el.clientWidth;
+    if (box.right > seen + 1 || el.scrollLeft > 0) scrolled.push(`${el.tagName}.${el.className}: table right ${box.right} > visible ${seen}`);
   }
-  return {found: true, right: table.getBoundingClientRect().right, viewport: window.innerWidth, scrolled};
+  return {found: true, right: box.right, viewport: window.innerWidth, scrolled};
 })()"""
 
 
