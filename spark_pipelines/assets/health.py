@@ -51,6 +51,12 @@ def _record(context: dg.OpExecutionContext, node: str, quarantined: str, what: s
                               keys.POLICY: dg.MetadataValue.text(what)})
 
 
+def checked_nodes(fleet: Fleet, partition: str | None) -> list | None:
+    """The nodes the `health` check judges: the run's own node in a node's deploy run (a deploy of
+    spark1 must not go red because spark2 is not deployed yet), else every serve node (None)."""
+    return [fleet.node(partition)] if partition in fleet.node_names else None
+
+
 def health_definitions(fleet: Fleet) -> dg.Definitions:
     partitions = node_partitions(fleet)
 
@@ -137,9 +143,7 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
                                 "or starting.")
     def health_check(context: dg.AssetCheckExecutionContext, ssh: FleetSSH) -> dg.AssetCheckResult:
         fleet = ssh.session.fleet
-        # A deploy of spark1 must not go red because spark2 is not deployed yet.
-        partition = context.run.tags.get("dagster/partition")
-        nodes = [fleet.node(partition)] if partition in fleet.node_names else None
+        nodes = checked_nodes(fleet, context.run.tags.get("dagster/partition"))
         with sweep.open_session(fleet, context.log) as s:
             verdicts = {n: r.verdict for n, r in sweep.sweep(s, nodes).items()}
         return dg.AssetCheckResult(

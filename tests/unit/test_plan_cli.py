@@ -120,3 +120,26 @@ def test_bench_is_bounded_and_never_silent():
     assert p.returncode == 2 and took < 20, (took, p.stderr)
     assert lines[0].startswith("bench: reading http://127.0.0.1:") and lines[0].endswith("/metrics (is anything else running there?)")
     assert lines[-1] == "spark-pipelines bench: the bench did not finish within 3 s (--max-time); nothing was recorded"
+
+
+def test_plan_reads_spark_fleet_and_names_the_file(tmp_path):
+    """Issue 23, item 2: doctor, dg and the UI honour SPARK_FLEET; plan did not, and never said
+    which file it read."""
+    import os
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(open("fleets/seed.yaml").read().replace("0.85        #", "0.84        #"))
+    p = subprocess.run([sys.executable, "-m", "spark_pipelines.cli", "plan"], capture_output=True, text=True,
+                       env={**os.environ, "SPARK_FLEET": str(mine)})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0] == f"# fleet file: {mine}" and "--gpu-memory-utilization 0.84" in p.stdout
+
+
+def test_the_deploys_health_check_judges_the_runs_node_only():
+    """Issue 23, item 9: spark1's deploy run showed spark2's engine-down before spark2 was deployed."""
+    from spark_pipelines.assets.health import checked_nodes
+    from spark_pipelines.core.fleet import load_fleet
+
+    fleet = load_fleet("fleets/seed.yaml")
+    assert [n.name for n in checked_nodes(fleet, "spark1")] == ["spark1"]
+    assert checked_nodes(fleet, None) is None  # run on its own: every serve node
