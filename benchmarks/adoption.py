@@ -25,7 +25,6 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from spark_pipelines import adopt_command
 from spark_pipelines.resources.ssh import read_command_log
 from spark_sim.fleet import SimFleet
 from spark_sim.hand import build_by_hand
-from spark_sim.traffic import Streams
+from spark_sim.traffic import Clients
 
 # What would rebuild, copy or relaunch. Adoption's own throwaway containers (`docker run --rm`:
 # reading an image's torch triple, sealing a root-owned JIT cache) are counted apart.
@@ -57,30 +56,6 @@ def _snapshot(sim: SimFleet) -> dict[str, tuple]:
                      _files(sim, m.name)) for m in sim.nodes}
 
 
-class _Clients:
-    """One new short stream through the gateway every 0.5 s until stopped."""
-
-    def __init__(self, sim: SimFleet) -> None:
-        node_of = {f"http://{m.ip}:8000": m.name for m in sim.nodes}
-        self.streams = Streams(f"http://{sim.gateway.ip}:4000", os.environ["LITELLM_MASTER_KEY"], node_of,
-                               max_tokens=32, timeout_s=120)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            self.streams.add(1)
-
-    def __enter__(self) -> _Clients:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.streams.wait(180)
-
-
 def one_size(n: int, work: Path) -> dict[str, object]:
     sim = SimFleet()
     sim.down()
@@ -96,7 +71,7 @@ def one_size(n: int, work: Path) -> dict[str, object]:
         os.environ["SPARK_COMMAND_LOG"] = str(log)
         os.environ["DAGSTER_HOME"] = str(work / f"dagster-{n}")
         before = _snapshot(sim)
-        with _Clients(sim) as clients:
+        with Clients(sim, os.environ["LITELLM_MASTER_KEY"], every_s=0.5, max_tokens=32) as clients:
             t0 = time.monotonic()
             findings = adopt_command.check(fleet)
             check_s = time.monotonic() - t0

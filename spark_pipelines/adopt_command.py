@@ -20,14 +20,13 @@ import sys
 from typing import Any
 
 from spark_pipelines.core import adoption as core
-from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
 from spark_pipelines.core.pins import code_versions
 
-DEFAULT_FLEET = "fleets/seed.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET),
+    p.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
                    help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
     p.add_argument("--node", action="append", default=[], metavar="NAME",
                    help="a serve node to adopt (repeatable; default: every one)")

@@ -28,9 +28,8 @@ from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
-from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
+from spark_pipelines.core.fleet import SEED_FLEET, Fleet, FleetError, load_fleet
 
-DEFAULT_FLEET = "fleets/seed.yaml"
 
 
 class UsageError(Exception):
@@ -138,7 +137,7 @@ PLAN_DESCRIPTION = ("Render what a deploy of the fleet file would do, touching n
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET),
+    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
                     help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
     ap.add_argument("--node", metavar="NAME", help="one serve node (default: every serve node)")
     ap.add_argument("--live", action="store_true",

@@ -19,7 +19,7 @@ import yaml
 from spark_pipelines.console import Console, ConsoleError, stop_leftovers
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
-from spark_pipelines.core.fleet import load_fleet
+from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
 from spark_pipelines.team.instance import TEMPLATE
 
 def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> str:
@@ -149,7 +149,6 @@ def prepare_instance_home(home: Path | None = None) -> Path:
 # The fleet file the demo's runs were made with, kept on the instance: `make ui` opens that
 # file, or says loudly that it cannot.
 DEMO_FLEET_RECORD = "demo-fleet-file"
-SEED_FLEET = "fleets/seed.yaml"
 
 
 def ui_fleet(home: Path, environ: dict[str, str] | None = None) -> tuple[str, str | None]:

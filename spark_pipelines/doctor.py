@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_pipelines.core import health
-from spark_pipelines.core.fleet import Fleet, FleetError, Node, load_fleet
+from spark_pipelines.core.fleet import SEED_FLEET, Fleet, FleetError, Node, load_fleet
 from spark_pipelines.resources.ssh.connection import key_path_problem
 from spark_pipelines.runbook import sweep
 
-DEFAULT_FLEET = "fleets/seed.yaml"
 PROG = "spark-pipelines doctor"
 
 
@@ -31,7 +30,7 @@ class DoctorUsageError(Exception):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The doctor's arguments, on its subparser of `spark_pipelines.cli`'s one parser."""
-    p.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", DEFAULT_FLEET), help="fleet file")
+    p.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET), help="fleet file")
     p.add_argument("--node", help="probe only this node")
     p.add_argument("--format", choices=["text", "json"], default="text")
 

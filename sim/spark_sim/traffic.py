@@ -154,6 +154,43 @@ class Streams:
         return self.results
 
 
+class Clients:
+    """Clients streaming through a simulated fleet's gateway for the whole of a `with` block, one
+    new short stream every `every_s`, as the OpenAI SDK behaves: a request whose connection was
+    reset before any answer (uvicorn closes a connection it accepted but had not read yet when a
+    graceful reload ends its worker) is sent again, twice at most; each resend is counted."""
+
+    def __init__(self, sim: SimFleet, key: str, *, every_s: float = 0.4, max_tokens: int = 48,
+                 resend_unanswered: int = 2) -> None:
+        node_of = {f"http://{m.ip}:8000": m.name for m in sim.nodes}
+        self.streams = Streams(f"http://{sim.gateway.ip}:4000", key, node_of, max_tokens=max_tokens,
+                               timeout_s=120, resend_unanswered=resend_unanswered)
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.streams.add(1)
+
+    def __enter__(self) -> Clients:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.streams.wait(180)
+
+    @property
+    def failed(self) -> list[str]:
+        return [f"{s.node}: {s.error} (resent: {s.resent})" for s in self.streams.results if s.dropped]
+
+    @property
+    def resent(self) -> list[str]:
+        return [r for s in self.streams.results for r in s.resent]
+
+
 def on_every_engine(gateway_url: str, key: str, engines: dict[str, Served], *, max_tokens: int, first: int = 2,
                     tries: int = 8, wait_s: float = 3.0) -> Streams:
     """`first` streams through the gateway, then two more at a time until every engine carries one

@@ -48,7 +48,8 @@ LATEST_COLUMNS = (
 )
 
 
-def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, this: dict) -> list[dict]:
+def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, this: dict,
+                   history: dict[str, list[tuple[float, float]]]) -> list[dict]:
     """Every node's last bench, this one's from this run: the asset's Overview shows the latest
     materialization of any partition, so each one carries every node's latest figures by name."""
     rows = []
@@ -63,7 +64,7 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         m = records.values(rec.asset_materialization)
         rows.append({"node": n.name, "benched (UTC)": summary.when(rec.timestamp),
                      "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
-                     "trend": summary.trend([v for _, v in reversed(records.bench_points(context.instance, n.name))]),
+                     "trend": summary.trend([v for _, v in history[n.name]]),
                      "vs reference": summary.ratio(summary.rounded(m.get(keys.VS_REFERENCE), 2)),
                      "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)), "promoted": m.get(keys.PROMOTED)})
     return rows
@@ -88,13 +89,12 @@ def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: F
     return meta
 
 
-def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str, mean: float) -> dict:
+def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str,
+                   history: dict[str, list[tuple[float, float]]]) -> dict:
     """The fleet's bench history: a PNG file (path, inline) and the same image as markdown."""
     from spark_pipelines.assets.bench_chart import render_fleet_history_png
 
-    series = {n.name: records.bench_points(context.instance, n.name) for n in fleet.serve_nodes}
-    series[node] = series.get(node, []) + ([(time.time(), mean)] if mean > 0 else [])
-    series = {k: v for k, v in series.items() if v}
+    series = {k: v for k, v in history.items() if v}
     if not series:
         return {}
     png = render_fleet_history_png(series, floors={n.name: fleet.bench_floor(n) for n in fleet.serve_nodes
@@ -145,16 +145,18 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     if b.acceptance is not None:
         meta[keys.SPEC_ACCEPTANCE_RATE] = num(b.acceptance, 3)
         meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
-    earlier = [v for _, v in reversed(records.bench_points(context.instance, node))]
+    # Every node's bench history read once, oldest first, this bench last on its own node.
+    history = {n.name: list(reversed(records.bench_points(context.instance, n.name))) for n in f.serve_nodes}
+    history[node] = history.get(node, []) + ([(time.time(), mean_v)] if mean_v > 0 else [])
     this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
-            "trend": summary.trend(earlier + ([mean_v] if mean_v > 0 else [])),
+            "trend": summary.trend([v for _, v in history[node]]),
             "vs reference": summary.ratio(vs_ref), "floor tok/s": floor, "promoted": b.promoted}
     # First: the asset's Overview shows the newest materialization of any node, so every node's
     # latest figures head it (one node's own page is the Partitions tab with that node selected).
-    meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this)), **meta}
+    meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this, history)), **meta}
     meta.update(vs_fleet(context, f, b.record))
     try:
-        meta.update(chart_metadata(context, f, node, mean_v))
+        meta.update(chart_metadata(context, f, node, history))
     except Exception as e:  # a chart must never fail a bench
         context.log.warning(f"bench history chart not rendered: {first_line(e)}")
     return meta

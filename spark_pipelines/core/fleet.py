@@ -598,6 +598,11 @@ def _check_text_at(value: str, where: str) -> None:
         raise ValueError(f"{where}: {e}") from None
 
 
+# The runbook's own fleet in the clone: what every command reads when neither --fleet nor
+# SPARK_FLEET names another file.
+SEED_FLEET = "fleets/seed.yaml"
+
+
 def parse_fleet(data: Any, source: str = "<fleet>") -> Fleet:
     if data is None:
         raise FleetError(f"{source}: the file is empty; start from a copy of fleets/seed.yaml")

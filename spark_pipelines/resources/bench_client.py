@@ -14,7 +14,7 @@ import asyncio
 import datetime as _dt
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import httpx
@@ -335,41 +335,11 @@ async def run_bench_async(
     loaded_requests: int | None = None,
     require_isolation: bool = True,
     timeout_s: float = 600.0,
-    max_s: float | None = None,
     reference_mean_tok_s: float = core.REFERENCE_MEAN_TOK_S,
     on_progress: Callable[[str], None] | None = None,
 ) -> core.BenchReport:
     """Run a suite; see `run_bench`. `on_progress` gets one line per request (single stream) or
-    per concurrent phase, so a long bench is not silent. `max_s` bounds the whole bench."""
-    bench = _run_bench(base_url, model, suite, concurrency, repeats, api_key, metrics_url=metrics_url,
-                       stream=stream, ignore_eos=ignore_eos, loaded_max_tokens=loaded_max_tokens,
-                       loaded_requests=loaded_requests, require_isolation=require_isolation,
-                       timeout_s=timeout_s, reference_mean_tok_s=reference_mean_tok_s, on_progress=on_progress)
-    try:
-        async with asyncio.timeout(max_s):  # None: no bound beyond each request's timeout_s
-            return await bench
-    except TimeoutError:
-        raise BenchError(f"the bench did not finish within {max_s:.0f} s (--max-time); nothing was recorded") from None
-
-
-async def _run_bench(
-    base_url: str,
-    model: str,
-    suite: str,
-    concurrency: int,
-    repeats: int,
-    api_key: str | None,
-    *,
-    metrics_url: str | None,
-    stream: bool,
-    ignore_eos: bool,
-    loaded_max_tokens: int,
-    loaded_requests: int | None,
-    require_isolation: bool,
-    timeout_s: float,
-    reference_mean_tok_s: float,
-    on_progress: Callable[[str], None] | None,
-) -> core.BenchReport:
+    per concurrent phase, so a long bench is not silent."""
     say = on_progress or (lambda _line: None)
     plan = core.plan_suite(
         suite,
@@ -471,6 +441,7 @@ def run_bench(
     concurrency: int = core.LOADED_CONCURRENCY,
     repeats: int = core.RECIPE_RUNS,
     api_key: str | None = None,
+    max_s: float | None = None,
     **options: object,
 ) -> core.BenchReport:
     """Run `suite` ("recipe" | "loaded" | "all") against an OpenAI-compatible server.
@@ -481,11 +452,21 @@ def run_bench(
     /metrics must show no running or waiting request (else `core.BenchRefused`). Keyword options:
     metrics_url (vLLM's /metrics when base_url is a gateway), stream (False = the recipe's
     non-streaming POSTs), ignore_eos, loaded_max_tokens, loaded_requests, require_isolation,
-    timeout_s, reference_mean_tok_s (what the report compares the recipe mean with). Raises BenchError when the server is unreachable or every request fails.
+    timeout_s, reference_mean_tok_s (what the report compares the recipe mean with). max_s bounds
+    the whole bench. Raises BenchError when the server is unreachable, every request fails, or
+    max_s passes.
     """
-    return asyncio.run(
-        run_bench_async(base_url, model, suite, concurrency, repeats, api_key, **options)  # type: ignore[arg-type]
-    )
+    return asyncio.run(_within(max_s, run_bench_async(base_url, model, suite, concurrency, repeats, api_key,
+                                                      **options)))  # type: ignore[arg-type]
+
+
+async def _within(max_s: float | None, bench: Awaitable[core.BenchReport]) -> core.BenchReport:
+    """The whole bench bounded by max_s (None: only each request's timeout_s)."""
+    try:
+        async with asyncio.timeout(max_s):
+            return await bench
+    except TimeoutError:
+        raise BenchError(f"the bench did not finish within {max_s:.0f} s (--max-time); nothing was recorded") from None
 
 
 async def _probe(client: httpx.AsyncClient, api_root: str, headers: Mapping[str, str]) -> None:

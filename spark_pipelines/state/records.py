@@ -239,23 +239,17 @@ def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True)
 
 
-def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> dict[str, Any] | None:
-    """The newest sweep's verdict and evidence, with the newest quarantine state over it: a
-    quarantine or release observation (no verdict of its own) must not blank the health column."""
+def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> tuple[dict[str, Any] | None, float | None]:
+    """The newest sweep's verdict and evidence, with the newest quarantine state over it (a
+    quarantine or release observation, no verdict of its own, must not blank the health column),
+    and when that verdict was recorded; (None, None) when nothing was observed."""
     records = instance.fetch_observations(dg.AssetRecordsFilter(
         asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
-    seen = [values(r.event_log_entry.asset_observation) for r in records]
+    seen = [(values(r.event_log_entry.asset_observation), r.timestamp) for r in records]
     if not seen:
-        return None
-    swept = next((v for v in seen if keys.VERDICT in v), {})
-    return {**swept, **{k: seen[0][k] for k in (keys.QUARANTINED,) if k in seen[0]}}
-
-
-def latest_health_at(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> float | None:
-    """When the newest sweep verdict on `node` was recorded (None: never)."""
-    records = instance.fetch_observations(dg.AssetRecordsFilter(
-        asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
-    return next((r.timestamp for r in records if keys.VERDICT in values(r.event_log_entry.asset_observation)), None)
+        return None, None
+    swept, at = next(((v, t) for v, t in seen if keys.VERDICT in v), ({}, None))
+    return {**swept, **{k: seen[0][0][k] for k in (keys.QUARANTINED,) if k in seen[0][0]}}, at
 
 
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
@@ -265,6 +259,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
         dep = latest(instance, steps.NODE_DEPLOYMENT, node.name)
         art = latest(instance, steps.NODE_ARTIFACTS, node.name)
         bench = latest(instance, steps.BENCH_RESULTS, node.name)
+        health, health_at = latest_health(instance, node.name)
         facts.append(summary.NodeFacts(
             node=node.name,
             deployment=values(dep.asset_materialization) if dep else None,
@@ -272,8 +267,8 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             artifacts=values(art.asset_materialization) if art else None,
             bench=values(bench.asset_materialization) if bench else None,
             benched_at=bench.timestamp if bench else None,
-            health=latest_health(instance, node.name),
-            health_at=latest_health_at(instance, node.name),
+            health=health,
+            health_at=health_at,
             bench_means=[mean for _, mean in reversed(bench_points(instance, node.name))],
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,

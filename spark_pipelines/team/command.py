@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from spark_pipelines.console import ConsoleError
+from spark_pipelines.core.fleet import SEED_FLEET
 from spark_pipelines.team.engine import EngineError
 from spark_pipelines.team.instance import WEB_PORT, Team, default_root
 from spark_pipelines.team.postgres import PostgresError
@@ -28,7 +29,7 @@ def default_fleet() -> str:
     """SPARK_FLEET, else the simulated fleet's file when one is up here, else the runbook's."""
     if os.environ.get("SPARK_FLEET"):
         return os.environ["SPARK_FLEET"]
-    return "sim-fleet.yaml" if Path("sim-fleet.yaml").exists() else "fleets/seed.yaml"
+    return "sim-fleet.yaml" if Path("sim-fleet.yaml").exists() else SEED_FLEET
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.ssh import FleetSession, read_command_log
 from spark_pipelines.runbook.adoption_build import adopt_build_host, adopt_node_artifacts, asset_value
 from spark_sim.hand import Hand, build_by_hand, quick_relaunch_script, spark_pipelines_traces, wait_healthy
-from spark_sim.traffic import Streams
+from spark_sim.traffic import Clients
 from tests.e2e.test_chain import is_heavy
 from tests.plugins.distribution import sim_fleet_of
 
@@ -151,42 +151,9 @@ def test_check_mode_writes_nothing_and_would_adopt_everything(hand):
     print(f"adopt --check (build host + 2 node copies): {seconds:.1f} s")
 
 
-class Traffic:
-    """Clients streaming through the hand-built gateway for the whole of a block, one new stream
-    every `every_s`: how many were sent, how many failed, which node served each."""
-
-    def __init__(self, hand, every_s: float = 0.4):
-        sim = hand["sim"]
-        node_of = {f"http://{m.ip}:8000": m.name for m in sim.nodes}
-        # Clients as the OpenAI SDK behaves: a request whose connection was reset before any answer
-        # (uvicorn closes a connection it accepted but had not read yet when a graceful reload ends
-        # its worker) is sent again, twice at most. Each resend is counted and reported.
-        self.streams = Streams(f"http://{sim.gateway.ip}:4000", os.environ["LITELLM_MASTER_KEY"], node_of,
-                               max_tokens=48, timeout_s=120, resend_unanswered=2)
-        self.every_s = every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.streams.add(1)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.streams.wait(180)
-
-    @property
-    def failed(self) -> list[str]:
-        return [f"{s.node}: {s.error} (resent: {s.resent})" for s in self.streams.results if s.dropped]
-
-    @property
-    def resent(self) -> list[str]:
-        return [r for s in self.streams.results for r in s.resent]
+def streaming(hand, every_s: float = 0.4) -> Clients:
+    """Clients streaming through the hand-built gateway for the whole of a block."""
+    return Clients(hand["sim"], os.environ["LITELLM_MASTER_KEY"], every_s=every_s)
 
 
 def not_checkpoint_heavy(hand, since: int) -> list[str]:
@@ -254,7 +221,7 @@ def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
     states = {n: file_states(sim, n) for n in ("spark1", "spark2")}
     images = {n: docker_id(sim, n, "image", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") for n in states}
     since = commands_so_far(hand)
-    with Traffic(hand) as traffic:
+    with streaming(hand) as traffic:
         t0 = time.monotonic()
         res = run_job(hand, "adopt_job")
         adopt_seconds = time.monotonic() - t0
@@ -310,7 +277,7 @@ def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
 
 def test_a_changed_launch_profile_rolls_out_through_drains_that_empty_the_node(hand):
     path = relaunch_variant(hand, "fleet-v2.yaml", env={"VLLM_LOGGING_LEVEL": "INFO"})
-    with Traffic(hand) as traffic:
+    with streaming(hand) as traffic:
         res = run_job(hand, "rollout_job", fleet=path)
     assert res.success, failures(res)
     assert not traffic.failed, traffic.failed
@@ -341,7 +308,7 @@ def test_one_node_unlike_the_fleet_file_is_reported_and_moved_only_by_the_rollou
     res = run_job(hand, "adopt_job", fleet=path)
     assert res.success, failures(res)
     assert docker_id(sim, "spark2", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") == cid  # left as it is
-    with Traffic(hand) as traffic:
+    with streaming(hand) as traffic:
         res = run_job(hand, "rollout_job", fleet=path)
     assert res.success, failures(res)
     assert not traffic.failed, traffic.failed

@@ -74,7 +74,8 @@ def test_the_demo_instance_fails_a_dead_run_and_upgrades_the_config_it_wrote_bef
 
 def test_make_ui_keeps_the_demos_fleet_file_or_says_loudly_that_it_switched(tmp_path, monkeypatch):
     """Issue 23, item 11: after `make sim-down` the UI must not quietly open on the seed's real hosts."""
-    from spark_pipelines.demo import DEMO_FLEET_RECORD, SEED_FLEET, ui_fleet
+    from spark_pipelines.core.fleet import SEED_FLEET
+    from spark_pipelines.demo import DEMO_FLEET_RECORD, ui_fleet
 
     monkeypatch.chdir(tmp_path)
     home = tmp_path / ".dagster-home"
