@@ -8,6 +8,7 @@ sim    the simulated GB10 fleet (up | down | status | set)
 bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
 doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
+sudoers the exact sudoers lines Phase 0 (node_os_job) needs on each node
 team   the team instance here: PostgreSQL, Dagster daemon + UI, each run in a container (up | down | status)
 
 Bad input exits with status 2 and one clear message on stderr, never a traceback.
@@ -150,18 +151,21 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     fleet = load_fleet(args.fleet)
     plan = build_plan(fleet, args.node)
-    live = None
+    live = phase0 = None
     if args.live:
-        from spark_pipelines import adopt_command
+        from spark_pipelines import adopt_command, node_os_command
 
         try:
             live = adopt_command.check(args.fleet, [args.node] if args.node else None)
         except adopt_command.Unreachable as e:
             print(f"spark-pipelines plan --live: {e}", file=sys.stderr)
             return 1
+        phase0 = node_os_command.check(args.fleet, [args.node] if args.node else None)
     if args.format == "json":
         if live is not None:
             plan["live"] = [f.to_dict() for f in live]
+        if phase0 is not None:
+            plan["node_os"] = [p.to_dict() for p in phase0]
         print(json.dumps(plan, indent=2))
     else:
         print(f"# fleet file: {Path(args.fleet).resolve()}")
@@ -171,6 +175,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
             print("\n== live: what the chain would do to the fleet as it runs now (nothing was changed)")
             print(render_text(live))
+        if phase0 is not None:
+            from spark_pipelines.node_os_command import render_text as phase0_text
+
+            print("\n== Phase 0 (node_os_job): what it would change on each node (nothing was changed)")
+            print(phase0_text(phase0))
     return 0
 
 
@@ -199,7 +208,7 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import adopt_command, bench_command, demo, doctor
+    from spark_pipelines import adopt_command, bench_command, demo, doctor, node_os_command
     from spark_pipelines.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
@@ -221,6 +230,10 @@ def parser() -> Parser:
                          description=doctor.__doc__)
     doctor.add_arguments(doc)
     doc.set_defaults(run=doctor.doctor_run)
+    sudoers = sub.add_parser("sudoers", help="the exact sudoers lines Phase 0 (node_os_job) needs on a node",
+                             description=node_os_command.__doc__)
+    node_os_command.add_sudoers_arguments(sudoers)
+    sudoers.set_defaults(run=node_os_command.sudoers_run)
     team = sub.add_parser("team", help="the team instance: PostgreSQL, daemon, runs in containers",
                           description=team_command.__doc__)
     team_command.add_arguments(team)

@@ -26,6 +26,8 @@ from spark_pipelines.assets.images import image_definitions
 from spark_pipelines.assets.model import model_definitions
 from spark_pipelines.assets.jit_cache import jit_cache_definitions
 from spark_pipelines.assets.nodes import node_definitions
+from spark_pipelines.assets.node_join import node_join_definitions
+from spark_pipelines.assets.node_os import node_os_definitions
 from spark_pipelines.assets.rollout import rollout_definitions
 from spark_pipelines.assets.wedge import wedge_definitions
 from spark_pipelines.core import steps
@@ -71,6 +73,8 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         model_definitions(fleet),
         images,
         nodes,
+        node_os_definitions(fleet),
+        node_join_definitions(fleet),
         rollout,
         jit_cache_definitions(fleet),
         gateway_definitions(fleet),

@@ -151,6 +151,7 @@ class SimFleet:
             "slot": self.layout.slot,
             "members": [{**m.__dict__, "dir": str(m.dir)} for m in members],
             "link_mbit": link_mbit,
+            "tokens_per_second": tokens_per_second,
             "made": {},
         }
         self._save_state()
@@ -204,6 +205,40 @@ class SimFleet:
             self.down()
             raise
         return fleet_path
+
+    def add_node(self, hardware: str = "gx10") -> Member:
+        """A GB10 joins the running fleet, not yet in its fleet file (the operator adds it there):
+        its namespace, user, sshd and dockerd with the base image, everyone's known_hosts updated.
+        Returns it; `sim down` removes it with the rest."""
+        if not self.is_up:
+            raise SimError("no simulated fleet is up; run `spark-pipelines sim up` first")
+        index = len(self.nodes) + 1
+        if index > MAX_NODES:
+            raise SimError(f"the fleet already has {MAX_NODES} nodes, the most a slot holds")
+        m = self.layout.member(f"spark{index}", index, hardware)
+        seed = read_seed()
+        host = NodeHost(self.layout, self._record, node_lib.install(self.layout.root),
+                        engine_port=int(seed.get("launch", {}).get("port", 8000)),
+                        tokens_per_second=float(self.state.get("tokens_per_second", DEFAULT_TOKENS_PER_SECOND)))
+        self.state["members"].insert(len(self.nodes), {**m.__dict__, "dir": str(m.dir)})
+        self._save_state()
+        network.make_member_netns(self.layout, m, self._record)
+        if self.state.get("link_mbit") is not None:
+            network.limit_link(self.layout, m, self.state["link_mbit"])
+        host.make_member(m)
+        keys = {x.name: (x.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()[0:2] for x in self.members}
+        host.write_known_hosts(self.members, keys)
+        host.start_sshd(m)
+        host.start_dockerd(m)
+        wait_until(f"sshd of {m.name} ({m.ip}:{SSH_PORT})", lambda: ssh_banner(m.ip), 15, m.dir / "ssh" / "sshd.log")
+        log = m.dir / "docker" / "dockerd.log"
+        wait_until(f"dockerd of {m.name}", lambda: docker_ping(m.docker_sock), 30, log,
+                   failed=lambda: dockerd_failed(log))
+        base_image.import_into(m.docker_host, base_image.build_tarball())
+        trusted = (self.nodes[0].home / ".gitconfig")
+        if trusted.exists():
+            write(m.home / ".gitconfig", trusted.read_text(), 0o644, owner=m.user)
+        return m
 
     def _make_upstream(self) -> dict[str, Any]:
         """Local stand-ins of the recipe and build repos and of the HF hub, if the module exists."""

@@ -29,6 +29,7 @@ from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUE
 from spark_pipelines.core.fleet_settings import (
     BenchSettings,
     ColdDrainSettings,
+    NodeOsSettings,
     DistributionSettings,
     HealthSettings,
     PreflightSettings,
@@ -444,6 +445,7 @@ class Fleet(Strict):
     bench: BenchSettings = BenchSettings()
     preflight: PreflightSettings = PreflightSettings()
     cold_drain: ColdDrainSettings = ColdDrainSettings()
+    node_os: NodeOsSettings = NodeOsSettings()
     rollout: RolloutSettings = RolloutSettings()
     distribution: DistributionSettings = DistributionSettings()
     health: HealthSettings = HealthSettings()

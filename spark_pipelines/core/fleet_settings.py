@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
-from spark_pipelines.core.fleet_types import Float, Int, NodeName, Strict
+from spark_pipelines.core.fleet_types import Float, Int, NodeName, Strict, _shape
 from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
 
 
@@ -63,6 +63,21 @@ class ColdDrainSettings(Strict):
     operator_timeout_s: Int = Field(default=3600, ge=60, le=24 * 3600, description="no plug: until the operator's unit answers SSH again")
     boot_timeout_s: Int = Field(default=900, ge=10, le=3600, description="with a plug: from power on until SSH answers")
     engine_timeout_s: Int = Field(default=900, ge=10, le=6 * 3600, description="docker start until /health (warm 7-10 min)")
+
+
+class NodeOsSettings(Strict):
+    """Phase 0 (node_os_job): an operator's choices per fleet. The runbook's values themselves (the
+    service lists, the nine sysctls, swap, earlyoom) are invariants in core/node_os.py."""
+
+    # "Disable tailscale if not needed": kept by default, SSH to a node often rides on it.
+    disable_tailscale: bool = False
+    keep_services: tuple[Annotated[str, _shape(names.UNIT_NAME, "service name")], ...] = Field(
+        default=(), description="units of the runbook's lists this fleet keeps (e.g. dgx-dashboard-admin)")
+    # "Hard reset > waiting when SSH locks up for >10 min" (lesson 5).
+    reboot_ssh_timeout_s: Int = Field(default=600, ge=30, le=3600, description="after `sudo reboot`, until SSH answers")
+    power_cycle: Literal["ask", "auto"] = Field(
+        default="ask", description="a node that does not come back: auto cuts AC through its smart plug "
+                                   "(cold_drain.smart_plugs), ask quarantines it with the runbook's advice")
 
 
 class RolloutSettings(Strict):

@@ -24,6 +24,8 @@ PATH = re.compile(r"^(?:~|~/[A-Za-z0-9._/+@-]*|/[A-Za-z0-9._/+@-]*)\Z")  # `~use
 # A path relative to a repository checkout (patch files, Dockerfiles).
 REPO_PATH = re.compile(r"^[A-Za-z0-9._+@][A-Za-z0-9._/+@-]*\Z")  # no leading "-": it would read as an option
 # Environment variable names as POSIX defines them.
+# A systemd unit as systemctl takes it: `gdm3`, `snapd.socket`, `NetworkManager-wait-online`.
+UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}\Z")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
 # Env values end up in `-e NAME=VALUE`; keep them printable and free of quotes and newlines.
 ENV_VALUE = re.compile(r"^[A-Za-z0-9_.:,=/+@%-]*\Z")

@@ -83,6 +83,9 @@ CHECKS: tuple[tuple[str, str], ...] = (
 RESIDUE_CHECK = ("residue", "free CUDA memory back at the profile's clean-boot baseline (a residue quarantine)")
 
 
+CLEAN_BOOT_CHECK = "clean boot"
+
+
 def evaluate(
     node: str,
     obs: Observations,
@@ -92,9 +95,12 @@ def evaluate(
     profile_total_gib: float,
     min_disk_gib: float,
     residue_baseline_gib: float | None = None,
+    measured_baseline_gib: float | None = None,
 ) -> PreflightReport:
     """`residue_baseline_gib`: the node is quarantined for residue; refuse until free memory is
-    back at this clean-boot baseline (less than one failed start's residue below it is noise)."""
+    back at this clean-boot baseline (less than one failed start's residue below it is noise).
+    `measured_baseline_gib`: the node's own memcheck after its Phase 0 reboot; a drop below it by
+    more than one failed start's residue is said (residue accumulates above the baseline)."""
     checks: list[Check] = []
 
     if obs.gpu_state == "wedged":
@@ -174,10 +180,21 @@ def evaluate(
             checks.append(Check(
                 RESIDUE_CHECK[0], "fail",
                 f"quarantined for residue and free CUDA memory {obs.free_gib:.2f} GiB is still below the "
-                f"profile's clean-boot baseline {residue_baseline_gib:.2f} GiB",
+                f"clean-boot baseline {residue_baseline_gib:.2f} GiB",
                 "reboot the node (sudo reboot; cut AC power 90-120 s if free memory stays below the baseline), "
                 "flush the page cache, then redeploy"))
         else:
             checks.append(Check(RESIDUE_CHECK[0], "ok", f"free CUDA memory {obs.free_gib:.2f} GiB is back at the "
                                                         f"clean-boot baseline {residue_baseline_gib:.2f} GiB"))
+    if measured_baseline_gib is not None and obs.free_gib is not None:
+        drop = measured_baseline_gib - obs.free_gib
+        if drop > RESIDUE_PER_FAILURE_GIB[0]:
+            checks.append(Check(
+                CLEAN_BOOT_CHECK, "warn",
+                f"free CUDA memory {obs.free_gib:.2f} GiB is {drop:.2f} GiB below this node's measured clean boot "
+                f"{measured_baseline_gib:.2f} GiB: residue of failed starts (lesson 11)",
+                "a reboot clears it (an AC power cut if it stays)"))
+        else:
+            checks.append(Check(CLEAN_BOOT_CHECK, "ok", f"free CUDA memory {obs.free_gib:.2f} GiB is at this node's "
+                                                        f"measured clean boot {measured_baseline_gib:.2f} GiB"))
     return PreflightReport(node=node, checks=checks, memory=gate)

@@ -14,6 +14,7 @@ from spark_pipelines.core import gpu, preflight, remote
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.state import markers
 
 MEMCHECK_PY = "import torch; f, t = torch.cuda.mem_get_info(); print(f / 2**30, t / 2**30)"
 GPU_DEVICE = "/dev/nvidia0"
@@ -98,9 +99,12 @@ def evaluate(s: FleetSession, node: Node, obs: preflight.Observations, gmu: floa
     is back at its profile's clean-boot baseline."""
     fleet = s.fleet
     prof = fleet.profile_of(node)
+    measured = markers.read_clean_boot(s, node)  # node_os's memcheck after the Phase 0 reboot
+    baseline = measured.free_gib if measured else prof.clean_boot_free_gib
     return preflight.evaluate(
         node.name, obs, gmu=gmu, max_gmu=prof.max_gmu, profile_total_gib=prof.cuda_total_gib,
         min_disk_gib=(fleet.preflight.build_host_disk_gib if node.name == fleet.build_node.name
                       else fleet.preflight.serve_node_disk_gib),
-        residue_baseline_gib=prof.clean_boot_free_gib if residue_quarantine else None,
+        residue_baseline_gib=baseline if residue_quarantine else None,
+        measured_baseline_gib=measured.free_gib if measured else None,
     )

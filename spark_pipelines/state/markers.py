@@ -25,6 +25,7 @@ from spark_pipelines.resources.ssh import FleetSession
 # The step names of the typed markers (files under core.layout.STATE_DIR/markers/).
 DEPLOY = "node_deployment"  # what node_deployment skips on: the container that serves the launch spec
 ROLLOUT_POINT = "rollout_point"  # what a rollout's revert puts back (kept until the rollout finishes)
+CLEAN_BOOT = "clean_boot"  # the node's memcheck after its Phase 0 reboot (node_os)
 DEPLOY_JOURNAL = "deploy_journal"  # a deploy in flight: what it set aside, for whoever finds it dead
 
 
@@ -92,6 +93,22 @@ class DeployMarker(Marker):
     adopted: bool = False
     labels: dict[str, str] = {}
     metadata: dict[str, Any] = {}
+
+
+class CleanBoot(Marker):
+    """The node's own clean-boot baseline: the runbook's memcheck right after a Phase 0 reboot,
+    engine stopped. The memory gate and the residue verdict use it over the profile's figure."""
+
+    free_gib: float
+    measured_at: str
+
+
+def read_clean_boot(session: FleetSession, node: Node) -> CleanBoot | None:
+    return read_typed(session, node, CLEAN_BOOT, CleanBoot)
+
+
+def write_clean_boot(session: FleetSession, node: Node, marker: CleanBoot) -> None:
+    write_typed(session, node, CLEAN_BOOT, marker)
 
 
 class RolloutPoint(Marker):

@@ -43,13 +43,14 @@ def test_definitions_shape():
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == {"base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image",
                     "node_artifacts", "artifact_distribution", "node_deployment", "jit_cache", "gateway",
-                    "bench_results", "wedge_evidence", "cold_drain", "fleet_summary", "fleet_rollout", "fleet_adoption"}
+                    "bench_results", "wedge_evidence", "cold_drain", "fleet_summary", "fleet_rollout", "fleet_adoption",
+                    "node_os", "node_join"}
     node = repo.asset_graph.get(__import__("dagster").AssetKey("node_deployment"))
     assert node.partitions_def.get_partition_keys() == ["spark1", "spark2"]
     cv = code_versions(load_fleet("fleets/seed.yaml"))
     assert node.code_version == cv["node_deployment"]
     assert {j.name for j in repo.get_all_jobs()} >= {"build_job", "deploy_node_job", "gateway_job", "bench_job",
-                                                    "wedge_capture_job", "cold_drain_job", "rollout_job"}
+                                                    "wedge_capture_job", "cold_drain_job", "rollout_job", "node_os_job", "add_node_job"}
 
 
 def test_dagster_definitions_validate(tmp_path):

@@ -1,0 +1,294 @@
+"""The runbook's Phase 0 ("run once on each node"), as facts read and changes made only where they
+differ, the way idempotent configuration tools work: `plan` turns what a node reports into the
+changes that bring it to the runbook's state, each with its command and its undo; `verify` judges
+a node after the reboot. Pure: the runbook/node_os.py procedure reads the facts and runs the argv.
+
+Every value here is the runbook's, copied exactly; the fleet file holds only the choices an
+operator makes per fleet (keep tailscale, services kept running, the reboot's bounds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+# "Switch to headless multi-user target (no graphical login)"; "avoid sleep/wake cycles".
+HEADLESS_TARGET = "multi-user.target"
+
+# "Disable services we don't want" (the runbook's list, in its order).
+DISABLE: tuple[str, ...] = (
+    "gdm3", "plymouth", "snapd", "snapd.socket", "snapd.service", "snap.firmware-updater.firmware-notifier",
+    "cups", "cups-browsed", "avahi-daemon", "bluetooth", "ModemManager", "gnome-remote-desktop",
+    "NetworkManager-wait-online", "dgx-dashboard-admin", "dgx-dashboard", "fwupd", "lldpd", "multipathd",
+    "rasdaemon", "rdma-ndd", "rtkit-daemon", "smartmontools", "wpa_supplicant", "rpc-statd", "rpcbind",
+    "udisks2", "upower", "pulse-agent", "rsyslog",
+)
+# "MASK services that re-enable on boot via socket activation or wants (CRITICAL - disable alone
+# does NOT prevent these from re-starting)".
+MASK: tuple[str, ...] = (
+    "gdm3", "plymouth", "snapd", "snapd.socket", "dgx-dashboard", "dgx-dashboard-admin", "rdma-ndd", "rpcbind",
+    "rpcbind.socket", "rpc-statd", "rtkit-daemon", "smartd", "smartmontools", "wpa_supplicant", "rsyslog", "fwupd",
+    "lldpd", "multipathd", "rasdaemon", "udisks2", "upower", "pulse-agent",
+)
+# "If any of rdma-ndd, rpcbind, rpc-statd, rtkit-daemon, smartd, wpa_supplicant, rsyslog come back
+# after reboot, mask them again".
+COMES_BACK: tuple[str, ...] = ("rdma-ndd", "rpcbind", "rpc-statd", "rtkit-daemon", "smartd", "wpa_supplicant", "rsyslog")
+# "After reboot, verify ONLY these services are running (anything else is unwanted)".
+EXPECTED_RUNNING: tuple[str, ...] = ("containerd", "docker", "NetworkManager", "nvidia-persistenced")
+TAILSCALE = "tailscaled"  # "Disable tailscale if not needed": the fleet file says whether it is
+
+# "Apply memory sysctls (reserve 5GB from page cache starvation)", the file and its nine values.
+SYSCTL_PATH = "/etc/sysctl.d/90-dgx-spark-memory.conf"
+SYSCTLS: dict[str, str] = {
+    "vm.min_free_kbytes": "5242880",
+    "vm.vfs_cache_pressure": "200",
+    "vm.swappiness": "1",
+    "vm.dirty_background_ratio": "2",
+    "vm.dirty_ratio": "5",
+    "vm.panic_on_oom": "0",
+    "vm.max_map_count": "2097152",
+    "vm.zone_reclaim_mode": "0",
+    "vm.overcommit_memory": "1",
+}
+FSTAB = "/etc/fstab"
+# Hazard (1): "earlyoom (if installed) SIGKILLs EngineCore during warmup memory spike - apt purge earlyoom".
+EARLYOOM = "earlyoom"
+# "free -g ... Should show <8GB used (no GPU-holding desktop processes)".
+MAX_USED_GIB = 8
+
+Argv = tuple[str, ...]
+
+
+def version() -> str:
+    """node_os's code version: these values, hashed (an edited list or sysctl is a new Phase 0)."""
+    text = repr((HEADLESS_TARGET, DISABLE, MASK, COMES_BACK, sorted(SYSCTLS.items()), EARLYOOM, MAX_USED_GIB))
+    return "phase0-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def sudo(*argv: str) -> Argv:
+    """Every change of Phase 0 is root's; the session runs it as `sudo -n argv` (one sudoers line each)."""
+    return argv
+
+
+def unit_name(unit: str) -> str:
+    """systemd's own short form: `x.service` and `x` are one unit, `x.socket` is another."""
+    return unit[: -len(".service")] if unit.endswith(".service") else unit
+
+
+def sysctl_file_text() -> str:
+    return "".join(f"{k} = {v}\n" for k, v in SYSCTLS.items())
+
+
+def fstab_without_swap(fstab: str) -> str:
+    """The runbook's `sed -i '/swap/d' /etc/fstab`: every line naming swap goes (comments too)."""
+    return "".join(line for line in fstab.splitlines(keepends=True) if "swap" not in line)
+
+
+@dataclass(frozen=True)
+class OsFacts:
+    """What a node reports; every field is read, nothing is assumed."""
+
+    default_target: str
+    enablement: dict[str, str]  # unit -> enabled | disabled | masked | static | not-found | ...
+    running: frozenset[str]  # running services, short names
+    sysctl_file: str | None  # SYSCTL_PATH's text, None when absent
+    sysctl_live: dict[str, str]
+    swap_active: tuple[str, ...]
+    fstab: str
+    earlyoom_installed: bool
+    used_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The fleet file's say (NodeOsSettings): what an operator keeps."""
+
+    disable_tailscale: bool = False
+    keep_services: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class OsChange:
+    """One setting that differs: what it is, what it should be, the commands and their undo."""
+
+    setting: str
+    current: str
+    wanted: str
+    argvs: tuple[Argv, ...]
+    undo: tuple[Argv, ...]
+    stdin: str | None = None  # for a file written through `sudo tee`
+    undo_stdin: str | None = None
+    needs_reboot: bool = False  # takes full effect only at the next boot
+
+    @property
+    def line(self) -> str:
+        return f"{self.setting}: {self.current} -> {self.wanted}"
+
+
+def wanted_units(choices: Choices) -> dict[str, str]:
+    """unit -> the enablement Phase 0 leaves it in."""
+    wanted = {unit_name(u): "disabled" for u in DISABLE}
+    wanted.update({unit_name(u): "masked" for u in MASK})
+    if choices.disable_tailscale:
+        wanted[TAILSCALE] = "disabled"
+    for kept in choices.keep_services:
+        wanted.pop(unit_name(kept), None)
+    return wanted
+
+
+def unwanted_running(facts: OsFacts, choices: Choices) -> list[str]:
+    return sorted(u for u in wanted_units(choices) if u in facts.running)
+
+
+def plan(facts: OsFacts, choices: Choices) -> list[OsChange]:
+    """The changes that bring the node to Phase 0, in the runbook's order; [] on a provisioned node."""
+    changes: list[OsChange] = []
+    if facts.default_target != HEADLESS_TARGET:
+        changes.append(OsChange(
+            "default target", facts.default_target, HEADLESS_TARGET,
+            (sudo("systemctl", "set-default", HEADLESS_TARGET),),
+            (sudo("systemctl", "set-default", facts.default_target),), needs_reboot=True))
+    for unit, wanted in wanted_units(choices).items():
+        have = facts.enablement.get(unit, "not-found")
+        if have in ("not-found", wanted) or (wanted == "disabled" and have in ("masked", "static")):
+            continue
+        if wanted == "masked":
+            do, undo = [sudo("systemctl", "mask", unit)], [sudo("systemctl", "unmask", unit)]
+            if have == "enabled":
+                undo.append(sudo("systemctl", "enable", unit))
+        else:
+            do, undo = [sudo("systemctl", "disable", unit)], [sudo("systemctl", "enable", unit)]
+        changes.append(OsChange(f"service {unit}", have, wanted, tuple(do), tuple(undo), needs_reboot=True))
+    text = sysctl_file_text()
+    if facts.sysctl_file != text:
+        undo = (sudo("rm", "-f", SYSCTL_PATH),) if facts.sysctl_file is None else (sudo("tee", SYSCTL_PATH),)
+        changes.append(OsChange(
+            f"file {SYSCTL_PATH}", "absent" if facts.sysctl_file is None else "differs", "the runbook's nine values",
+            (sudo("tee", SYSCTL_PATH),), undo, stdin=text, undo_stdin=facts.sysctl_file))
+    live = {k: facts.sysctl_live.get(k, "?") for k in SYSCTLS if facts.sysctl_live.get(k) != SYSCTLS[k]}
+    if live:
+        changes.append(OsChange(
+            "live sysctls", ", ".join(f"{k}={v}" for k, v in live.items()),
+            ", ".join(f"{k}={SYSCTLS[k]}" for k in live),
+            (sudo("sysctl", "-p", SYSCTL_PATH),),
+            (sudo("sysctl", "-w", *(f"{k}={v}" for k, v in live.items() if v != "?")),)))
+    if facts.swap_active:
+        changes.append(OsChange("swap", "on (" + ", ".join(facts.swap_active) + ")", "off",
+                                (sudo("swapoff", "-a"),), (sudo("swapon", "-a"),)))
+    kept = fstab_without_swap(facts.fstab)
+    if kept != facts.fstab:
+        changes.append(OsChange(f"file {FSTAB}", "has swap lines", "no swap line", (sudo("tee", FSTAB),),
+                                (sudo("tee", FSTAB),), stdin=kept, undo_stdin=facts.fstab))
+    if facts.earlyoom_installed:
+        changes.append(OsChange("package earlyoom", "installed", "purged", (sudo("apt-get", "purge", "-y", EARLYOOM),),
+                                (sudo("apt-get", "install", "-y", EARLYOOM),)))
+    return changes
+
+
+def needs_reboot(changes: list[OsChange], facts: OsFacts, choices: Choices) -> bool:
+    """A mask or a target only holds after a boot; a unit still running though masked needs one too."""
+    return any(c.needs_reboot for c in changes) or bool(unwanted_running(facts, choices))
+
+
+@dataclass
+class Verdict:
+    """The runbook's "after reboot, verify clean baseline", one problem per line."""
+
+    problems: list[str] = field(default_factory=list)
+    remask: list[str] = field(default_factory=list)  # came back through socket activation
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+
+def verify(facts: OsFacts, choices: Choices) -> Verdict:
+    v = Verdict()
+    if facts.default_target != HEADLESS_TARGET:
+        v.problems.append(f"default target is {facts.default_target}, not {HEADLESS_TARGET}")
+    for unit in unwanted_running(facts, choices):
+        if unit in COMES_BACK:
+            v.remask.append(unit)
+        v.problems.append(f"{unit} is running after the reboot"
+                          + (" (socket-activated: mask it again)" if unit in COMES_BACK else ""))
+    for k, want in SYSCTLS.items():
+        if facts.sysctl_live.get(k) != want:
+            v.problems.append(f"{k} is {facts.sysctl_live.get(k, '?')}, not {want}")
+    if facts.swap_active:
+        v.problems.append("swap is on: " + ", ".join(facts.swap_active))
+    if facts.earlyoom_installed:
+        v.problems.append("earlyoom is installed")
+    if facts.used_gib is not None and facts.used_gib >= MAX_USED_GIB:
+        v.problems.append(f"free -g shows {facts.used_gib:g} GB used (runbook: < {MAX_USED_GIB} GB with no desktop)")
+    return v
+
+
+def remask_changes(units: list[str]) -> list[OsChange]:
+    """"mask them again": mask and stop, no reboot needed for a unit that is masked and stopped."""
+    return [OsChange(f"service {u}", "came back", "masked and stopped",
+                     (sudo("systemctl", "mask", u), sudo("systemctl", "stop", u)),
+                     (sudo("systemctl", "unmask", u),)) for u in units]
+
+
+# -- sudoers -----------------------------------------------------------------------------------
+
+# Where DGX OS 7 (Ubuntu 24.04) keeps the programs Phase 0 runs as root: sudoers wants absolute paths.
+PROGRAMS: dict[str, str] = {
+    "systemctl": "/usr/bin/systemctl", "tee": "/usr/bin/tee", "rm": "/usr/bin/rm", "sysctl": "/usr/sbin/sysctl",
+    "swapoff": "/usr/sbin/swapoff", "swapon": "/usr/sbin/swapon", "apt-get": "/usr/bin/apt-get",
+    "reboot": "/usr/sbin/reboot",
+}
+
+
+def root_argvs(choices: Choices) -> list[Argv]:
+    """Every argv Phase 0 and its undo can run as root, each exact (the sysctl undo's values are the
+    node's own, hence `sysctl -w vm.*`)."""
+    out: list[Argv] = [("systemctl", "set-default", HEADLESS_TARGET), ("systemctl", "set-default", "graphical.target")]
+    for unit, wanted in wanted_units(choices).items():
+        verbs = ("mask", "unmask", "enable", "stop") if wanted == "masked" else ("disable", "enable")
+        out += [("systemctl", v, unit) for v in verbs]
+    out += [("tee", SYSCTL_PATH), ("rm", "-f", SYSCTL_PATH), ("sysctl", "-p", SYSCTL_PATH), ("sysctl", "-w", "vm.*"),
+            ("swapoff", "-a"), ("swapon", "-a"), ("tee", FSTAB),
+            ("apt-get", "purge", "-y", EARLYOOM), ("apt-get", "install", "-y", EARLYOOM), ("reboot",)]
+    return out
+
+
+def sudoers_text(user: str, choices: Choices) -> str:
+    """The sudoers file for `user` that Phase 0 needs, nothing more (visudo -f /etc/sudoers.d/spark-phase0)."""
+    cmds = [" ".join((PROGRAMS[a[0]], *a[1:])) for a in root_argvs(choices)]
+    body = ", \\\n    ".join(cmds)
+    return (f"# spark-pipelines Phase 0 (node_os_job): each command exact\n"
+            f"Cmnd_Alias SPARK_PHASE0 = \\\n    {body}\n{user} ALL=(root) NOPASSWD: SPARK_PHASE0\n")
+
+
+# -- parsing what the node prints ----------------------------------------------------------------
+
+
+def parse_enablement(units: list[str], stdout: str) -> dict[str, str]:
+    """`systemctl is-enabled U...` prints one state per unit, in order."""
+    states = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if len(states) != len(units):
+        raise ValueError(f"systemctl is-enabled printed {len(states)} states for {len(units)} units")
+    return dict(zip(units, states))
+
+
+def parse_running(stdout: str) -> frozenset[str]:
+    """`systemctl list-units --type=service --state=running --no-legend --plain`."""
+    return frozenset(unit_name(line.split()[0]) for line in stdout.splitlines() if line.split())
+
+
+def parse_sysctls(keys: list[str], stdout: str) -> dict[str, str]:
+    values = [line.strip() for line in stdout.splitlines()]
+    return {k: v for k, v in zip(keys, values)}
+
+
+def parse_free_used_gib(stdout: str) -> float | None:
+    """`free -g`: the Mem: row's used column."""
+    for line in stdout.splitlines():
+        cols = line.split()
+        if cols and cols[0] == "Mem:" and len(cols) > 2:
+            try:
+                return float(cols[2])
+            except ValueError:
+                return None
+    return None

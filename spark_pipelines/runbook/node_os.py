@@ -1,0 +1,276 @@
+"""Phase 0 on one node (node_os_job): read the facts, change only what differs, reboot when a mask
+or the target needs it, verify the clean boot and measure the memcheck baseline.
+
+- The changes run in the runbook's order; when one fails, the ones already made are undone in
+  reverse (each has its undo in core/node_os.py) and nothing reboots.
+- The reboot is drained (never below gateway.min_in_rotation) and leased. The engine is stopped
+  before it and started after it (`docker start`, as the runbook does after a boot).
+- A node whose SSH does not answer within node_os.reboot_ssh_timeout_s (the runbook's ">10 min:
+  hard reset") is power-cycled through its smart plug when node_os.power_cycle is auto, and
+  otherwise quarantined with the step and the runbook's advice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from spark_pipelines.core import node_os
+from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.polling import poll_until
+from spark_pipelines.resources import engine
+from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.runbook import quarantine, rotation, wedge
+from spark_pipelines.runbook.preflight import MEMCHECK_PY
+from spark_pipelines.state import ledger, markers
+
+READ_TIMEOUT_S = 30
+CHANGE_TIMEOUT_S = 300  # apt-get purge is the slow one
+DOWN_TIMEOUT_S = 120  # after `sudo reboot`, until SSH stops answering
+MEMCHECK_TIMEOUT_S = 300
+UNREACHABLE = "unreachable"  # the quarantine verdict of a node that did not come back
+ADVICE = ("runbook lesson 5: hard reset > waiting when SSH locks up for >10 min (power-cycle it at the wall or "
+          "through its smart plug, then run node_os_job for it again)")
+
+
+def choices(fleet: Fleet) -> node_os.Choices:
+    s = fleet.node_os
+    return node_os.Choices(disable_tailscale=s.disable_tailscale, keep_services=frozenset(s.keep_services))
+
+
+def _read(s: FleetSession, n: str, argv: list[str]):
+    return s.run(n, argv, check=False, log=False, timeout=READ_TIMEOUT_S)
+
+
+def _file(s: FleetSession, n: str, path: str) -> str | None:
+    r = _read(s, n, ["cat", path])
+    if r.ok:
+        return r.stdout
+    if "No such file" in r.stderr:
+        return None
+    raise RunbookError(f"{n}: `cat {path}` exited {r.exit_status} ({first_line(r.stderr) or 'no output'}); "
+                       "check the file's permissions on the node")
+
+
+def read_facts(s: FleetSession, node: Node) -> node_os.OsFacts:
+    """Read-only: everything Phase 0 sets, as the node reports it."""
+    n = node.name
+    units = sorted({node_os.unit_name(u) for u in (*node_os.DISABLE, *node_os.MASK)} | {node_os.TAILSCALE})
+    target = _read(s, n, ["systemctl", "get-default"])
+    enabled = _read(s, n, ["systemctl", "is-enabled", *units])
+    running = _read(s, n, ["systemctl", "list-units", "--type=service", "--state=running", "--no-legend", "--plain"])
+    keys = list(node_os.SYSCTLS)
+    live = _read(s, n, ["sysctl", "-n", *keys])
+    swaps = _read(s, n, ["swapon", "--show=NAME", "--noheadings"])
+    earlyoom = _read(s, n, ["dpkg-query", "-W", "-f", "${Status}", node_os.EARLYOOM])
+    free = _read(s, n, ["free", "-g"])
+    if not target.stdout.strip():
+        raise RunbookError(f"{n}: `systemctl get-default` printed nothing (exit {target.exit_status}): "
+                           "Phase 0 needs a systemd node")
+    try:
+        enablement = node_os.parse_enablement(units, enabled.stdout)
+    except ValueError as e:
+        raise RunbookError(f"{n}: {e}; run `systemctl is-enabled` there to see why") from None
+    return node_os.OsFacts(
+        default_target=target.stdout.strip(),
+        enablement=enablement,
+        running=node_os.parse_running(running.stdout),
+        sysctl_file=_file(s, n, node_os.SYSCTL_PATH),
+        sysctl_live=node_os.parse_sysctls(keys, live.stdout),
+        swap_active=tuple(swaps.stdout.split()),
+        fstab=_file(s, n, node_os.FSTAB) or "",
+        earlyoom_installed="install ok installed" in earlyoom.stdout,
+        used_gib=node_os.parse_free_used_gib(free.stdout),
+    )
+
+
+def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...], stdin: str | None) -> None:
+    n = node.name
+    r = s.run(n, list(argv), sudo=True, stdin=stdin if argv[0] == "tee" else None, check=False,
+              log=argv[0] != "tee", timeout=CHANGE_TIMEOUT_S)
+    if r.ok:
+        return
+    why = first_line(r.stderr or r.tail) or "no output"
+    if "password" in why.lower():
+        raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` wants a password; add the Phase 0 sudoers lines of "
+                           f"the README (\"Pointing it at real nodes\") for user {node.user} on {n}")
+    raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` exited {r.exit_status} ({why})")
+
+
+def undo(s: FleetSession, node: Node, done: list[node_os.OsChange]) -> list[str]:
+    """The made changes undone in reverse; returns the undos that failed (each is tried)."""
+    failed = []
+    for c in reversed(done):
+        for argv in c.undo:
+            try:
+                _run_root(s, node, argv, c.undo_stdin)
+            except (RunbookError, RemoteError) as e:
+                failed.append(f"{c.setting}: {first_line(e)}")
+    return failed
+
+
+def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[str]:
+    """Each change in order; on any failure the made ones are undone and the error names both."""
+    done: list[node_os.OsChange] = []
+    try:
+        for c in changes:
+            for argv in c.argvs:
+                _run_root(s, node, argv, c.stdin)
+            done.append(c)
+            s.log.info(f"[{node.name}] Phase 0: {c.line}")
+    except BaseException as e:
+        failed = undo(s, node, done)
+        if isinstance(e, RunbookError):
+            e.description = (f"{e.description}; the {len(done)} change(s) made before it were undone"
+                             + (f", except: {'; '.join(failed)}" if failed else ""))
+            e.args = (e.description,)
+        raise
+    return [c.line for c in done]
+
+
+def memcheck(s: FleetSession, node: Node) -> float | None:
+    """The runbook's memcheck container (free CUDA memory, GiB), when the serving image is on the node."""
+    image = s.fleet.launch_for(node).image
+    n = node.name
+    if not _read(s, n, ["docker", "image", "inspect", "--format", "{{.Id}}", image]).ok:
+        return None
+    r = s.run(n, ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "python3", image, "-c", MEMCHECK_PY],
+              check=False, log=False, timeout=MEMCHECK_TIMEOUT_S)
+    if not r.ok or len(r.stdout.split()) < 2:
+        raise RunbookError(f"{n}: the memcheck container exited {r.exit_status} "
+                           f"({first_line(r.stderr) or 'no output'}); is the GPU visible to docker there?")
+    return round(float(r.stdout.split()[-2]), 2)
+
+
+def _engine_running(s: FleetSession, node: Node) -> bool:
+    name = s.fleet.launch_for(node).container_name
+    r = _read(s, node.name, ["docker", "inspect", "--format", "{{.State.Running}}", name])
+    return r.ok and r.stdout.strip() == "true"
+
+
+@dataclass
+class Provisioned:
+    node: str
+    planned: list[str]
+    applied: list[str] = field(default_factory=list)
+    rebooted: bool = False
+    remasked: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    clean_boot_free_gib: float | None = None
+    steps: list[str] = field(default_factory=list)
+    check_only: bool = False
+
+
+def _back_up(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], d: rotation.Drain) -> list[str]:
+    """Wait for SSH after the reboot; past the bound, the smart plug by policy or the quarantine."""
+    f, n = s.fleet, node.name
+    bound = f.node_os.reboot_ssh_timeout_s
+    if wedge._wait_ssh(node, True, bound):
+        return ["SSH answers again after the reboot"]
+    plug = f.cold_drain.smart_plugs.get(n)
+    if plug is not None and f.node_os.power_cycle == "auto":
+        say(f"{n}: SSH dead {bound} s after `sudo reboot`: power-cycling it through its smart plug (node_os.power_cycle: auto)")
+        try:
+            return wedge.power_cycle(s, node, say)
+        except RunbookError as e:
+            why = f"did not come back from its Phase 0 reboot, nor from a power cycle ({first_line(e)})"
+    else:
+        why = f"did not answer SSH within {bound} s of its Phase 0 reboot (step: reboot)"
+    d.keep_out = True
+    held = quarantine.quarantine(s, node, UNREACHABLE, f"node_os: {why}", by="node_os", gw=gw)
+    raise RunbookError(f"{n} {why}; it is quarantined ({held.note}); {ADVICE}")
+
+
+def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str) -> bool:
+    """Stop the engine and `sudo reboot` (leased). Returns whether the engine ran; when the reboot
+    cannot be issued, the engine is started again before the error leaves."""
+    n = node.name
+    container = s.fleet.launch_for(node).container_name
+    with node_lease(s, n, "Phase 0 reboot", run_id=run_id):
+        was_running = _engine_running(s, node)
+        if was_running:
+            s.run(n, ["docker", "stop", "-t", "60", container], timeout=120)
+            result.steps.append(f"docker stop {container}")
+        try:
+            r = s.run(n, ["reboot"], sudo=True, check=False, timeout=30)
+            if not r.ok and "password" in (r.stderr + r.tail).lower():
+                raise RunbookError(f"{n}: `sudo -n reboot` wants a password; add the Phase 0 sudoers lines of the "
+                                   f"README for user {node.user} on {n}")
+            result.steps.append(f"sudo reboot: exit {r.exit_status}")
+        except RemoteError as e:  # the connection may end with the OS
+            result.steps.append(f"sudo reboot: connection ended ({first_line(e)[:60]})")
+        except BaseException:
+            if was_running:  # nothing rebooted: serve again before the drain ends
+                s.run(n, ["docker", "start", container], check=False, timeout=120)
+                engine.wait_healthy(s.fleet, node, s.fleet.cold_drain.engine_timeout_s)
+            raise
+    s.close()  # the node's connections end with its OS
+    return was_running
+
+
+def _verify(s: FleetSession, node: Node, result: Provisioned, *, measure: bool) -> None:
+    """The runbook's "verify clean baseline": facts judged, socket-activated returners masked
+    again, and (engine stopped) the memcheck as the node's measured clean-boot baseline."""
+    ch = choices(s.fleet)
+    verdict = node_os.verify(read_facts(s, node), ch)
+    if verdict.remask:
+        result.remasked = apply(s, node, node_os.remask_changes(verdict.remask))
+        verdict = node_os.verify(read_facts(s, node), ch)
+    result.problems = verdict.problems
+    if measure and not result.problems and not _engine_running(s, node):
+        result.clean_boot_free_gib = memcheck(s, node)
+        if result.clean_boot_free_gib is not None:
+            markers.write_clean_boot(s, node, markers.CleanBoot(free_gib=result.clean_boot_free_gib, measured_at=ledger.now()))
+
+
+def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], *,
+              check_only: bool = False, run_id: str = "") -> Provisioned:
+    """Phase 0 on `node`: plan, apply (undone on failure), reboot if needed (drained, bounded,
+    quarantined when it does not come back), verify, measure, serve again."""
+    f, n = s.fleet, node.name
+    ch = choices(f)
+    with node_lease(s, n, "Phase 0 facts", run_id=run_id):
+        facts = read_facts(s, node)
+    changes = node_os.plan(facts, ch)
+    result = Provisioned(n, [c.line for c in changes], check_only=check_only)
+    must_reboot = node_os.needs_reboot(changes, facts, ch)
+    if check_only:
+        if must_reboot:
+            result.steps.append("a reboot would follow: drained, engine stopped, SSH awaited up to "
+                                f"{f.node_os.reboot_ssh_timeout_s} s")
+        return result
+    with node_lease(s, n, "Phase 0", run_id=run_id):
+        result.applied = apply(s, node, changes)
+        if not must_reboot:
+            _verify(s, node, result, measure=False)
+            return result
+    say(f"{n}: Phase 0 changed {len(result.applied)} setting(s); a reboot applies the masks and the target")
+    with rotation.drained(gw, n, reason="node_os reboot") as d:
+        was_running = _reboot(s, node, result, run_id)
+        if not wedge._wait_ssh(node, False, DOWN_TIMEOUT_S):
+            if was_running:  # the undo of the stop: the node never went down
+                s.run(n, ["docker", "start", f.launch_for(node).container_name], check=False, timeout=120)
+                engine.wait_healthy(f, node, f.cold_drain.engine_timeout_s)
+            d.keep_out = not engine.healthy(f, node)
+            raise RunbookError(f"{n} still answers SSH {DOWN_TIMEOUT_S} s after `sudo reboot`: nothing rebooted; "
+                               "`journalctl -b` there says what holds the shutdown")
+        result.rebooted = True
+        say(f"{n} is rebooting (SSH awaited up to {f.node_os.reboot_ssh_timeout_s} s)")
+        result.steps += _back_up(s, node, gw, say, d)
+        d.keep_out = True  # out until verified and serving
+        with node_lease(s, n, "Phase 0 verify", run_id=run_id):
+            persisted = poll_until(
+                lambda: _read(s, n, ["systemctl", "is-active", "nvidia-persistenced"]).stdout.strip(),
+                lambda state: state == "active", timeout_s=wedge.PERSISTENCED_WAIT_S, every_s=2.0)
+            result.steps.append(f"nvidia-persistenced {persisted.value or 'unknown'}")
+            _verify(s, node, result, measure=True)
+            if result.problems:
+                raise RunbookError(f"{n} is not clean after its Phase 0 reboot: {'; '.join(result.problems)}; it stays "
+                                   "out of the gateway: fix these and run node_os_job for it again")
+            if was_running:
+                result.steps += wedge.boot_to_serving(s, node, say)
+        d.keep_out = not d.was_in
+    return result
