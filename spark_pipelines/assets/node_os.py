@@ -37,6 +37,7 @@ def metadata(p: node_os.Provisioned) -> dict[str, Any]:
         "rebooted": p.rebooted,
         "masked_again": _bullets(p.remasked, "none came back"),
         "steps": _bullets(p.steps, "none"),
+        "notes": _bullets(p.notes, "none"),
         "clean_boot_free_gib": num(p.clean_boot_free_gib),  # null: not measured in this run
     }
 

@@ -53,6 +53,11 @@ SYSCTLS: dict[str, str] = {
 FSTAB = "/etc/fstab"
 # Hazard (1): "earlyoom (if installed) SIGKILLs EngineCore during warmup memory spike - apt purge earlyoom".
 EARLYOOM = "earlyoom"
+# Troubleshooting table: "nvidia_gpu_exporter panic (invalid metric name): GB10 has non-standard
+# clocks_event_reasons fields. Add --query-field-names=..." (the exporter is the operator's container).
+GPU_EXPORTER = "nvidia_gpu_exporter"
+GPU_EXPORTER_FIELDS = ("timestamp,name,uuid,utilization.gpu,utilization.memory,temperature.gpu,temperature.memory,"
+                       "power.draw,power.limit,clocks.current.sm,clocks.current.memory,fan.speed,pstate")
 # "free -g ... Should show <8GB used (no GPU-holding desktop processes)".
 MAX_USED_GIB = 8
 
@@ -221,6 +226,14 @@ def verify(facts: OsFacts, choices: Choices) -> Verdict:
     if facts.used_gib is not None and facts.used_gib >= MAX_USED_GIB:
         v.problems.append(f"free -g shows {facts.used_gib:g} GB used (runbook: < {MAX_USED_GIB} GB with no desktop)")
     return v
+
+
+def gpu_exporter_advice(args: list[str] | None) -> str | None:
+    """The GB10 panic fix, said (never applied: the exporter container is the operator's)."""
+    if args is None or any(a.startswith("--query-field-names") for a in args):
+        return None
+    return (f"{GPU_EXPORTER} runs without --query-field-names: on GB10 it panics (invalid metric name); "
+            f"recreate it with --query-field-names={GPU_EXPORTER_FIELDS}")
 
 
 def remask_changes(units: list[str]) -> list[OsChange]:

@@ -12,6 +12,7 @@ or the target needs it, verify the clean boot and measure the memcheck baseline.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -161,6 +162,7 @@ class Provisioned:
     problems: list[str] = field(default_factory=list)
     clean_boot_free_gib: float | None = None
     steps: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said, not changed (the operator's exporter)
     check_only: bool = False
 
 
@@ -220,6 +222,10 @@ def _verify(s: FleetSession, node: Node, result: Provisioned, *, measure: bool) 
         result.remasked = apply(s, node, node_os.remask_changes(verdict.remask))
         verdict = node_os.verify(read_facts(s, node), ch)
     result.problems = verdict.problems
+    args = _read(s, node.name, ["docker", "inspect", "--format", "{{json .Args}}", node_os.GPU_EXPORTER])
+    advice = node_os.gpu_exporter_advice(json.loads(args.stdout) if args.ok and args.stdout.strip() else None)
+    if advice:
+        result.notes.append(advice)
     if measure and not result.problems and not _engine_running(s, node):
         result.clean_boot_free_gib = memcheck(s, node)
         if result.clean_boot_free_gib is not None:

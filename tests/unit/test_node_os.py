@@ -138,3 +138,10 @@ def test_the_sudoers_file_lists_each_root_argv_exactly_and_nothing_else():
         for argv in (*c.argvs, *c.undo):
             shown = " ".join(argv)
             assert shown in allowed or (argv[:2] == ("sysctl", "-w") and all(a.startswith("vm.") for a in argv[2:])), shown
+
+
+def test_the_gb10_exporter_panic_fix_is_said_not_applied():
+    assert p0.gpu_exporter_advice(None) is None  # no exporter container
+    assert p0.gpu_exporter_advice(["--web.listen-address=:9835", "--query-field-names=timestamp,name"]) is None
+    said = p0.gpu_exporter_advice(["--web.listen-address=:9835"])
+    assert said and "--query-field-names=timestamp,name,uuid," in said and "panics" in said
