@@ -138,9 +138,9 @@ def sim_command(argv: list[str]) -> int:
                 return 2
             print(power.command(fleet, args.node, args.action, args.keep_wedged))
         elif args.cmd == "os":
-            if args.action not in node_os.OS_ACTIONS:
-                print(f"spark-pipelines sim os: unknown action {args.action!r}; use one of "
-                      f"{', '.join(node_os.OS_ACTIONS)}", file=sys.stderr)
+            bad = node_os.bad_input(args.action, args.value)
+            if bad:
+                print(f"spark-pipelines sim os: {bad}", file=sys.stderr)
                 return 2
             if not fleet.state:
                 print("spark-pipelines sim os: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)

@@ -175,12 +175,12 @@ class NodeHost:
             + "esac; fi\n"
             "exec /bin/cat \"$@\"\n"
         ), 0o755)
-        # `sudo reboot`: returns, halts a second later, boots after the node's boot delay (node_os).
+        # `sudo reboot`: returns, halts a second later, boots after the node's boot delay (reboot.py).
         write(m.sbin / "reboot", (
             "#!/bin/sh\n"
             "# sim stand-in for reboot: halts the simulated node a second later, then boots it\n"
-            f"tok=$(PYTHONPATH={lib.path} {lib.python} -s -m spark_sim.node_os {m.dir} reboot-start) || exit 1\n"
-            f"PYTHONPATH={lib.path} setsid {lib.python} -s -m spark_sim.node_os {m.dir} reboot-run \"$tok\" "
+            f"tok=$(PYTHONPATH={lib.path} {lib.python} -s -m spark_sim.reboot {m.dir} start) || exit 1\n"
+            f"PYTHONPATH={lib.path} setsid {lib.python} -s -m spark_sim.reboot {m.dir} run \"$tok\" "
             f"</dev/null >>{m.dir}/power.log 2>&1 &\n"
             "echo 'The system will reboot now!'\n"
         ), 0o755)

@@ -29,7 +29,7 @@ THIRD_PARTY = ("pydantic", "pydantic_core", "typing_extensions", "annotated_type
 FIRST_PARTY_ONLY = {"spark_pipelines": ("__init__.py", "core")}
 # What the node wrappers run: nvidia-smi, hf, the GPU hook, poweroff and reboot, the OS stand-ins.
 NODE_MODULES = ("spark_sim.nvidia_smi_standin", "spark_sim.gpu_states", "spark_sim.gpu_hook", "spark_sim.hf_standin",
-                "spark_sim.power", "spark_sim.node_os")
+                "spark_sim.power", "spark_sim.node_os", "spark_sim.reboot")
 NOBODY = 65534
 
 

@@ -5,8 +5,8 @@ package, `free` and `reboot`.
 State lives under the node's dir: os/state.json (target, enablement, live sysctls, active swap,
 packages, reboot knobs), services/<unit> (active|inactive, the file other code already reads) and
 etc/ (the node's own /etc/fstab and /etc/sysctl.d/90-dgx-spark-memory.conf). The node's stand-in
-programs (node_host writes them) run `python -m spark_sim.node_os NODE_DIR PROGRAM ARGS...`.
-Only stdlib here (plus power at reboot): it runs on the node side, from the sim's lib copy.
+programs (node_host writes them) run `python -m spark_sim.node_os NODE_DIR PROGRAM ARGS...`;
+`reboot` is reboot.py's. Only stdlib here: it runs on the node side, from the sim's lib copy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -313,7 +312,7 @@ def systemctl(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
         o.e(f"Failed to {verb}: Access denied")
         return 1
     if not names:
-        o.e(f"Too few arguments.")
+        o.e("Too few arguments.")
         return 1
     with n.change() as st:
         return _change_units(n, st, verb, [unit(x) for x in names], "--now" in flags, o)
@@ -536,35 +535,6 @@ def reboot_started(node_dir: Path | Any) -> str:
     return token
 
 
-def reboot_run(node_dir: Path, token: str, halt_after_s: float = 1.0) -> int:
-    """The background half of `reboot`: halt as poweroff does, wait the boot delay, boot. A node
-    marked reboot-hangs stays down until `sim power NODE off` then `on`."""
-    from spark_sim import power
-    from spark_sim.effects import ssh_banner, wait_until
-    from spark_sim.node_host import start_sshd
-
-    n = NodeOs(node_dir)
-    time.sleep(halt_after_s)
-    m = power._member_of(n.dir)
-    power.halt(m)
-    for p in n.services.glob("*"):
-        if not p.name.startswith("."):
-            n.set_active(p.name, False)
-    st = n.load()
-    if st.get("reboot_hangs"):
-        return 0  # stuck in firmware: the power file keeps saying rebooting
-    time.sleep(float(st.get("boot_delay", DEFAULT_BOOT_DELAY_S)))
-    if power_token(n.dir) != token:
-        return 0  # the AC was cut (or another reboot started) meanwhile: that one owns the node now
-    reboot_gpu(m)
-    boot(n.dir)
-    start_sshd(m)
-    wait_until(f"sshd of {m.name} after reboot", lambda: ssh_banner(m.ip), 15, m.dir / "ssh" / "sshd.log")
-    if power_token(n.dir) == token:
-        (n.dir / "power").unlink(missing_ok=True)
-    return 0
-
-
 def power_token(node_dir: Path) -> str | None:
     try:
         words = (node_dir / "power").read_text().split()
@@ -573,20 +543,25 @@ def power_token(node_dir: Path) -> str | None:
     return words[1] if len(words) == 2 and words[0] == "rebooting" else None
 
 
-def reboot_gpu(m: Any) -> None:
-    """A reboot is no AC cut: residue, low memory and a wedge survive (only a PD re-negotiation
-    clears them); clocks locked with -lgc do not, and nvidia-persistenced turns persistence on."""
-    from spark_sim.effects import write
-
-    try:
-        doc = json.loads(m.gpu_state_file.read_text())
-    except (OSError, ValueError):
-        doc = {"profile": m.hardware, "state": "healthy"}
-    doc.update(locked_clocks=None, persistence_mode=True)
-    write(m.gpu_state_file, json.dumps(doc), 0o664, owner=m.user)
-
-
 OS_ACTIONS = ("fresh", "show", "reboot-hangs", "boot-delay")
+
+
+def bad_input(action: str, value: str | None) -> str | None:
+    """What is wrong with `sim os NODE ACTION [VALUE]`, or None."""
+    if action not in OS_ACTIONS:
+        return f"unknown action {action!r}; use one of {', '.join(OS_ACTIONS)}"
+    if action == "reboot-hangs" and value not in ("on", "off"):
+        return f"reboot-hangs {value or ''}: give on or off"
+    if action == "boot-delay":
+        try:
+            if 0 <= float(value or "") <= 600:
+                return None
+        except ValueError:
+            pass
+        return f"boot-delay {value or ''}: give seconds between 0 and 600"
+    if action in ("fresh", "show") and value is not None:
+        return f"{action} takes no value (got {value!r})"
+    return None
 
 
 def command(fleet: Any, node: str, action: str, value: str | None) -> str:
@@ -648,17 +623,11 @@ REAL = {"dpkg-query": "/usr/bin/dpkg-query"}
 
 
 def main(argv: list[str]) -> int:
-    """`python -m spark_sim.node_os NODE_DIR PROGRAM ARGS...` (the node's stand-ins), or
-    `python -m spark_sim.node_os NODE_DIR reboot-run TOKEN` (the background half of reboot)."""
+    """`python -m spark_sim.node_os NODE_DIR PROGRAM ARGS...` (the node's stand-ins)."""
     if len(argv) < 2:
         sys.stderr.write("usage: python -m spark_sim.node_os NODE_DIR PROGRAM [ARGS...]\n")
         return 2
     node_dir, program, rest = Path(argv[0]), argv[1], argv[2:]
-    if program == "reboot-start":
-        print(reboot_started(node_dir))
-        return 0
-    if program == "reboot-run":
-        return reboot_run(node_dir, rest[0])
     stdin = sys.stdin.read() if program == "tee" else ""
     rc, out, err = run(node_dir, program, rest, stdin)
     if rc is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spark_sim import gpu_hook, gpu_states, node_os
+from spark_sim.cli import sim_command
 from spark_sim.node_os import SYSCTL_FILE
 
 RUNNING = ["list-units", "--type=service", "--state=running", "--no-legend", "--plain"]
@@ -221,3 +222,19 @@ def test_reboot_knobs_and_show(tmp_path: Path) -> None:
         node_os.set_boot_delay(tmp_path, -1)
     node_os.fresh(tmp_path)
     assert node_os.show(tmp_path)["reboot_hangs"] is True  # fresh keeps the knobs
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["os", "spark1", "melt"], "unknown action 'melt'"),
+    (["os", "spark1", "reboot-hangs", "maybe"], "give on or off"),
+    (["os", "spark1", "boot-delay", "-3"], "between 0 and 600"),
+    (["os", "spark1", "boot-delay"], "between 0 and 600"),
+    (["os", "spark1", "show"], "no simulated fleet is up"),
+])
+def test_sim_os_bad_input_exits_2_with_one_line(argv: list[str], needle: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SPARK_SIM_ROOT", str(tmp_path / "sim-root"))
+    assert sim_command(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
