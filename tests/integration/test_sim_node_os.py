@@ -1,7 +1,7 @@
 """A simulated node's OS over real SSH and sudo, as the product's Phase 0 meets it: a node fresh out
 of the box, the runbook's root argvs, `sudo -n reboot` (the node goes down and comes back after its
 boot delay, or hangs until the smart plug cuts and restores AC), and what a boot brings back.
-The rest of the OS behaviour is proven at the unit tier (tests/unit/test_sim_node_os.py)."""
+The rest of the OS behaviour is proven at the unit tier (tests/unit/test_sim_os_standins.py)."""
 
 from __future__ import annotations
 
