@@ -238,3 +238,18 @@ def test_sim_os_bad_input_exits_2_with_one_line(argv: list[str], needle: str, tm
     assert sim_command(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_sim_os_command_drives_a_node(tmp_path: Path) -> None:
+    class Fleet:
+        def node(self, name: str) -> Path:
+            assert name == "spark2"
+            return tmp_path
+
+    node_os.provision(tmp_path)
+    assert "out of the box" in node_os.command(Fleet(), "spark2", "fresh", None)
+    node_os.command(Fleet(), "spark2", "boot-delay", "7.5")
+    node_os.command(Fleet(), "spark2", "reboot-hangs", "on")
+    shown = json.loads(node_os.command(Fleet(), "spark2", "show", None))
+    assert (shown["default_target"], shown["boot_delay"], shown["reboot_hangs"]) == ("graphical.target", 7.5, True)
+    assert shown["active"]["gdm3"] and shown["etc"][SYSCTL_FILE] is None
