@@ -186,10 +186,11 @@ class NodeHost:
         ), 0o755)
 
     def _os_sudoers(self, m: Member) -> list[str]:
-        """Exactly the root argvs of Phase 0 (a command with "" takes no arguments)."""
+        """Exactly the root argvs of Phase 0 and its undo (a command with "" takes no arguments;
+        `sysctl -w vm.*` restores the node's own live values)."""
         conf = node_os.SYSCTL_FILE
         return [
-            f"{m.sbin}/systemctl", f"{m.sbin}/sysctl -p {conf}", f"{m.sbin}/tee {conf}", f"{m.sbin}/tee /etc/fstab",
+            f"{m.sbin}/systemctl", f"{m.sbin}/sysctl -p {conf}", f"{m.sbin}/sysctl -w vm.*", f"{m.sbin}/tee {conf}", f"{m.sbin}/tee /etc/fstab",
             f"{m.sbin}/rm -f {conf}", f"{m.sbin}/swapoff -a", f"{m.sbin}/swapon -a",
             f"{m.sbin}/apt-get purge -y earlyoom", f"{m.sbin}/apt-get install -y earlyoom", f'{m.sbin}/reboot ""',
         ]

@@ -384,7 +384,7 @@ def _change_units(n: NodeOs, st: dict[str, Any], verb: str, names: list[str], no
 def sysctl(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
     if argv and argv[0] == "-p":
         if len(argv) != 2 or argv[1] != SYSCTL_FILE:
-            o.e(f"sim: only `sysctl -p {SYSCTL_FILE}` is simulated")
+            o.e(f"sim: only `sysctl -p {SYSCTL_FILE}`, `sysctl -w KEY=VALUE...` and `sysctl -n KEY...` are simulated")
             return 1
         if not root:
             o.e("sysctl: permission denied on key \"vm.min_free_kbytes\"")
@@ -404,6 +404,8 @@ def sysctl(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
                 st["sysctl"][k] = v
                 o.o(f"{k} = {v}")
         return rc
+    if argv and argv[0] == "-w":
+        return _sysctl_write(n, argv[1:], o, root)
     names = [a for a in argv if not a.startswith("-")]
     if "-n" not in argv or not names or len(names) + 1 != len(argv):
         o.e(f"sim: only `sysctl -n KEY...` and `sysctl -p {SYSCTL_FILE}` are simulated")
@@ -415,6 +417,27 @@ def sysctl(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
         else:
             o.e(f"sysctl: cannot stat /proc/sys/{k.replace('.', '/')}: No such file or directory")
             rc = 255
+    return rc
+
+
+def _sysctl_write(n: NodeOs, settings: list[str], o: Out, root: bool) -> int:
+    """`sysctl -w K=V...` (the product's undo of `sysctl -p`): sets each live value, prints "k = v"."""
+    if not settings or not all("=" in a for a in settings):
+        o.e("sim: `sysctl -w` takes KEY=VALUE arguments")
+        return 1
+    if not root:
+        o.e(f'sysctl: permission denied on key "{settings[0].partition("=")[0]}"')
+        return 1
+    rc = 0
+    with n.change() as st:
+        for a in settings:
+            k, _, v = a.partition("=")
+            if k not in st["sysctl"]:
+                o.e(f"sysctl: cannot stat /proc/sys/{k.replace('.', '/')}: No such file or directory")
+                rc = 255
+                continue
+            st["sysctl"][k] = v
+            o.o(f"{k} = {v}")
     return rc
 
 

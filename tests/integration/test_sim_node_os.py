@@ -103,6 +103,8 @@ def test_phase0_argvs_reboot_and_boot_over_ssh(sim_fleet: SimFleet, fresh_node: 
     text = "".join(f"{k} = {v}\n" for k, v in node_os.RUNBOOK_SYSCTLS.items())
     assert ok(f, m, ["sudo", "-n", "tee", CONF], stdin=text) == text
     assert ok(f, m, ["cat", CONF]) == text
+    assert ok(f, m, ["sudo", "-n", "sysctl", "-p", CONF]) == text
+    assert ok(f, m, ["sudo", "-n", "sysctl", "-w", "vm.swappiness=60"]) == "vm.swappiness = 60\n"  # the undo
     ok(f, m, ["sudo", "-n", "swapoff", "-a"])
     fstab = ok(f, m, ["cat", "/etc/fstab"])
     ok(f, m, ["sudo", "-n", "tee", "/etc/fstab"], stdin="".join(x + "\n" for x in fstab.splitlines() if "swap" not in x))

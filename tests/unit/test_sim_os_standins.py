@@ -145,6 +145,15 @@ def test_boot_resets_sysctls_to_the_kernel_then_applies_the_file(fresh: Path) ->
     assert rc == 255 and "cannot open" in err
 
 
+def test_sysctl_w_is_the_undo_of_sysctl_p(fresh: Path) -> None:
+    sh(fresh, "tee", SYSCTL_FILE, stdin="vm.swappiness = 1\n")
+    sh(fresh, "sysctl", "-p", SYSCTL_FILE)
+    assert sh(fresh, "sysctl", "-w", "vm.swappiness=60") == (0, "vm.swappiness = 60\n", "")
+    assert sh(fresh, "sysctl", "-n", "vm.swappiness")[1] == "60\n"
+    assert sh(fresh, "sysctl", "-w", "vm.nosuch=1")[0] == 255
+    assert sh(fresh, "sysctl", "-w", "vm.swappiness=1", root=False)[0] == 1
+
+
 def test_sysctl_unknown_key_errors_like_sysctl(fresh: Path) -> None:
     sh(fresh, "tee", SYSCTL_FILE, stdin="vm.nosuch = 1\nvm.swappiness = 5\n")
     assert sh(fresh, "sysctl", "-p", SYSCTL_FILE) == \
