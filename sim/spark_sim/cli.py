@@ -1,4 +1,4 @@
-"""`spark-pipelines sim up|down|status|set`: the simulated fleet's command line."""
+"""`spark-pipelines sim up|down|status|set|power|os|hand`: the simulated fleet's command line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from spark_pipelines.core.fleet import FleetError
-from spark_sim import base_image, power
+from spark_sim import base_image, node_os, power
 from spark_sim.fleet import SimFleet
 from spark_sim.layout import DEFAULT_FLEET_OUT, DEFAULT_TOKENS_PER_SECOND, GPU_STATES, MAX_NODES, SimError
 
@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     pw.add_argument("node")
     pw.add_argument("action", help="off | on")
     pw.add_argument("--keep-wedged", action="store_true", help="on: the wedge survives the drain (WEDGE PERSISTS)")
+    os_ = sub.add_parser("os", help="a node's OS (runbook Phase 0): fresh (DGX OS out of the box), show (JSON), "
+                                    "reboot-hangs on|off, boot-delay SECONDS")
+    os_.add_argument("node")
+    os_.add_argument("action", help=" | ".join(node_os.OS_ACTIONS))
+    os_.add_argument("value", nargs="?", help="reboot-hangs: on|off; boot-delay: seconds")
     hd = sub.add_parser("hand", help="build the fleet that is up by hand, with the runbook's own commands "
                                      "(no spark-pipelines marker, label or manifest)")
     hd.add_argument("--quick-relaunch", action="append", default=[], metavar="NODE",
@@ -76,7 +81,7 @@ def _print_status(rows: list[dict[str, Any]]) -> None:
 
 def sim_command(argv: list[str]) -> int:
     """`spark-pipelines sim up [--nodes N] [--fleet-out FILE] | down | status | set NODE STATE | power NODE off|on
-    | hand [--quick-relaunch NODE] [--gmu NODE=VALUE]`."""
+    | os NODE fresh|show|reboot-hangs on|off|boot-delay SECONDS | hand [--quick-relaunch NODE] [--gmu NODE=VALUE]`."""
     try:
         args = _parser().parse_args(argv)
     except _UsageError as e:
@@ -132,6 +137,15 @@ def sim_command(argv: list[str]) -> int:
                 print("spark-pipelines sim power: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)
                 return 2
             print(power.command(fleet, args.node, args.action, args.keep_wedged))
+        elif args.cmd == "os":
+            bad = node_os.bad_input(args.action, args.value)
+            if bad:
+                print(f"spark-pipelines sim os: {bad}", file=sys.stderr)
+                return 2
+            if not fleet.state:
+                print("spark-pipelines sim os: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)
+                return 2
+            print(node_os.command(fleet, args.node, args.action, args.value))
         elif args.cmd == "set":
             if not fleet.state:
                 print("spark-pipelines sim set: no simulated fleet is up (run `spark-pipelines sim up`)", file=sys.stderr)

@@ -36,22 +36,28 @@ def _wants_gpu(config: dict) -> bool:
     return False
 
 
-def container_state(node_state: dict) -> dict:
+def container_state(node_state: dict, desktop_gib: float = 0.0) -> dict:
     """The node's state plus what vLLM's startup check would read from the driver
-    (free and total CUDA memory): nvidia-smi on a GB10 cannot show them, the container can."""
+    (free and total CUDA memory): nvidia-smi on a GB10 cannot show them, the container can.
+    `desktop_gib`: what the node's desktop holds (gdm3 running), gone from the free memory."""
     doc = dict(node_state)
     if "free_gib" not in doc or "total_gib" not in doc:
         from spark_sim import gpu_states  # lazy: only when the node file lacks them
 
         doc.setdefault("free_gib", gpu_states.free_gib(doc.get("state", "healthy"), doc.get("profile", "founders")))
         doc.setdefault("total_gib", gpu_states.TOTAL_CUDA_GIB)
+    if desktop_gib:
+        doc["free_gib"] = round(max(0.0, doc["free_gib"] - desktop_gib), 2)
     if os.environ.get("SIM_TOKENS_PER_SECOND"):  # set by `sim up --tokens-per-second`
         doc.setdefault("tokens_per_second", float(os.environ["SIM_TOKENS_PER_SECOND"]))
     return doc
 
 
 def write_container_state(node_state_file: Path, target: Path) -> None:
-    doc = container_state(json.loads(node_state_file.read_text()))
+    from spark_sim.node_os import NodeOs, desktop_gib
+
+    node_dir = node_state_file.parent.parent  # <node dir>/gpu/state.json
+    doc = container_state(json.loads(node_state_file.read_text()), desktop_gib(NodeOs(node_dir)))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(doc))

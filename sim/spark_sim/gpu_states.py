@@ -51,6 +51,9 @@ RESIDUE_FREE_GIB = 96.5
 # Low memory: lesson 11, "after 2-3 crash-loop cycles ... eventually nothing fits";
 # well below even the 0.80 figure (97.35 GiB), so no GMU value rescues it.
 LOW_MEMORY_FREE_GIB = 60.0
+# The desktop (gdm3, gnome-shell) while gdm3 runs: runbook Phase 0, "With desktop services
+# running, CUDA reports only ~105 GiB free ... Without desktop: ~118+ GiB free" (118 - 105).
+DESKTOP_GIB = 13.0
 
 # --- clocks and power (runbook "Known Firmware Issues") ---
 # "sudo nvidia-smi -lgc 2418,3003" locks to the GB10's application and max clocks.

@@ -1,5 +1,6 @@
 """A simulated host's own parts: its user and keys, sshd, dockerd, sudoers drop-in, and the
-stand-in programs on its PATH (nvidia-smi, hf, the GPU hook, systemctl, litellm-reload/-restart).
+stand-in programs on its PATH (nvidia-smi, hf, the GPU hook, litellm-reload/-restart, and the OS
+programs of node_os.py: systemctl, sysctl, swap, cat/tee of /etc files, dpkg-query, apt-get, free, reboot).
 
 Every program a node user runs is under the sim root (see node_lib.py), never in the checkout.
 """
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from spark_sim import node_os
 from spark_sim.effects import run, write
 from spark_sim.layout import LITELLM_BIN, LITELLM_MAIN, SSH_PORT, Layout, Member
 from spark_sim.network import Record
@@ -129,23 +131,7 @@ class NodeHost:
             "echo \"sim: only the runbook's drop-caches command runs as root on a simulated node\" >&2\n"
             "exit 1\n"
         ), 0o755)
-        services = m.dir / "services"
-        services.mkdir(exist_ok=True)
-        write(m.sbin / "systemctl", (
-            "#!/bin/sh\n"
-            "# sim stand-in for systemctl: units are files under the node's services dir\n"
-            f"dir={services}\n"
-            "case \"$1\" in\n"
-            "  get-default) echo multi-user.target ;;\n"
-            "  is-active) shift; rc=0; for u in \"$@\"; do s=$(cat \"$dir/$u\" 2>/dev/null || echo inactive);"
-            " echo \"$s\"; [ \"$s\" = active ] || rc=3; done; exit $rc ;;\n"
-            "  stop|disable|mask) shift; for u in \"$@\"; do case \"$u\" in --*) ;; *) echo inactive > \"$dir/$u\";; esac; done ;;\n"
-            "  start|enable|restart) shift; for u in \"$@\"; do echo active > \"$dir/$u\"; done ;;\n"
-            "  *) echo \"sim systemctl: unsupported: $*\" >&2; exit 1 ;;\n"
-            "esac\n"
-        ), 0o755)
-        (m.bin / "systemctl").symlink_to(m.sbin / "systemctl")  # `systemctl is-active` needs no sudo
-        write(services / "nvidia-persistenced", "active\n")
+        self._make_os_files(m)
         # `sudo poweroff`: the node halts a second later (power.py), until `sim power NODE on`.
         write(m.sbin / "poweroff", (
             "#!/bin/sh\n"
@@ -159,10 +145,55 @@ class NodeHost:
             f"{m.sbin}/poweroff",
             f"{m.sbin}/sh -c sync; echo 3 > /proc/sys/vm/drop_caches",
             "/usr/bin/fuser",
-            f"{m.sbin}/systemctl",
             f"{m.bin}/nvidia-smi -pm *", f"{m.bin}/nvidia-smi -lgc *", f"{m.bin}/nvidia-smi -rgc",
+            *self._os_sudoers(m),
         ])
         write(m.dir / "docker" / "daemon.json", "{}\n")
+
+    def _make_os_files(self, m: Member) -> None:
+        """The OS parts Phase 0 touches (node_os.py): systemd, sysctl, swap, /etc files, earlyoom,
+        free and reboot. Root programs in sbin (sudo finds them first), the user's readers in bin."""
+        lib = self.lib
+        node_os.provision(m.dir)
+        run_os = f"PYTHONPATH={lib.path} exec {lib.python} -s -m spark_sim.node_os {m.dir}"
+        for name in ("systemctl", "sysctl", "swapon", "swapoff", "tee", "rm", "apt-get"):
+            write(m.sbin / name, f"#!/bin/sh\n# sim stand-in for {name} (spark_sim/node_os.py)\n{run_os} {name} \"$@\"\n",
+                  0o755)
+        for name in ("systemctl", "sysctl", "swapon"):  # their read-only forms need no sudo
+            (m.bin / name).symlink_to(m.sbin / name)
+        for name in ("dpkg-query", "free"):
+            write(m.bin / name, f"#!/bin/sh\n# sim stand-in for {name} (spark_sim/node_os.py)\n{run_os} {name} \"$@\"\n",
+                  0o755)
+        etc = m.dir / "etc"
+        # `cat` of the two /etc files Phase 0 writes reads the node's copies; anything else is /bin/cat.
+        write(m.bin / "cat", (
+            "#!/bin/sh\n"
+            "# sim stand-in for cat: the node's own /etc/fstab and sysctl.d file, else the real cat\n"
+            "if [ \"$#\" -eq 1 ]; then case \"$1\" in\n"
+            + "".join(f"  {p}) [ -e {etc}{p} ] && exec /bin/cat {etc}{p}; echo \"cat: $1: No such file or directory\" >&2; exit 1 ;;\n"
+                      for p in node_os.ETC_FILES)
+            + "esac; fi\n"
+            "exec /bin/cat \"$@\"\n"
+        ), 0o755)
+        # `sudo reboot`: returns, halts a second later, boots after the node's boot delay (reboot.py).
+        write(m.sbin / "reboot", (
+            "#!/bin/sh\n"
+            "# sim stand-in for reboot: halts the simulated node a second later, then boots it\n"
+            f"tok=$(PYTHONPATH={lib.path} {lib.python} -s -m spark_sim.reboot {m.dir} start) || exit 1\n"
+            f"PYTHONPATH={lib.path} setsid {lib.python} -s -m spark_sim.reboot {m.dir} run \"$tok\" "
+            f"</dev/null >>{m.dir}/power.log 2>&1 &\n"
+            "echo 'The system will reboot now!'\n"
+        ), 0o755)
+
+    def _os_sudoers(self, m: Member) -> list[str]:
+        """Exactly the root argvs of Phase 0 and its undo (a command with "" takes no arguments;
+        `sysctl -w vm.*` restores the node's own live values)."""
+        conf = node_os.SYSCTL_FILE
+        return [
+            f"{m.sbin}/systemctl", f"{m.sbin}/sysctl -p {conf}", f"{m.sbin}/sysctl -w vm.*", f"{m.sbin}/tee {conf}", f"{m.sbin}/tee /etc/fstab",
+            f"{m.sbin}/rm -f {conf}", f"{m.sbin}/swapoff -a", f"{m.sbin}/swapon -a",
+            f"{m.sbin}/apt-get purge -y earlyoom", f"{m.sbin}/apt-get install -y earlyoom", f'{m.sbin}/reboot ""',
+        ]
 
     def _make_gateway_files(self, m: Member) -> None:
         """`litellm-reload` stands in for `docker compose kill -s SIGHUP litellm` (a graceful reload),

@@ -27,9 +27,9 @@ THIRD_PARTY = ("pydantic", "pydantic_core", "typing_extensions", "annotated_type
                "prometheus_client")  # core.diagnosis parses /metrics with it
 # Of spark_pipelines only the pure layer: the rest (dagster, paramiko) is the product's, not a node's.
 FIRST_PARTY_ONLY = {"spark_pipelines": ("__init__.py", "core")}
-# What the node wrappers run: nvidia-smi, hf, the GPU hook, poweroff.
+# What the node wrappers run: nvidia-smi, hf, the GPU hook, poweroff and reboot, the OS stand-ins.
 NODE_MODULES = ("spark_sim.nvidia_smi_standin", "spark_sim.gpu_states", "spark_sim.gpu_hook", "spark_sim.hf_standin",
-                "spark_sim.power")
+                "spark_sim.power", "spark_sim.node_os", "spark_sim.reboot")
 NOBODY = 65534
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from spark_sim import node_os
 from spark_sim.effects import alive, kill_all, pid_from, run, ssh_banner, user_pids, wait_until, write
 from spark_sim.layout import Layout, Member, SimError
 
@@ -45,8 +46,8 @@ def halt(m: Member) -> None:
 
 
 def off(m: Member) -> str:
-    was = "halted" if is_off(m) else "running"
-    if was == "running" or alive(pid_from(m.sshd_pidfile)):
+    was = "halted" if is_off(m) else "rebooting" if node_os.power_token(m.dir) else "running"
+    if was != "halted" or alive(pid_from(m.sshd_pidfile)):
         halt(m)
     write(power_file(m), "off\n")
     return f"{m.name}: AC off (the node was {was})"
@@ -65,7 +66,7 @@ def on(m: Member, keep_wedged: bool = False) -> str:
     wedged = doc.get("state") == "wedged" and keep_wedged
     doc.update(state="wedged" if wedged else "healthy", locked_clocks=None, persistence_mode=True)
     write(m.gpu_state_file, json.dumps(doc), 0o664, owner=m.user)
-    write(m.dir / "services" / "nvidia-persistenced", "active\n")
+    node_os.boot(m.dir)  # units by enablement (nvidia-persistenced is enabled), sysctls, swap
     start_sshd(m)
     wait_until(f"sshd of {m.name} after power on", lambda: ssh_banner(m.ip), 15, m.dir / "ssh" / "sshd.log")
     power_file(m).unlink(missing_ok=True)
