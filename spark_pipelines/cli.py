@@ -199,7 +199,7 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import adopt_command, bench_command, demo, doctor
+    from spark_pipelines import adopt_command, bench_command, demo, doctor, metrics_command
     from spark_pipelines.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
@@ -221,6 +221,10 @@ def parser() -> Parser:
                          description=doctor.__doc__)
     doctor.add_arguments(doc)
     doc.set_defaults(run=doctor.doctor_run)
+    met = sub.add_parser("metrics", help="the fleet exporter for Prometheus, its scrape config and alert rules",
+                         description=metrics_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    metrics_command.add_arguments(met)
+    met.set_defaults(run=metrics_command.metrics_run)
     team = sub.add_parser("team", help="the team instance: PostgreSQL, daemon, runs in containers",
                           description=team_command.__doc__)
     team_command.add_arguments(team)
