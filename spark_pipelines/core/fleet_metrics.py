@@ -133,11 +133,10 @@ def families(facts: FleetFacts) -> list[Family]:
         inside += bool(rot)
         out.add("node_in_rotation", "1 while the LiteLLM gateway routes to the node", None if rot is None else float(rot),
                 node=n)
-        if rot is False:
-            reason = out_reason(f, facts.rotation)
-            for r in REASONS:
-                out.add("node_out_of_rotation", "1 for why the node is out of the rotation (bounded reasons)",
-                        float(r == reason), node=n, reason=r)
+        reason = out_reason(f, facts.rotation) if rot is False else None
+        for r in REASONS:  # samples only while the node is out
+            out.add("node_out_of_rotation", "1 for why the node is out of the rotation (bounded reasons)",
+                    None if reason is None else float(r == reason), node=n, reason=r)
         if f.health is not None:
             out.add("node_quarantined", "1 while a quarantine keeps the node out until released",
                     float(_truthy(f.health.get(keys.QUARANTINED))), node=n)
@@ -155,6 +154,12 @@ def families(facts: FleetFacts) -> list[Family]:
                 node=n)
         out.add("node_mtp_acceptance_ratio", "last bench: MTP speculative-token acceptance (0..1)",
                 _num(bench.get(keys.SPEC_ACCEPTANCE_RATE)), node=n)
+        cond = (bench.get(keys.BENCH_RECORD) or {}).get("conditions") or {} \
+            if isinstance(bench.get(keys.BENCH_RECORD), Mapping) else {}
+        out.add("node_bench_sm_clock_mhz", "last bench: median SM clock under load (nvidia-smi; < 1000 MHz: wedge)",
+                _num(cond.get("sm_clock_mhz_p50")), node=n)
+        out.add("node_bench_power_watts", "last bench: median GPU power under load (nvidia-smi)",
+                _num(cond.get("power_w_p50")), node=n)
         out.add("node_quality_score", "last bench: quality phase score, when the bench recorded one",
                 _num(bench.get(keys.QUALITY_SCORE)), node=n)
         out.add("node_preflight_free_gib", "free CUDA memory the last deploy's preflight read",

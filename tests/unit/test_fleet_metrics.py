@@ -64,7 +64,9 @@ def test_a_newer_gateway_event_decides_rotation_and_its_drain_note_the_reason():
 
 def test_bench_figures_budget_and_good_bench_age():
     f = summary.NodeFacts("spark1", bench={"mean_tok_s": 41.0, "spec_acceptance_rate": 0.82, "promoted": False,
-                                           "floor_tok_s": 45.0},
+                                           "floor_tok_s": 45.0, "bench_record": {
+                                               "node": "spark1", "conditions": {"sm_clock_mhz_p50": 2418.0,
+                                                                                "power_w_p50": 38.5}}},
                           bench_means=[52.0, 51.0, 53.0, 41.0], floor_tok_s=45.0,
                           deployment={"free_gib_at_preflight": 117.1}, deployed_at=NOW - 500)
     extra = {"spark1": fm.NodeExtra(redeploys_in_window=3, last_good_bench_at=NOW - 3600, clean_boot_free_gib=117.5)}
@@ -73,6 +75,8 @@ def test_bench_figures_budget_and_good_bench_age():
     assert one(fams, "spark_node_bench_floor_tok_s", node="spark1") == 45.0
     assert one(fams, "spark_node_bench_baseline_tok_s", node="spark1") == 52.0  # median of the earlier three
     assert one(fams, "spark_node_mtp_acceptance_ratio", node="spark1") == 0.82
+    assert one(fams, "spark_node_bench_sm_clock_mhz", node="spark1") == 2418.0
+    assert one(fams, "spark_node_bench_power_watts", node="spark1") == 38.5
     assert one(fams, "spark_node_restart_budget_remaining", node="spark1") == 0
     assert one(fams, "spark_node_seconds_since_good_bench", node="spark1") == 3600
     assert one(fams, "spark_node_preflight_free_gib", node="spark1") == 117.1
