@@ -8,6 +8,7 @@ sim    the simulated GB10 fleet (up | down | status | set)
 bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
 doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
+metrics the fleet exporter for Prometheus (serve | show) and its targets + alert rules (scrape-config)
 team   the team instance here: PostgreSQL, Dagster daemon + UI, each run in a container (up | down | status)
 
 Bad input exits with status 2 and one clear message on stderr, never a traceback.

@@ -1,6 +1,7 @@
 """spark-pipelines metrics: the fleet's recorded state for Prometheus, and the scrape config for it.
 
-  metrics serve [--host 127.0.0.1] [--port 9464]   the fleet exporter: /metrics read from the Dagster
+  metrics serve [--fleet FILE] [--host 127.0.0.1] [--port 9464]
+                                                   the fleet exporter: /metrics read from the Dagster
                                                    instance ($DAGSTER_HOME) on each scrape (cached 5 s)
   metrics show                                     the same metrics once, on stdout
   metrics scrape-config --out DIR [--exporter HOST:PORT] [--alertmanager HOST:PORT]
@@ -123,14 +124,15 @@ def write_scrape_config(fleet: Fleet, out: Path, exporter: str, alertmanager: st
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                    help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
     sub = ap.add_subparsers(dest="what", required=True, metavar="serve|show|scrape-config")
     s = sub.add_parser("serve", help="the fleet exporter on HOST:PORT/metrics")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_PORT)
-    sub.add_parser("show", help="the fleet's metrics once, in the text format")
+    show = sub.add_parser("show", help="the fleet's metrics once, in the text format")
     c = sub.add_parser("scrape-config", help="file_sd targets + prometheus.yml + alert rules into --out")
+    for each in (s, show, c):
+        each.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
+                          help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
     c.add_argument("--out", required=True, type=Path)
     c.add_argument("--exporter", default=f"127.0.0.1:{DEFAULT_PORT}", help="where `metrics serve` listens")
     c.add_argument("--alertmanager", default=None, help="HOST:PORT of the Alertmanager (none: no alerting block)")
@@ -152,4 +154,5 @@ def metrics_run(args: argparse.Namespace) -> int:
         threading.Event().wait()
     finally:
         server.shutdown()
+        server.server_close()
     return 0

@@ -120,7 +120,7 @@ class _Families:
 def families(facts: FleetFacts) -> list[Family]:
     """Every metric family, one sample per node (or fleet) where the fact was recorded."""
     out = _Families()
-    inside = 0
+    inside, known = 0, False
     for f in facts.nodes:
         n = f.node
         extra = facts.extra.get(n, NodeExtra())
@@ -131,6 +131,7 @@ def families(facts: FleetFacts) -> list[Family]:
         out.add("node_verdict_timestamp_seconds", "when the health sweep recorded the verdict", f.health_at, node=n)
         rot = in_rotation(f, facts.rotation)
         inside += bool(rot)
+        known = known or rot is not None
         out.add("node_in_rotation", "1 while the LiteLLM gateway routes to the node", None if rot is None else float(rot),
                 node=n)
         reason = out_reason(f, facts.rotation) if rot is False else None
@@ -171,7 +172,8 @@ def families(facts: FleetFacts) -> list[Family]:
         out.add("node_seconds_since_good_bench", "seconds since the node's newest promoted bench",
                 None if extra.last_good_bench_at is None else max(0.0, facts.now - extra.last_good_bench_at), node=n)
     out.add("fleet_serve_nodes", "serve nodes in the fleet file", len(facts.nodes))
-    out.add("fleet_rotation_size", "nodes the gateway routes to", inside)
+    out.add("fleet_rotation_size", "nodes the gateway routes to (no sample before any sweep or gateway record)",
+            inside if known else None)
     out.add("fleet_min_in_rotation", "gateway.min_in_rotation: the floor a drain or reconcile never goes below",
             facts.min_in_rotation)
     out.add("fleet_restart_budget", "health.restart_budget: healing redeploys per node per window", facts.restart_budget)

@@ -91,10 +91,11 @@ def test_bench_figures_budget_and_good_bench_age():
 def test_nothing_recorded_is_no_sample_not_a_zero():
     fams = fm.families(facts([summary.NodeFacts("spark1")]))
     for name in ("spark_node_verdict", "spark_node_in_rotation", "spark_node_bench_tok_s",
-                 "spark_node_restart_budget_remaining", "spark_fleet_last_sweep_timestamp_seconds"):
+                 "spark_node_restart_budget_remaining", "spark_fleet_last_sweep_timestamp_seconds",
+                 "spark_fleet_rotation_size"):  # not 0: SparkRotationAtFloor must not fire on an empty instance
         assert samples(fams, name) == {}, name
     text = fm.exposition(fams)
-    assert "# TYPE spark_fleet_rotation_size gauge" in text and "spark_fleet_rotation_size 0" in text
+    assert "# TYPE spark_fleet_rotation_size gauge" in text and "spark_fleet_serve_nodes 1" in text
 
 
 def test_scrape_targets_follow_the_fleet_file():
