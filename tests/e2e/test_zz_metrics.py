@@ -11,9 +11,12 @@ healed. Reuses test_zz_healing's module fixture (the fleet test_chain deployed, 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
+from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.metrics_command import serve, write_scrape_config
 from spark_pipelines.runbook import quarantine
 from spark_pipelines.state import records
@@ -36,7 +39,7 @@ def stack(env, tmp_path_factory):  # noqa: F811 (the imported fixture)
     port = free_port()
     server = serve(env["fleet"], lambda: env["instance"], "127.0.0.1", port, cache_s=0.5)
     try:
-        write_scrape_config(env["fleet"], root / "sd", f"127.0.0.1:{port}", None)
+        write_scrape_config(env["fleet"], root / "sd", f"127.0.0.1:{port}", None)  # read by prometheus_stack
         with prometheus_stack(root, root / "sd", RULES) as s:
             yield s
     finally:
@@ -89,6 +92,38 @@ def test_prometheus_scrapes_every_node_the_gateway_and_the_exporter(env, stack):
     healthy = stack.query('spark_node_verdict{verdict="healthy"} == 1')
     assert {r["metric"]["node"] for r in healthy} == {"spark1", "spark2"}
     assert stack.query("spark_fleet_rotation_size")[0]["value"][1] == "2"
+
+
+def test_an_edited_fleet_file_changes_the_targets_without_a_restart(env, stack, tmp_path):  # noqa: F811
+    """file_sd: the scrape config rewritten from an edited fleet file (the gateway's port here) is
+    picked up by the running Prometheus."""
+    text = Path(env["sim"].fleet_file).read_text()
+    port = env["fleet"].gateway.proxy_port
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({**yaml.safe_load(text), "gateway": {
+        **yaml.safe_load(text)["gateway"], "proxy_port": port + 1}}, sort_keys=False))
+    sd = stack.dir / "sd"  # where the stack fixture wrote the targets Prometheus reads
+    pid = stack.pid
+    try:
+        write_scrape_config(load_fleet(str(edited)), sd, exporter_of(stack), None)
+        assert gateway_target(stack, f":{port + 1}"), "the edited fleet file's gateway port never became a target"
+    finally:
+        write_scrape_config(env["fleet"], sd, exporter_of(stack), None)
+    assert gateway_target(stack, f":{port}") and stack.pid == pid  # the same process: no restart
+
+
+def exporter_of(stack) -> str:
+    return next(t["labels"]["instance"] for t in stack.targets() if t["labels"]["job"] == "spark-fleet")
+
+
+def gateway_target(stack, suffix, seconds=15) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if [t for t in stack.targets() if t["labels"]["job"] == "spark-gateway" and
+                t["labels"]["instance"].endswith(suffix)]:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def test_a_wedge_alerts_within_its_window_and_resolves_when_healed(env, stack):  # noqa: F811

@@ -87,6 +87,7 @@ class Stack:
     webhook: Webhook
     windows: dict[str, float]
     dir: Path
+    pid: int
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         r = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": expr}, timeout=10)
@@ -181,7 +182,7 @@ def prometheus_stack(root: Path, scrape_dir: Path, rules: Path) -> Iterator[Stac
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=prom_log.open("w"), stderr=subprocess.STDOUT))
         _wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", procs[-1], prom_log)
-        yield Stack(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", hook, windows, root)
+        yield Stack(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}", hook, windows, root, procs[-1].pid)
     finally:
         for p in reversed(procs):
             _stop(p)

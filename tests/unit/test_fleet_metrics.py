@@ -148,3 +148,20 @@ def test_an_unreadable_instance_is_a_metric_not_a_crash():
 
     text = generate_latest(registry_for(load_fleet(SEED_FLEET), broken, cache_s=0)).decode()
     assert "spark_exporter_instance_read_ok 0.0" in text
+
+
+def test_the_metrics_command_line(tmp_path, monkeypatch, capsys):
+    from spark_pipelines.cli import main
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert main(["metrics", "show", "--fleet", SEED_FLEET]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("metrics: DAGSTER_HOME is not set") and "\n" not in err
+    assert main(["metrics", "scrape-config", "--fleet", SEED_FLEET, "--out", str(tmp_path),
+                 "--exporter", "127.0.0.1:19464"]) == 0
+    assert json.loads((tmp_path / "spark-fleet.json").read_text())[0]["targets"] == ["127.0.0.1:19464"]
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    assert main(["metrics", "show", "--fleet", SEED_FLEET]) == 0
+    out = capsys.readouterr().out
+    assert "spark_fleet_serve_nodes 2" in out and "spark_exporter_instance_read_ok 1" in out
