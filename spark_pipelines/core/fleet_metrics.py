@@ -1,6 +1,6 @@
 """The fleet's recorded state as Prometheus metric families: what the alert rules and dashboards read.
 
-Pure: the shell (metrics/exporter.py) hands in each node's latest recorded facts (the same
+Pure: the shell (metrics_command.py over state/records.py) hands in each node's latest recorded facts (the same
 `summary.NodeFacts` the fleet summary reads), the restart budget each node has used, the last
 good bench, and fleet-wide facts; this decides every sample. A fact never recorded is no sample
 (an absent series, never a made-up 0), so an alert on it cannot fire on missing data.
