@@ -46,6 +46,7 @@ class NodeExtra:
     redeploys_in_window: int | None = None  # healing redeploys in health.restart_window_s; None: not read
     last_good_bench_at: float | None = None  # epoch seconds of its newest promoted bench with a mean
     clean_boot_free_gib: float | None = None  # its hardware profile's clean-boot baseline
+    out_since: float | None = None  # since when the sweeps find it out of the gateway (None: in)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class FleetFacts:
     rotation: summary.Rotation
     min_in_rotation: int
     restart_budget: int
+    bench_max_s: float | None = None  # health.bench_max_s: a drain longer than a bench is undone
     extra: Mapping[str, NodeExtra] = field(default_factory=dict)
     rollout_in_progress: bool | None = None  # None: not read
     now: float = 0.0
@@ -138,6 +140,8 @@ def families(facts: FleetFacts) -> list[Family]:
         for r in REASONS:  # samples only while the node is out
             out.add("node_out_of_rotation", "1 for why the node is out of the rotation (bounded reasons)",
                     None if reason is None else float(r == reason), node=n, reason=r)
+        out.add("node_out_of_rotation_seconds", "how long the health sweeps have found the node out of the gateway",
+                None if rot is not False or extra.out_since is None else max(0.0, facts.now - extra.out_since), node=n)
         if f.health is not None:
             out.add("node_quarantined", "1 while a quarantine keeps the node out until released",
                     float(_truthy(f.health.get(keys.QUARANTINED))), node=n)
@@ -176,6 +180,8 @@ def families(facts: FleetFacts) -> list[Family]:
             inside if known else None)
     out.add("fleet_min_in_rotation", "gateway.min_in_rotation: the floor a drain or reconcile never goes below",
             facts.min_in_rotation)
+    out.add("fleet_bench_max_seconds", "health.bench_max_s: longer out than a bench takes is an alert",
+            facts.bench_max_s)
     out.add("fleet_restart_budget", "health.restart_budget: healing redeploys per node per window", facts.restart_budget)
     out.add("fleet_rollout_in_progress", "1 while a fleet_rollout run is queued or running",
             None if facts.rollout_in_progress is None else float(facts.rollout_in_progress))

@@ -331,14 +331,32 @@ def last_good_bench_at(instance: dg.DagsterInstance, node: str) -> float | None:
     return None
 
 
+def out_of_rotation_since(instance: dg.DagsterInstance, node: str, look_back: int = 200) -> float | None:
+    """When the health sweeps began to find the node out of the gateway (the oldest of the newest
+    run of sweeps with in_gateway false; at most `look_back` sweeps back); None while it is in."""
+    records = instance.fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
+    since = None
+    for rec in records:  # newest first
+        seen = values(rec.event_log_entry.asset_observation).get(keys.IN_GATEWAY)
+        if seen is None:
+            continue  # a quarantine or release observation: no sweep
+        if seen in (True, "true", "True"):
+            break
+        since = rec.timestamp
+    return since
+
+
 def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -> fleet_metrics.FleetFacts:
     """Everything the fleet's metrics read, from the instance alone (no SSH: a scrape stays cheap)."""
     window_start = now - fleet.health.restart_window_s
     extra = {n.name: fleet_metrics.NodeExtra(
         redeploys_in_window=healing_redeploys(instance, n.name, window_start),
         last_good_bench_at=last_good_bench_at(instance, n.name),
+        out_since=out_of_rotation_since(instance, n.name),
         clean_boot_free_gib=fleet.profile_of(n).clean_boot_free_gib) for n in fleet.serve_nodes}
     return fleet_metrics.FleetFacts(
         nodes=node_facts(instance, fleet), rotation=latest_rotation(instance),
-        min_in_rotation=fleet.gateway.min_in_rotation, restart_budget=fleet.health.restart_budget, extra=extra,
+        min_in_rotation=fleet.gateway.min_in_rotation, restart_budget=fleet.health.restart_budget,
+        bench_max_s=fleet.health.bench_max_s, extra=extra,
         rollout_in_progress=run_in_progress_for(instance, steps.FLEET_ROLLOUT) is not None, now=now)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import dagster as dg
 import yaml
@@ -17,6 +18,7 @@ from spark_pipelines.core import fleet_metrics as fm
 from spark_pipelines.core import scrape_config, steps, summary
 from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
 from spark_pipelines.metrics_command import registry_for, write_scrape_config
+from spark_pipelines.state import records
 from tests.plugins import unavailable
 
 NOW = 1_800_000_000.0
@@ -127,12 +129,18 @@ def test_the_collector_reads_a_real_instance(tmp_path):
     fleet = load_fleet(SEED_FLEET)
     node = fleet.serve_nodes[0].name
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        for in_gateway in (True, False):
+            instance.report_runless_asset_event(dg.AssetObservation(
+                steps.NODE_DEPLOYMENT, partition=node, metadata={"verdict": "healthy", "in_gateway": in_gateway}))
+        first_out = records.latest_health(instance, node)[1]
+        time.sleep(0.3)  # the newest out-sweep is 0.3 s later: the figure must count from the first
         instance.report_runless_asset_event(dg.AssetObservation(
             steps.NODE_DEPLOYMENT, partition=node,
             metadata={"verdict": "wedged", "in_gateway": False, "quarantined": "wedged: clocks 702 MHz"}))
         instance.report_runless_asset_event(dg.AssetMaterialization(
             steps.BENCH_RESULTS, partition=node, metadata={"mean_tok_s": 34.0, "promoted": False}))
         text = generate_latest(registry_for(fleet, lambda: instance, cache_s=0)).decode()
+        read_at = time.time()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value
            for fam in text_string_to_metric_families(text) for s in fam.samples}
     assert got[("spark_node_verdict", (("node", node), ("verdict", "wedged")))] == 1
@@ -140,6 +148,10 @@ def test_the_collector_reads_a_real_instance(tmp_path):
     assert got[("spark_node_bench_tok_s", (("node", node),))] == 34.0
     assert got[("spark_node_restart_budget_remaining", (("node", node),))] == 3
     assert got[("spark_exporter_instance_read_ok", ())] == 1
+    # Out since the first sweep that found it out (not the newest one), against the fleet's bench_max_s.
+    out_s = got[("spark_node_out_of_rotation_seconds", (("node", node),))]
+    assert read_at - first_out - 0.2 <= out_s <= read_at - first_out + 0.01
+    assert got[("spark_fleet_bench_max_seconds", ())] == fleet.health.bench_max_s
 
 
 def test_an_unreadable_instance_is_a_metric_not_a_crash():
