@@ -18,7 +18,7 @@ plan:
 
 # The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
 test:
-	@scripts/bootstrap.sh base litellm vllm test team
+	@scripts/bootstrap.sh base litellm vllm test team prometheus
 	.venv/bin/python -m pytest
 
 test-fast:

@@ -6,6 +6,7 @@
 #   scripts/bootstrap.sh vllm      a real vLLM (CPU build) in .venvs/vllm
 #   scripts/bootstrap.sh test      Debian packages only the tests need (chromium for the UI tests)
 #   scripts/bootstrap.sh team      PostgreSQL's server for the team instance (make team-up) and its tests
+#   scripts/bootstrap.sh prometheus  Prometheus 2.42 (with promtool) and Alertmanager, the metrics and alert tests
 #   scripts/bootstrap.sh ansible   ansible-core, the reference benchmarks/sweep_scale.py measures against
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,24 @@ TEST_APT_PACKAGES=(chromium)
 # The team instance's database: Debian's server binaries, run by `spark-pipelines team up` itself
 # (its own cluster under the team root), so the package's default cluster is not created.
 TEAM_APT_PACKAGES=(postgresql)
+# The alert rules' tests (promtool) and the metrics e2e test start their own prometheus and
+# alertmanager on loopback (own config, data dir, free ports): the packages' services stay off.
+PROMETHEUS_APT_PACKAGES=(prometheus prometheus-alertmanager)
+
+prometheus_packages() {
+  [[ $(dpkg-query -W -f='${Status}\n' "${PROMETHEUS_APT_PACKAGES[@]}" 2>/dev/null | grep -c "ok installed") == "${#PROMETHEUS_APT_PACKAGES[@]}" ]] && return
+  echo "bootstrap: apt-get install ${PROMETHEUS_APT_PACKAGES[*]} (their services not started: the tests run their own)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # policy-rc.d 101: the maintainer scripts may not start the services (removed again after).
+  local policy=/usr/sbin/policy-rc.d own=0
+  if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy && own=1; fi
+  apt-get install -y -qq --no-install-recommends "${PROMETHEUS_APT_PACKAGES[@]}" >/dev/null || { ((own)) && rm -f $policy; exit 1; }
+  ((own)) && rm -f $policy
+  if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
+    systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
+  fi
+}
 
 team_packages() {
   dpkg-query -W -f='${Status}' "${TEAM_APT_PACKAGES[@]}" 2>/dev/null | grep -q "ok installed" && return
@@ -106,6 +125,7 @@ for part in "${@:-base}"; do
     test) apt_packages "${TEST_APT_PACKAGES[@]}" ;;
     team) team_packages ;;
     ansible) ansible_venv ;;
-    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test | team | ansible)" >&2; exit 2 ;;
+    prometheus) prometheus_packages ;;
+    *) echo "bootstrap: unknown part '$part' (base | litellm | vllm | test | team | prometheus | ansible)" >&2; exit 2 ;;
   esac
 done

@@ -9,6 +9,7 @@ bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
 doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
 sudoers the exact sudoers lines Phase 0 (node_os_job) needs on each node
+metrics the fleet exporter for Prometheus (serve | show) and its targets + alert rules (scrape-config)
 team   the team instance here: PostgreSQL, Dagster daemon + UI, each run in a container (up | down | status)
 
 Bad input exits with status 2 and one clear message on stderr, never a traceback.
@@ -208,7 +209,7 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import adopt_command, bench_command, demo, doctor, node_os_command
+    from spark_pipelines import adopt_command, bench_command, demo, doctor, metrics_command, node_os_command
     from spark_pipelines.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
@@ -234,6 +235,10 @@ def parser() -> Parser:
                              description=node_os_command.__doc__)
     node_os_command.add_sudoers_arguments(sudoers)
     sudoers.set_defaults(run=node_os_command.sudoers_run)
+    met = sub.add_parser("metrics", help="the fleet exporter for Prometheus, its scrape config and alert rules",
+                         description=metrics_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    metrics_command.add_arguments(met)
+    met.set_defaults(run=metrics_command.metrics_run)
     team = sub.add_parser("team", help="the team instance: PostgreSQL, daemon, runs in containers",
                           description=team_command.__doc__)
     team_command.add_arguments(team)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from spark_pipelines import metrics_command
 from spark_pipelines.console import Console, ConsoleError, stop_leftovers
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
@@ -262,4 +263,7 @@ def demo_command(args: argparse.Namespace) -> int:
     print()
     print("The console is stopped. Dagster UI on this instance (these runs under their jobs): make ui"
           "   |   remove the simulated fleet: make sim-down")
+    print(f"Metrics: DAGSTER_HOME={home} .venv/bin/spark-pipelines metrics serve -> "
+          f"http://127.0.0.1:{metrics_command.DEFAULT_PORT}/metrics; Prometheus targets and alert rules: "
+          f".venv/bin/spark-pipelines metrics scrape-config --fleet {fleet_path} --out DIR")
     return 1 if failures else 0

@@ -19,12 +19,14 @@ GPU_UNDER_LOAD = "gpu_under_load"  # healthy | wedged | ...: the health verdict'
 SPEC_ACCEPTANCE_RATE = "spec_acceptance_rate"  # MTP acceptance, 0..1: `regressed` reads its history
 LOADED_AGGREGATE_TOK_S = "loaded_aggregate_tok_s"
 BENCH_RECORD = "bench_record"  # core.baseline.BenchRecord as JSON: what makes benches comparable
+QUALITY_SCORE = "quality_score"  # the bench's quality phase (issue 25), read by the fleet metrics when recorded
 
 # node_deployment / node_artifacts (assets/nodes.py, runbook/deploy.py)
 IMAGE_ID = "image_id"
 CHECKPOINT = "checkpoint"  # node_artifacts: the index digest, first 12
 KV_CACHE_TOKENS = "kv_cache_tokens"
 STARTUP_SECONDS = "startup_seconds"
+FREE_GIB_AT_PREFLIGHT = "free_gib_at_preflight"  # free CUDA memory the deploy's preflight read
 ROLLOUT_RUN = "rollout_run"  # a deploy or bench recorded by a rollout: its run id
 
 # node_deployment observations (sensors/health.py, assets/health.py)

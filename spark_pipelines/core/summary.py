@@ -67,6 +67,7 @@ class Rotation:
     nodes: Sequence[str] = ()
     left_out: Mapping[str, str] = field(default_factory=dict)
     known: bool = False
+    at: float = 0.0  # when it was recorded (epoch seconds)
 
 
 def when(ts: float | None) -> str:

@@ -653,7 +653,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         keys.KV_CACHE_TOKENS: ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
         keys.STARTUP_SECONDS: round(time.monotonic() - started, 1),
-        "free_gib_at_preflight": report.memory.free_gib if report.memory else 0.0,
+        keys.FREE_GIB_AT_PREFLIGHT: report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }
     if txn.jit is not None:

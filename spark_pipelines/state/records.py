@@ -15,6 +15,7 @@ Dagster-side: assets, sensors, schedules and the faces import this; runbook/ and
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +32,7 @@ from dagster._core.definitions.data_version import (  # the tags Dagster itself 
     get_input_event_pointer_tag,
 )
 
-from spark_pipelines.core import baseline, health, steps, summary
+from spark_pipelines.core import baseline, fleet_metrics, health, steps, summary
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
 
@@ -236,7 +237,8 @@ def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     meta = values(rec.asset_materialization or rec.event_log_entry.asset_observation)
     nodes = [n.strip() for n in str(meta.get(keys.ROTATION) or "").split(",") if n.strip()]
     left = meta.get(keys.LEFT_OUT_BY_NODE)
-    return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True)
+    return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True,
+                            at=rec.timestamp)
 
 
 def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) -> tuple[dict[str, Any] | None, float | None]:
@@ -306,3 +308,55 @@ def newest_observation_id(instance: dg.DagsterInstance, after: int | None) -> in
         if recs and (newest is None or recs[0].storage_id > newest):
             newest = recs[0].storage_id
     return newest
+
+
+# ---- the fleet's metrics (core/fleet_metrics.py decides the samples) ---------------------------
+
+def healing_redeploys(instance: dg.DagsterInstance, node: str, since: float) -> int:
+    """The healing policy's redeploys of `node` requested since `since` (epoch seconds): the runs
+    node_health asked for with action `redeploy`, as the restart budget counts them."""
+    after = dt.datetime.fromtimestamp(since, tz=dt.timezone.utc)
+    runs = instance.get_run_records(dg.RunsFilter(
+        tags={steps.HEALTH_ACTION_TAG: "redeploy", "dagster/partition": node}, created_after=after), limit=1000)
+    return len(runs)
+
+
+def last_good_bench_at(instance: dg.DagsterInstance, node: str) -> float | None:
+    """When the node's newest bench that measured something and passed its gate was recorded."""
+    for rec in bench_records(instance, node):
+        meta = values(rec.asset_materialization)
+        mean = meta.get(keys.MEAN_TOK_S)
+        if mean is not None and float(mean) > 0 and meta.get(keys.PROMOTED) is not False:
+            return rec.timestamp
+    return None
+
+
+def out_of_rotation_since(instance: dg.DagsterInstance, node: str, look_back: int = 200) -> float | None:
+    """When the health sweeps began to find the node out of the gateway (the oldest of the newest
+    run of sweeps with in_gateway false; at most `look_back` sweeps back); None while it is in."""
+    records = instance.fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=[node]), limit=look_back).records
+    since = None
+    for rec in records:  # newest first
+        seen = values(rec.event_log_entry.asset_observation).get(keys.IN_GATEWAY)
+        if seen is None:
+            continue  # a quarantine or release observation: no sweep
+        if seen in (True, "true", "True"):
+            break
+        since = rec.timestamp
+    return since
+
+
+def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -> fleet_metrics.FleetFacts:
+    """Everything the fleet's metrics read, from the instance alone (no SSH: a scrape stays cheap)."""
+    window_start = now - fleet.health.restart_window_s
+    extra = {n.name: fleet_metrics.NodeExtra(
+        redeploys_in_window=healing_redeploys(instance, n.name, window_start),
+        last_good_bench_at=last_good_bench_at(instance, n.name),
+        out_since=out_of_rotation_since(instance, n.name),
+        clean_boot_free_gib=fleet.profile_of(n).clean_boot_free_gib) for n in fleet.serve_nodes}
+    return fleet_metrics.FleetFacts(
+        nodes=node_facts(instance, fleet), rotation=latest_rotation(instance),
+        min_in_rotation=fleet.gateway.min_in_rotation, restart_budget=fleet.health.restart_budget,
+        bench_max_s=fleet.health.bench_max_s, extra=extra,
+        rollout_in_progress=run_in_progress_for(instance, steps.FLEET_ROLLOUT) is not None, now=now)

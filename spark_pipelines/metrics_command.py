@@ -1,0 +1,158 @@
+"""spark-pipelines metrics: the fleet's recorded state for Prometheus, and the scrape config for it.
+
+  metrics serve [--fleet FILE] [--host 127.0.0.1] [--port 9464]
+                                                   the fleet exporter: /metrics read from the Dagster
+                                                   instance ($DAGSTER_HOME) on each scrape (cached 5 s)
+  metrics show                                     the same metrics once, on stdout
+  metrics scrape-config --out DIR [--exporter HOST:PORT] [--alertmanager HOST:PORT]
+                                                   file_sd targets from the fleet file, a prometheus.yml
+                                                   naming them and the alert rules (deploy/prometheus)
+
+The exporter reads only the instance (the health sweep's verdicts, the gateway's rotation, the
+benches, the healing runs): no SSH, so a scrape costs milliseconds and never touches a node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from spark_pipelines.core import fleet_metrics, scrape_config
+from spark_pipelines.core.errors import first_line
+from spark_pipelines.core.fleet import SEED_FLEET, Fleet, FleetError, load_fleet
+
+DEFAULT_PORT = 9464
+CACHE_S = 5.0  # Prometheus and a person's curl at once read the instance once
+RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / scrape_config.RULES_FILE
+
+
+class FleetCollector(Collector):
+    """The fleet's metric families, read from the instance at most once per CACHE_S."""
+
+    def __init__(self, fleet: Fleet, instance: Callable[[], Any], cache_s: float = CACHE_S) -> None:
+        self.fleet, self._instance, self.cache_s = fleet, instance, cache_s
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._families: list[fleet_metrics.Family] = []
+        self._ok = 0.0
+
+    def families(self) -> list[fleet_metrics.Family]:
+        from spark_pipelines.state import records  # the Dagster side, only once something is read
+
+        with self._lock:
+            now = time.time()
+            if now - self._at >= self.cache_s:
+                try:
+                    self._families = fleet_metrics.families(
+                        records.fleet_metric_facts(self._instance(), self.fleet, now))
+                    self._ok = 1.0
+                except Exception as e:  # the exporter keeps answering: the read failure is a metric
+                    print(f"metrics: the Dagster instance could not be read: {first_line(e)}", file=sys.stderr)
+                    self._families, self._ok = [], 0.0
+                self._at = now
+            read = fleet_metrics.Family("spark_exporter_instance_read_ok", "1 when the last read of the Dagster "
+                                        "instance worked", (fleet_metrics.Sample({}, self._ok),))
+            return [*self._families, read]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for fam in self.families():
+            names = sorted({k for s in fam.samples for k in s.labels})
+            g = GaugeMetricFamily(fam.name, fam.help, labels=names)
+            for s in fam.samples:
+                g.add_metric([s.labels.get(k, "") for k in names], s.value)
+            yield g
+
+
+def registry_for(fleet: Fleet, instance: Callable[[], Any], cache_s: float = CACHE_S) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(FleetCollector(fleet, instance, cache_s))
+    return reg
+
+
+def serve(fleet: Fleet, instance: Callable[[], Any], host: str, port: int, cache_s: float = CACHE_S) -> Any:
+    """Start the exporter's HTTP server in a thread; returns the server (shutdown() stops it)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry_for(fleet, instance, cache_s))
+    return server
+
+
+def _instance_from_env() -> Callable[[], Any]:
+    import dagster as dg
+
+    if not os.environ.get("DAGSTER_HOME"):
+        raise FleetError("metrics: DAGSTER_HOME is not set: point it at the instance the chain records in "
+                         "(make demo uses .dagster-home)")
+    holder: list[Any] = []
+
+    def get() -> Any:
+        if not holder:
+            holder.append(dg.DagsterInstance.get())
+        return holder[0]
+
+    return get
+
+
+def write_scrape_config(fleet: Fleet, out: Path, exporter: str, alertmanager: str | None) -> list[Path]:
+    """The file_sd JSON files (rewritten atomically: Prometheus may read them at any moment), the
+    rules file beside them and a prometheus.yml naming both; returns what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, groups in scrape_config.targets(fleet, exporter).items():
+        path = out / name
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(groups, indent=2) + "\n")
+        os.replace(tmp, path)
+        written.append(path)
+    rules = out / scrape_config.RULES_FILE
+    shutil.copyfile(RULES, rules)
+    config = out / "prometheus.yml"
+    config.write_text(yaml.safe_dump(scrape_config.prometheus_config(str(out), str(rules), alertmanager),
+                                     sort_keys=False))
+    return [*written, rules, config]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    sub = ap.add_subparsers(dest="what", required=True, metavar="serve|show|scrape-config")
+    s = sub.add_parser("serve", help="the fleet exporter on HOST:PORT/metrics")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT)
+    show = sub.add_parser("show", help="the fleet's metrics once, in the text format")
+    c = sub.add_parser("scrape-config", help="file_sd targets + prometheus.yml + alert rules into --out")
+    for each in (s, show, c):
+        each.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
+                          help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    c.add_argument("--out", required=True, type=Path)
+    c.add_argument("--exporter", default=f"127.0.0.1:{DEFAULT_PORT}", help="where `metrics serve` listens")
+    c.add_argument("--alertmanager", default=None, help="HOST:PORT of the Alertmanager (none: no alerting block)")
+
+
+def metrics_run(args: argparse.Namespace) -> int:
+    fleet = load_fleet(args.fleet)
+    if args.what == "scrape-config":
+        for path in write_scrape_config(fleet, args.out, args.exporter, args.alertmanager):
+            print(path)
+        return 0
+    instance = _instance_from_env()
+    if args.what == "show":
+        sys.stdout.write(fleet_metrics.exposition(FleetCollector(fleet, instance, 0).families()))
+        return 0
+    server = serve(fleet, instance, args.host, args.port)
+    print(f"metrics: the fleet exporter on http://{args.host}:{args.port}/metrics (Ctrl-C stops it)", flush=True)
+    try:
+        threading.Event().wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
