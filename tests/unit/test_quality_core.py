@@ -119,8 +119,8 @@ def test_quality_vs_baseline_fails_only_beyond_the_noise_and_only_within_one_sui
 
 def test_noise_and_the_repeats_an_honest_verdict_needs():
     n = q.noise_of([73, 60, 80, 87, 80])  # the runbook's tool-eval-bench --short repeats, same config
-    assert n.low == 60 and n.high == 87 and round(n.sd, 1) == 10.1
-    assert q.repeats_needed(n.sd, 10) == 9  # 8 * 10.1^2 / 10^2 = 8.2 -> 9 runs per side
+    assert n.low == 60 and n.high == 87 and round(n.sd, 1) == 10.2
+    assert q.repeats_needed(n.sd, 10) == 9  # 8 * 10.2^2 / 10^2 = 8.4 -> 9 runs per side
     assert q.repeats_needed(0.0, 10) == 1  # a deterministic suite: one run says it
     with pytest.raises(ValueError):
         q.repeats_needed(1.0, 0)
