@@ -26,8 +26,8 @@ from typing import Any
 SUITE_VERSION = "spark-quality/1"
 PARALLEL = 4  # the runbook's `--short --parallel 4`
 TEMPERATURE = 0.0
-ANSWER_MAX_TOKENS = 96  # thinking off: a short answer or one tool call fits
-REASONING_MAX_TOKENS = 256  # thinking on for the reasoning-parser check
+ANSWER_MAX_TOKENS = 64  # thinking off: a short answer or one tool call (~30 tokens) fits
+REASONING_MAX_TOKENS = 512  # thinking on: room for Qwen3.5's thinking on an easy product
 
 # The deterministic checks: names the gate and the report use.
 CHECK_SMOKE = "smoke answer"
