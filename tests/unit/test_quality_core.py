@@ -145,3 +145,67 @@ def test_the_protocol_says_whether_forcing_was_honoured_and_mismatches_are_refus
     with pytest.raises(protocol.ProtocolMismatch):
         protocol.require_comparable(forced.key, natural.key)
     assert protocol.key_of(forced.to_dict()) == forced.key and protocol.key_of({}) is None
+
+
+# -- the gates that read it: the rollout's judge and the fleet's baseline --------------------------
+
+from spark_pipelines.core import baseline as bl  # noqa: E402
+from spark_pipelines.core import rollout  # noqa: E402
+from spark_pipelines.core.gpu import GpuVerdict  # noqa: E402
+
+FORCED = "v1|forced|server usage|stream"
+HEALTHY = GpuVerdict(state="healthy", reasons=[])
+
+
+def report_of(replies) -> q.QualityReport:
+    return q.QualityReport(q.SUITE_VERSION, (run(replies), run(replies, "parallel 4")))
+
+
+def judged(quality, base=None, protocol_key=FORCED, floor=50.0):
+    return rollout.judge("spark1", healthy=True, mean_tok_s=52.0, acceptance=0.95, gpu_verdict=HEALTHY,
+                         floor_tok_s=40, floor_acceptance=0.8, baseline=base, quality=quality,
+                         floor_quality=floor, quality_noise=20, protocol_key=protocol_key)
+
+
+def base_of(quality_score, protocol_key=FORCED):
+    recs = [bl.record(n, t, 52.0, bl.BenchIdentity("sha256:a", "c", "l"),
+                      bl.LoadConditions(gpu_state="healthy", isolation_verified=True, counters_match=True),
+                      protocol=protocol_key, quality=quality_score, quality_suite=q.SUITE_VERSION)
+            for t, n in ((1.0, "spark1"), (2.0, "spark2"))]
+    return bl.fleet_baseline(recs)
+
+
+def test_fast_garbage_fails_the_rollout_quality_gate_that_speed_alone_passes():
+    garbage = report_of([q.Reply(content=" the a of")] * len(q.SUITE))
+    g = judged(garbage, base_of(100.0))
+    assert not g.passed and g.gate == "quality" and "smoke answer" in g.why
+    assert judged(garbage, floor=None).passed  # no floor set: reported, gates nothing
+    good = judged(report_of([good_reply(s) for s in q.SUITE]), base_of(100.0))
+    assert good.passed and "quality 100/100" in good.why and "vs baseline" in good.why
+
+
+def test_a_quality_drop_beyond_the_noise_fails_within_it_passes():
+    # 70/100: above the floor, every check passing, 30 below the baseline's 100 (noise 20)
+    worse = report_of([good_reply(s) if s.points == 10 or s.deterministic else q.Reply(content="?")
+                       for s in q.SUITE])
+    g = judged(worse, base_of(100.0))
+    assert not g.passed and g.gate == "quality" and "measured noise (20 points)" in g.why
+    assert judged(worse, base_of(85.0)).passed  # 15 below: within the noise
+
+
+def test_a_baseline_under_another_protocol_is_never_compared():
+    natural = "v1|natural (stops at EOS)|server usage|stream"
+    base = base_of(100.0, protocol_key=natural)
+    assert base.protocol == natural and base.quality == 100.0
+    g = rollout.judge("spark1", healthy=True, mean_tok_s=20.0, gpu_verdict=HEALTHY, floor_tok_s=10,
+                      baseline=base, protocol_key=FORCED)  # far below the baseline's 52 tok/s
+    assert g.passed and "not compared: different bench protocols" in g.why
+    # the fleet's baseline pools one protocol: the newest comparable bench's
+    ident = bl.BenchIdentity("sha256:a", "c", "l")
+    cond = bl.LoadConditions(gpu_state="healthy", isolation_verified=True, counters_match=True)
+    recs = [bl.record("spark1", 1.0, 30.0, ident, cond, protocol=natural),
+            bl.record("spark2", 2.0, 52.0, ident, cond, protocol=FORCED)]
+    pooled = bl.fleet_baseline(recs)
+    assert pooled.nodes == ("spark2",) and pooled.tok_s == 52.0 and pooled.protocol == FORCED
+    again = bl.BenchRecord.from_dict(recs[1].to_dict())
+    assert again.protocol == FORCED and again.quality is None
