@@ -258,3 +258,37 @@ def test_optional_production_flags_are_accepted(vllm_standin):
         "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         "--enable-chunked-prefill", "--load-format", "fastsafetensors"))
     assert httpx.get(served.base_url + "/health").status_code == 200
+
+
+def test_quality_suite_tells_healthy_garbage_and_broken_tool_calls_apart(vllm_standin):
+    """The quality phase against three stand-ins launched alike but for SIM_ANSWERS: the healthy
+    one scores 100 with every check; the unpatched image ("Garbage output") fails every
+    deterministic check though it is as fast; a broken tool-call parser fails the tool call only."""
+    from spark_pipelines.core import quality
+
+    got = {}
+    for mode in ("healthy", "garbage", "broken-tools"):
+        served = vllm_standin(env={**FAST, "SIM_ANSWERS": mode})
+        got[mode] = bench_client.run_quality(served.base_url, served.model, max_s=120)
+        print(f"{mode}: {got[mode].text()}")
+    healthy, garbage, broken = got["healthy"], got["garbage"], got["broken-tools"]
+    assert healthy.score == 100 and healthy.failed_checks() == {}
+    assert [r.mode for r in healthy.runs] == ["sequential", "parallel 4"]
+    assert quality.quality_gate(healthy, 50)[0]
+    assert set(garbage.failed_checks()) == {quality.CHECK_SMOKE, quality.CHECK_REASONING, quality.CHECK_TOOL_CALL}
+    assert garbage.score == 0 and not quality.quality_gate(garbage, 0)[0]
+    assert set(broken.failed_checks()) == {quality.CHECK_TOOL_CALL}
+    assert "tool-call parser" in broken.failed_checks()[quality.CHECK_TOOL_CALL]
+    assert 0 < broken.score < healthy.score
+
+
+def test_forced_output_length_is_honoured_and_recorded(vllm_standin):
+    """ignore_eos + min_tokens: the Math prompt (a short answer at EOS) decodes max_tokens; without
+    them it stops early, and the two runs carry different protocols (never compared)."""
+    served = vllm_standin(env={**MANDATORY_ENV, "SIM_TOKENS_PER_SECOND": "2000"})  # 3.9k tokens forced
+    forced = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1, ignore_eos=True)
+    natural = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1)
+    math = {r: next(p for p in rep.prompts if p.prompt == "Math") for r, rep in (("f", forced), ("n", natural))}
+    assert math["f"].tokens.median == 64 and math["n"].tokens.median < 64
+    assert forced.protocol["output_length"] == "forced" and forced.protocol["token_count"] == "server usage"
+    assert natural.protocol["key"] != forced.protocol["key"]
