@@ -103,3 +103,13 @@ def test_quality_phase_on_a_server_without_tool_call_parser_is_reported_not_a_cr
     assert tool.points == 0 and ("HTTP 400" in tool.why or "no tool call" in tool.why), tool.why
     ok, why = quality.quality_gate(q, 50)
     assert not ok and "\n" not in why and quality.CHECK_TOOL_CALL in why
+
+
+def test_real_vllm_honours_the_forced_output_length(real_vllm):
+    """ignore_eos + min_tokens, as the fleet's bench sends them: every request decodes exactly
+    max_tokens and the report records the protocol as forced (server usage counts)."""
+    report = bench_client.run_bench(real_vllm.base_url, real_vllm.model, "loaded", 2, 1, ignore_eos=True,
+                                    loaded_max_tokens=24)
+    assert report.prompts[0].tokens.min == report.prompts[0].tokens.max == 24
+    assert report.protocol["output_length"] == "forced" and report.protocol["token_count"] == "server usage"
+    assert report.counters.tokens_match
