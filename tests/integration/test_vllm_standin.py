@@ -88,18 +88,23 @@ def test_openai_endpoints_and_real_metric_names(healthy_standin):
 
 
 def test_non_streaming_reply_has_exact_usage(healthy_standin):
-    r = httpx.post(healthy_standin.base_url + "/v1/chat/completions", json={
-        "model": healthy_standin.model, "max_tokens": 20, "temperature": 0,
-        "messages": [{"role": "user", "content": "What is 7823 * 4519?"}]}, timeout=30)
-    body = r.json()
+    def ask(**extra):
+        return httpx.post(healthy_standin.base_url + "/v1/chat/completions", json={
+            "model": healthy_standin.model, "max_tokens": 20, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is 7823 * 4519?"}], **extra}, timeout=30).json()
+    body = ask(ignore_eos=True)  # forced: decodes max_tokens past the answer's EOS
     assert body["usage"]["completion_tokens"] == 20
     assert body["choices"][0]["finish_reason"] == "length"
+    body = ask()  # natural: thinking, the answer, EOS
+    msg = body["choices"][0]["message"]
+    assert body["choices"][0]["finish_reason"] == "stop" and msg["content"].strip() == str(7823 * 4519)
+    assert body["usage"]["completion_tokens"] == len(msg["reasoning_content"].split()) + 1 < 20
 
 
 def test_recipe_suite_rate_and_counters(vllm_standin):
     served = vllm_standin(env=FAST)
-    report = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1)
-    assert [p.tokens.median for p in report.prompts] == [256, 512, 1024, 64, 2048]
+    report = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1, ignore_eos=True)
+    assert [p.tokens.median for p in report.prompts] == [256, 512, 1024, 64, 2048]  # forced, as the fleet benches
     for p in report.prompts:
         assert p.decode_tok_s.median == pytest.approx(520, rel=0.05), p.prompt
     c = report.counters
