@@ -18,7 +18,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 # Bumped whenever a scenario, its points or a scorer changes: scores of different versions are
@@ -343,18 +343,3 @@ def repeats_needed(sd: float, drop: float) -> int:
     if drop <= 0:
         raise ValueError("the drop to detect must be > 0 points")
     return max(1, math.ceil(8 * sd * sd / (drop * drop)))
-
-
-@dataclass(frozen=True)
-class QualityFigures:
-    """What a bench record keeps of the quality phase (comparable only within one suite version)."""
-
-    suite: str = SUITE_VERSION
-    score: float | None = None
-    failed: tuple[str, ...] = field(default=())
-
-
-def figures(q: QualityReport | None) -> QualityFigures | None:
-    if q is None or q.score is None:
-        return None
-    return QualityFigures(q.suite, q.score, tuple(q.failed_checks()))
