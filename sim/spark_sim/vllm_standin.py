@@ -20,6 +20,11 @@ SIM_GPU_STATE_FILE: {"state", "profile", "free_gib", "total_gib"}):
 - "wedged" state                          -> 34/52 of the rate (PD firmware wedge);
 - no --speculative-config                 -> 26/52; no --attention-backend FLASHINFER -> 17/52
   (factors multiply when several apply).
+
+What it answers (standin_answers.py): arithmetic, tool calls and tool results by rule, so the
+bench's quality suite scores a healthy node high; env SIM_ANSWERS=garbage (the unpatched image:
+fast, wrong) or broken-tools (tool calls as text) breaks that the way those deployments do.
+`ignore_eos` / `min_tokens` force the output length as vLLM does.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import traceback
 
 # Beside this file, here and in the image (/opt/sim); -I drops the script's folder from sys.path.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standin_answers  # noqa: E402
 import standin_jit  # noqa: E402
 
 VERSION = "0.19.1.dev0+g2a69949bd.d20260616.cu132"  # the runbook's pinned, working build
@@ -370,6 +376,7 @@ class Server:
         self.seq = 0
         self.access_log = not args.disable_uvicorn_access_log
         self.last_stats = (0, 0, 0, 0)
+        self.answers = standin_answers.mode_of(os.environ.get("SIM_ANSWERS"))
 
     # -- HTTP plumbing -------------------------------------------------------------------------
 
@@ -484,6 +491,11 @@ class Server:
             stops = [stops]
         stream = bool(req.get("stream"))
         usage_wanted = bool((req.get("stream_options") or {}).get("include_usage"))
+        ctk = req.get("chat_template_kwargs") or {}
+        thinking = bool(self.args.reasoning_parser) and ctk.get("enable_thinking", True) is not False
+        tools = req.get("tools") if req.get("tool_choice", "auto") != "none" else None
+        said = standin_answers.answer(messages, tools, self.answers, thinking)
+        forced = max_tokens if req.get("ignore_eos") else int(req.get("min_tokens") or 0)
         self.gpu.refresh()
         rate = self.base_rate * rate_factor(self.args, self.gpu)
         self.seq += 1
@@ -497,7 +509,7 @@ class Server:
             try:
                 return await self.generate(writer, rid, created, model, prompt_tokens,
                                            max_tokens, stops, rate, stream, usage_wanted,
-                                           sum(text.encode()[:64]))
+                                           sum(text.encode()[:64]), said, thinking, forced)
             finally:
                 self.c.running -= 1
 
@@ -529,7 +541,8 @@ class Server:
 
     async def generate(self, writer: asyncio.StreamWriter, rid: str, created: int, model: str,
                        prompt_tokens: int, max_tokens: int, stops: list[str], rate: float,
-                       stream: bool, usage_wanted: bool, seed: int) -> int:
+                       stream: bool, usage_wanted: bool, seed: int, said: standin_answers.Answer | None = None,
+                       thinking: bool = True, forced: int = 0) -> int:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         ttft = TTFT_FLOOR_S + prompt_tokens / PREFILL_TPS
@@ -541,7 +554,9 @@ class Server:
                 chain *= MTP_POS_ACCEPT[min(pos, len(MTP_POS_ACCEPT) - 1)]
                 mean_tokens += chain
         interval = mean_tokens / rate  # step length; tokens per step vary, step time does not
-        reasoning_tokens = max_tokens // 4 if self.args.reasoning_parser else 0
+        reasoning_tokens = max_tokens // 4 if self.args.reasoning_parser and thinking else 0
+        planned = None if said is None else standin_answers.plan(
+            said, max_tokens, reasoning_tokens, forced, lambda j: " " + _VOCAB[(seed + j * 7) % len(_VOCAB)])
         prefix = (f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":{created},'
                   f'"model":{json.dumps(model)},"choices":[{{"index":0,"delta":{{').encode()
         if stream:
@@ -551,6 +566,10 @@ class Server:
                         b'"finish_reason":null}]}\n\n')
         produced = 0
         finish = "length"
+        calls = []
+        if said is not None and said.tool_call is not None:
+            calls = [{"index": 0, "id": f"chatcmpl-tool-{rid[-8:]}", "type": "function",
+                      "function": {"name": said.tool_call[0], "arguments": said.tool_call[1]}}]
         pieces: list[str] = []
         reasoning: list[str] = []
         try:
@@ -559,25 +578,48 @@ class Server:
                 delay = deadline - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                words = []
-                for j in range(produced, produced + n):
-                    w = _VOCAB[(seed + j * 7) % len(_VOCAB)]
-                    if w in stops:
-                        finish = "stop"
-                        break
-                    words.append(" " + w)
-                produced += len(words)
+                if planned is None:
+                    words = []
+                    for j in range(produced, produced + n):
+                        w = _VOCAB[(seed + j * 7) % len(_VOCAB)]
+                        if w in stops:
+                            finish = "stop"
+                            break
+                        words.append(" " + w)
+                    produced += len(words)
+                    key = "reasoning_content" if produced <= reasoning_tokens else "content"
+                    parts = [(key, "".join(words))]
+                    last = finish == "stop" or produced >= max_tokens
+                else:
+                    tokens, end = planned
+                    words = tokens[produced:produced + n]
+                    produced += len(words)
+                    last = produced >= len(tokens)
+                    finish = end if last else finish
+                    parts = []
+                    for key, piece in words:  # consecutive pieces of one field go in one chunk
+                        if key == "tool":
+                            continue
+                        if parts and parts[-1][0] == key:
+                            parts[-1] = (key, parts[-1][1] + piece)
+                        else:
+                            parts.append((key, piece))
+                    if not parts:
+                        parts = [("content", "")]
                 self.c.generation_tokens += len(words)
                 if self.spec_k and i > 0:
                     self.count_step(accepted)
-                last = finish == "stop" or produced >= max_tokens
-                text = "".join(words)
-                key = "reasoning_content" if produced <= reasoning_tokens else "content"
-                (reasoning if key == "reasoning_content" else pieces).append(text)
-                if stream and (text or last):
-                    fr = f'"{finish}"' if last else "null"
-                    self._chunk(writer, prefix + f'"{key}":{json.dumps(text)}}},"logprobs":null,'
-                                f'"finish_reason":{fr}}}]}}\n\n'.encode())
+                for k, (key, text) in enumerate(parts):
+                    (reasoning if key == "reasoning_content" else pieces).append(text)
+                    end_here = last and k == len(parts) - 1
+                    if stream and (text or end_here) and not (end_here and calls):
+                        fr = f'"{finish}"' if end_here else "null"
+                        self._chunk(writer, prefix + f'"{key}":{json.dumps(text)}}},"logprobs":null,'
+                                    f'"finish_reason":{fr}}}]}}\n\n'.encode())
+                if stream and last and calls:
+                    self._chunk(writer, prefix + f'"tool_calls":{json.dumps(calls)}}},"logprobs":null,'
+                                f'"finish_reason":"{finish}"}}]}}\n\n'.encode())
+                if stream:
                     await writer.drain()
                 if last:
                     break
@@ -586,7 +628,7 @@ class Server:
             return 499
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + produced,
                  "completion_tokens": produced, "prompt_tokens_details": None}
-        self.c.success[finish] += 1
+        self.c.success["stop" if finish == "tool_calls" else finish] += 1  # vLLM counts a tool call as stop
         if stream:
             if usage_wanted:
                 self._chunk(writer, f'data: {{"id":"{rid}","object":"chat.completion.chunk",'
@@ -599,8 +641,9 @@ class Server:
             except ConnectionError:
                 pass
             return 200
-        message = {"role": "assistant", "content": "".join(pieces), "refusal": None,
-                   "tool_calls": [], "reasoning_content": "".join(reasoning) or None}
+        message = {"role": "assistant", "content": "".join(pieces) or (None if calls else ""), "refusal": None,
+                   "tool_calls": [{k: v for k, v in c.items() if k != "index"} for c in calls],
+                   "reasoning_content": "".join(reasoning) or None}
         body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": finish, "stop_reason": None}],

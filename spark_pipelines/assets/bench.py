@@ -18,6 +18,7 @@ from spark_pipelines.core import steps
 from spark_pipelines.core import baseline
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core import quality as quality_core
 from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
@@ -32,8 +33,9 @@ from spark_pipelines.core.errors import RunbookError, first_line
 GROUP = "5_bench"
 
 ABOVE_FLOOR_DESCRIPTION = (
-    "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor and its GPU "
-    "showed no PD-firmware wedge under load. A failed gate keeps the node out of the gateway and fails "
+    "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor, its GPU "
+    "showed no PD-firmware wedge under load, and (with bench.floor_quality set) its quality phase scored at or "
+    "above the floor with every deterministic check passed (smoke answer, reasoning parser, tool call). A failed gate keeps the node out of the gateway and fails "
     "the bench run for that node only; the check says why and what the runbook does next.")
 
 
@@ -44,6 +46,7 @@ LATEST_COLUMNS = (
     ("trend", "string", f"the last {summary.TREND_POINTS} bench means, oldest first, scaled from 0"),
     ("vs reference", "string", "mean / the recipe's reference (x, two decimals)"),
     ("floor tok/s", "number", "the node's promotion floor"),
+    ("quality", "number", "quality phase score /100 (the lower of sequential and parallel 4)"),
     ("promoted", "bool", "passed above_floor"),
 )
 
@@ -66,7 +69,8 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
                      "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
                      "trend": summary.trend([v for _, v in history[n.name]]),
                      "vs reference": summary.ratio(summary.rounded(m.get(keys.VS_REFERENCE), 2)),
-                     "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)), "promoted": m.get(keys.PROMOTED)})
+                     "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)),
+                     "quality": summary.rounded(m.get(keys.QUALITY_SCORE)), "promoted": m.get(keys.PROMOTED)})
     return rows
 
 
@@ -138,8 +142,11 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         "void": "; ".join(b.record.void) or "no",
         "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
         "table": bench_table(b.report),
-        "report": dg.MetadataValue.md(bench_core.render_markdown(b.report)),
+        "report": dg.MetadataValue.md(bench_core.render_markdown(b.report)
+                                      + ("\n" + quality_core.render_markdown(b.quality) if b.quality else "")),
+        keys.BENCH_PROTOCOL: (b.report.protocol or {}).get("key") or "not recorded",
     }
+    meta.update(quality_metadata(b.quality, f.bench.floor_quality))
     if b.loaded is not None:
         meta[keys.LOADED_AGGREGATE_TOK_S] = num(b.loaded, 2)
     if b.acceptance is not None:
@@ -150,7 +157,8 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     history[node] = history.get(node, []) + ([(time.time(), mean_v)] if mean_v > 0 else [])
     this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
             "trend": summary.trend([v for _, v in history[node]]),
-            "vs reference": summary.ratio(vs_ref), "floor tok/s": floor, "promoted": b.promoted}
+            "vs reference": summary.ratio(vs_ref), "floor tok/s": floor,
+            "quality": b.quality.score if b.quality is not None else None, "promoted": b.promoted}
     # First: the asset's Overview shows the newest materialization of any node, so every node's
     # latest figures head it (one node's own page is the Partitions tab with that node selected).
     meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this, history)), **meta}
@@ -159,6 +167,22 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         meta.update(chart_metadata(context, f, node, history))
     except Exception as e:  # a chart must never fail a bench
         context.log.warning(f"bench history chart not rendered: {first_line(e)}")
+    return meta
+
+
+def quality_metadata(q: quality_core.QualityReport | None, floor: float | None) -> dict:
+    """The quality phase's figures on bench_results (per node: each partition is one node)."""
+    if q is None:
+        return {}
+    meta: dict = {"quality_suite": q.suite, "quality": q.text(),
+                  keys.QUALITY_CHECKS: "; ".join(f"{k}: {v}" for k, v in q.failed_checks().items()) or "all passed",
+                  "quality_s": num(q.seconds, 2)}
+    if q.score is not None:
+        meta[keys.QUALITY_SCORE] = num(q.score, 1)
+    for r in q.runs:
+        meta[f"quality_{r.mode.replace(' ', '')}"] = num(r.score, 1)  # quality_sequential, quality_parallel4
+    if floor is not None:
+        meta["floor_quality"] = num(floor, 1)
     return meta
 
 

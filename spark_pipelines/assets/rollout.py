@@ -162,7 +162,9 @@ class _Steps:
                              {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
         return core.judge(node, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance, gpu_verdict=b.gpu_verdict,
                           floor_tok_s=f.bench_floor(n), floor_acceptance=f.bench.floor_mtp_acceptance,
-                          baseline=self.base, max_regression=f.rollout.max_regression, void=b.record.void)
+                          baseline=self.base, max_regression=f.rollout.max_regression, void=b.record.void,
+                          quality=b.quality, floor_quality=f.bench.floor_quality,
+                          quality_noise=f.bench.quality_noise, protocol_key=b.record.protocol)
 
     def revert(self, node: str, why: str) -> str:
         n = self.s.fleet.node(node)

@@ -98,6 +98,9 @@ class BenchRecord:
     identity: BenchIdentity = BenchIdentity()
     conditions: LoadConditions = LoadConditions()
     void: tuple[str, ...] = field(default=())
+    protocol: str | None = None  # core.protocol key; None: recorded before protocols were
+    quality: float | None = None  # the quality phase's score /100 (core.quality)
+    quality_suite: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -105,7 +108,8 @@ class BenchRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "at": self.at, "tok_s": self.tok_s, "identity": asdict(self.identity),
-                "conditions": asdict(self.conditions), "void": list(self.void)}
+                "conditions": asdict(self.conditions), "void": list(self.void), "protocol": self.protocol,
+                "quality": self.quality, "quality_suite": self.quality_suite}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchRecord:
@@ -116,11 +120,14 @@ class BenchRecord:
         return cls(node=str(data["node"]), at=float(data.get("at") or 0.0),
                    tok_s=float(tok) if tok is not None else None,
                    identity=BenchIdentity(**ident), conditions=LoadConditions(**cond),
-                   void=tuple(str(v) for v in data.get("void") or ()))
+                   void=tuple(str(v) for v in data.get("void") or ()),
+                   protocol=data.get("protocol"), quality=float(q) if (q := data.get("quality")) is not None else None,
+                   quality_suite=data.get("quality_suite"))
 
 
-def record(node: str, at: float, tok_s: float | None, identity: BenchIdentity, conditions: LoadConditions) -> BenchRecord:
-    return BenchRecord(node, at, tok_s, identity, conditions, void_reasons(conditions))
+def record(node: str, at: float, tok_s: float | None, identity: BenchIdentity, conditions: LoadConditions, *,
+           protocol: str | None = None, quality: float | None = None, quality_suite: str | None = None) -> BenchRecord:
+    return BenchRecord(node, at, tok_s, identity, conditions, void_reasons(conditions), protocol, quality, quality_suite)
 
 
 @dataclass(frozen=True)
@@ -133,11 +140,15 @@ class Baseline:
     high: float
     acceptance: float | None
     nodes: tuple[str, ...]
+    protocol: str | None = None  # every bench in it was made under this protocol
+    quality: float | None = None  # the lowest quality score over the nodes (the band's bottom)
+    quality_suite: str | None = None
 
     def text(self) -> str:
         spread = f" ({self.low:.1f}-{self.high:.1f})" if len(self.nodes) > 1 else ""
         acc = f", MTP acceptance {self.acceptance:.1%}" if self.acceptance is not None else ""
-        return f"{self.tok_s:.1f} tok/s{spread} over {', '.join(self.nodes)}{acc}"
+        qual = f", quality >= {self.quality:g}/100" if self.quality is not None else ""
+        return f"{self.tok_s:.1f} tok/s{spread} over {', '.join(self.nodes)}{acc}{qual}"
 
 
 def latest_valid(records: Iterable[BenchRecord]) -> dict[str, BenchRecord]:
@@ -151,19 +162,27 @@ def latest_valid(records: Iterable[BenchRecord]) -> dict[str, BenchRecord]:
 
 def fleet_baseline(records: Iterable[BenchRecord], identity: BenchIdentity | None = None) -> Baseline | None:
     """The median of each node's latest valid bench, among benches comparable with `identity`
-    (default: the identity of the newest valid bench). None when no bench counts."""
+    (default: the identity of the newest valid bench) and made under one bench protocol (the
+    newest such bench's: benches under different protocols are never compared). None when no
+    bench counts."""
     pool = list(records)
     valid = [r for r in pool if r.valid]
     if not valid:
         return None
     ident = identity or max(valid, key=lambda r: r.at).identity
-    latest = latest_valid(r for r in valid if r.identity.comparable_with(ident))
-    if not latest:
+    same = [r for r in valid if r.identity.comparable_with(ident)]
+    if not same:
         return None
+    proto = max(same, key=lambda r: r.at).protocol
+    latest = latest_valid(r for r in same if r.protocol == proto)
     figs = [r.tok_s for r in latest.values() if r.tok_s is not None]
     accs = [r.conditions.acceptance_rate for r in latest.values() if r.conditions.acceptance_rate is not None]
+    suites = {r.quality_suite for r in latest.values() if r.quality is not None}
+    quals = [r.quality for r in latest.values() if r.quality is not None]
+    one_suite = len(suites) == 1  # scores of different suite versions are not pooled
     return Baseline(ident, statistics.median(figs), min(figs), max(figs),
-                    statistics.median(accs) if accs else None, tuple(sorted(latest)))
+                    statistics.median(accs) if accs else None, tuple(sorted(latest)), proto,
+                    min(quals) if quals and one_suite else None, suites.pop() if one_suite else None)
 
 
 def history(records: Iterable[BenchRecord], node: str) -> BenchHistory:

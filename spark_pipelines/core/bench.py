@@ -176,8 +176,10 @@ def chat_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     if ignore_eos:
-        # vLLM extension: decode exactly max_tokens, as `vllm bench serve` does for fixed loads.
+        # vLLM extensions: decode exactly max_tokens, as `vllm bench serve` does for fixed loads
+        # (min_tokens too: a server that drops one of the two still forces the length).
         body["ignore_eos"] = True
+        body["min_tokens"] = prompt.max_tokens
     return body
 
 
@@ -460,6 +462,7 @@ class BenchReport:
     failures: list[str] = field(default_factory=list)
     started_at: str = ""
     reference_mean_tok_s: float = REFERENCE_MEAN_TOK_S  # what the recipe mean is compared with
+    protocol: dict[str, object] | None = None  # core.protocol.BenchProtocol.to_dict() of the run
 
     @property
     def recipe_mean_tok_s(self) -> Spread | None:
@@ -588,6 +591,8 @@ def render_markdown(report: BenchReport) -> str:
         "",
         f"Suite `{report.suite}`, {report.repeats} run(s) per phase, "
         f"{report.warmup_repeats} warm-up run(s) excluded. Isolation: {report.isolation}.",
+        f"Bench protocol: {report.protocol.get('key') if report.protocol else 'not recorded'} "
+        "(benches under different protocols are never compared).",
         "",
     ]
     recipe = [p for p in report.prompts if p.phase == PHASE_RECIPE]

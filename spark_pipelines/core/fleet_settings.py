@@ -31,6 +31,17 @@ class BenchSettings(Strict):
     # are wrong and tok/s alone may still pass. None: no acceptance floor.
     floor_mtp_acceptance: Float | None = Field(default=None, ge=0, le=1,
                                                description="spec-decode accepted/drafted below this: not promoted")
+    # The quality phase (core/quality.py, scored /100): a node below the floor, or failing one of its
+    # deterministic checks (smoke answer, reasoning parser, tool call), is not promoted. None: the
+    # phase runs and is reported, but gates nothing.
+    floor_quality: Float | None = Field(default=None, ge=0, le=100,
+                                        description="quality score (/100) below this, or a failed check: not promoted")
+    quality_noise: Float = Field(default=20.0, ge=0, le=100,
+                                 description="points a rollout's quality may fall below the fleet's baseline "
+                                             "before its gate fails (the measured noise band)")
+    # Forcing (vLLM's ignore_eos + min_tokens) makes every request decode max_tokens: early EOS
+    # otherwise changes the tok/s mix, which flatters or hides MTP (core/protocol.py).
+    force_output_length: bool = Field(default=True, description="bench requests decode exactly max_tokens")
 
 
 def _check_plug_argv(v: tuple[str, ...]) -> tuple[str, ...]:

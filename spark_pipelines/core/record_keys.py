@@ -19,7 +19,9 @@ GPU_UNDER_LOAD = "gpu_under_load"  # healthy | wedged | ...: the health verdict'
 SPEC_ACCEPTANCE_RATE = "spec_acceptance_rate"  # MTP acceptance, 0..1: `regressed` reads its history
 LOADED_AGGREGATE_TOK_S = "loaded_aggregate_tok_s"
 BENCH_RECORD = "bench_record"  # core.baseline.BenchRecord as JSON: what makes benches comparable
-QUALITY_SCORE = "quality_score"  # the bench's quality phase (issue 25), read by the fleet metrics when recorded
+QUALITY_SCORE = "quality_score"  # the quality phase's score /100 (the lower of its two passes)
+QUALITY_CHECKS = "quality_checks"  # "all passed" or the deterministic checks that failed
+BENCH_PROTOCOL = "bench_protocol"  # core.protocol key: benches under different ones never compare
 
 # node_deployment / node_artifacts (assets/nodes.py, runbook/deploy.py)
 IMAGE_ID = "image_id"

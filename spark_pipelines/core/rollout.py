@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core import protocol as bench_protocol
+from spark_pipelines.core import quality as quality_core
 from spark_pipelines.core.baseline import Baseline
 from spark_pipelines.core.bench import acceptance_gate
 from spark_pipelines.core.gpu import GpuVerdict
@@ -98,16 +100,21 @@ def plan_waves(nodes: Sequence[str], *, in_rotation: Sequence[str], max_unavaila
 class GateResult:
     node: str
     passed: bool
-    gate: str  # "health" | "bench floor" | "MTP acceptance" | "baseline" | "passed"
+    gate: str  # "health" | "bench floor" | "MTP acceptance" | "quality" | "baseline" | "passed"
     why: str
 
 
 def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float | None = None,
           acceptance: float | None = None, gpu_verdict: GpuVerdict | None = None, floor_tok_s: float = 0.0,
           floor_acceptance: float | None = None, baseline: Baseline | None = None,
-          max_regression: float = 0.05, benched: bool = True, void: Sequence[str] = ()) -> GateResult:
+          max_regression: float = 0.05, benched: bool = True, void: Sequence[str] = (),
+          quality: quality_core.QualityReport | None = None, floor_quality: float | None = None,
+          quality_noise: float = 0.0, protocol_key: str | None = None) -> GateResult:
     """The gates of one node in a wave, in order; the first that fails decides. A void bench
-    (wedged GPU, foreign requests: core.baseline) proves nothing either way, so it does not pass."""
+    (wedged GPU, foreign requests: core.baseline) proves nothing either way, so it does not pass.
+    Quality (with a floor set): the floor and its deterministic checks, then no drop below the
+    baseline's beyond `quality_noise`. A baseline made under another bench protocol is not
+    compared with (core.protocol)."""
     if not healthy:
         return GateResult(node, False, "health", health_why or f"{node} did not become healthy on the new version")
     if not benched:
@@ -122,6 +129,18 @@ def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float |
     ok, acc_why = acceptance_gate(acceptance, floor_acceptance)
     if not ok:
         return GateResult(node, False, "MTP acceptance", acc_why)
+    ok, q_why = quality_core.quality_gate(quality, floor_quality)
+    if not ok:
+        return GateResult(node, False, "quality", q_why)
+    acc_why = f"{acc_why}; {q_why}"
+    if baseline is not None and protocol_key is not None and protocol_key != baseline.protocol:
+        _, p_why = bench_protocol.comparable(protocol_key, baseline.protocol)
+        return GateResult(node, True, "passed", f"{why}; {acc_why}; fleet baseline not compared: {p_why}")
+    if baseline is not None and floor_quality is not None and quality is not None:
+        ok, qb_why = quality_core.quality_vs_baseline(quality.score, quality.suite, baseline.quality,
+                                                      baseline.quality_suite, quality_noise)
+        if not ok:
+            return GateResult(node, False, "quality", qb_why)
     if baseline is not None and mean_tok_s is not None:
         # The fleet's spread on the previous version is noise, not a regression.
         allowed = min(baseline.low, baseline.tok_s * (1 - max_regression))

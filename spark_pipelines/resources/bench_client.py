@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from spark_pipelines.core import bench as core
+from spark_pipelines.core import protocol
+from spark_pipelines.core import quality
 from spark_pipelines.core.errors import first_line
 
 # Markers of a delta that carries generated text: vLLM writes compact JSON, LiteLLM may add a
@@ -414,7 +416,7 @@ async def run_bench_async(
     if all(not s.ok for s in samples):
         first = next((s.error for s in samples if s.error), "no completion tokens")
         raise BenchError(f"every request failed; first error: {first}")
-    return core.build_report(
+    report = core.build_report(
         samples,
         plan,
         base_url=base,
@@ -426,6 +428,9 @@ async def run_bench_async(
         started_at=started_at,
         reference_mean_tok_s=reference_mean_tok_s,
     )
+    # What the run actually did (a server that ignores ignore_eos is found out by its usage).
+    report.protocol = protocol.protocol_of(samples, forced=ignore_eos, stream=stream).to_dict()
+    return report
 
 
 def _progress(sample: core.RequestSample) -> str:
@@ -491,3 +496,80 @@ def _check_url(url: str, what: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise core.BenchRefused(f"{what} {url!r} is not an http(s) URL like http://127.0.0.1:8000")
     return url.rstrip("/")
+
+
+# -- the quality phase ----------------------------------------------------------------------------
+
+
+def _reply(raw: bytes, status: int, seconds: float) -> quality.Reply:
+    """One non-streaming answer as core.quality reads it (vLLM: reasoning_content; newer: reasoning)."""
+    if status != 200:
+        return quality.Reply(seconds=seconds, error=f"HTTP {status}: {_error_text(raw)}")
+    try:
+        data = json.loads(raw)
+        msg = data["choices"][0]["message"]
+        calls = tuple(quality.ToolCall(str((c.get("function") or {}).get("name")),
+                                       str((c.get("function") or {}).get("arguments") or ""))
+                      for c in msg.get("tool_calls") or [])
+        return quality.Reply(content=str(msg.get("content") or ""),
+                             reasoning=str(msg.get("reasoning_content") or msg.get("reasoning") or ""),
+                             tool_calls=calls, seconds=seconds,
+                             completion_tokens=int((data.get("usage") or {}).get("completion_tokens") or 0))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        return quality.Reply(seconds=seconds, error=f"unreadable answer: {first_line(e)}")
+
+
+async def run_quality_async(base_url: str, model: str, api_key: str | None = None, *,
+                            parallel: int = quality.PARALLEL, timeout_s: float = 300.0,
+                            on_progress: Callable[[str], None] | None = None) -> quality.QualityReport:
+    """The suite twice, as the runbook runs tool-eval-bench: sequential, then `parallel` at once.
+    A request the server refuses (no tool-call parser: HTTP 400) scores 0 with its reason; only
+    an unreachable server raises BenchError."""
+    say = on_progress or (lambda _line: None)
+    base = _check_url(base_url, "--base-url")
+    api_root = base if base.endswith("/v1") else base + "/v1"
+    url = api_root + "/chat/completions"
+    headers = _auth_headers(api_key)
+    limits = httpx.Limits(max_connections=parallel + 1, max_keepalive_connections=parallel + 1)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=10.0),
+                                 trust_env=False) as client:
+        async def ask(s: quality.Scenario) -> quality.Reply:
+            t0 = time.perf_counter()
+            try:
+                resp = await client.post(url, json=s.body(model), headers=headers)
+            except httpx.ConnectError as e:
+                raise BenchError(f"cannot reach {url}: {first_line(e)}") from None
+            except httpx.HTTPError as e:
+                return quality.Reply(seconds=time.perf_counter() - t0, error=first_line(e) or type(e).__name__)
+            return _reply(resp.content, resp.status_code, time.perf_counter() - t0)
+
+        runs = []
+        for mode, conc in (("sequential", 1), (f"parallel {parallel}", parallel)):
+            gate = asyncio.Semaphore(conc)
+
+            async def gated(s: quality.Scenario) -> quality.Reply:
+                async with gate:
+                    return await ask(s)
+
+            t0 = time.perf_counter()
+            if conc == 1:
+                replies = [await ask(s) for s in quality.SUITE]
+            else:
+                replies = list(await asyncio.gather(*(gated(s) for s in quality.SUITE)))
+            run = quality.run_of(mode, replies, round(time.perf_counter() - t0, 2))
+            runs.append(run)
+            say(f"quality {mode}: {run.score:g}/100 in {run.seconds:.1f} s")
+    return quality.QualityReport(quality.SUITE_VERSION, tuple(runs))
+
+
+def run_quality(base_url: str, model: str, api_key: str | None = None, max_s: float | None = None,
+                **options: object) -> quality.QualityReport:
+    """The quality phase (core.quality.SUITE) against an OpenAI-compatible server; see
+    run_quality_async. max_s bounds the whole phase (BenchError past it)."""
+    async def bounded() -> quality.QualityReport:
+        try:
+            async with asyncio.timeout(max_s):
+                return await run_quality_async(base_url, model, api_key, **options)  # type: ignore[arg-type]
+        except TimeoutError:
+            raise BenchError(f"the quality phase did not finish within {max_s:.0f} s") from None
+    return asyncio.run(bounded())

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spark_pipelines.resources.bench_client import run_bench
+from spark_pipelines.resources.bench_client import BenchError, run_bench, run_quality
 from spark_pipelines.core import baseline, gpu
+from spark_pipelines.core import quality as quality_core
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
@@ -30,6 +31,9 @@ from spark_pipelines.runbook.preflight import read_gpu
 from spark_pipelines.runbook.rotation import drained
 
 DRAIN_TIMEOUT_S = 120
+# The quality suite's two passes take ~2 s on a healthy stand-in, ~30 s on one that never stops
+# (garbage to max_tokens); a GB10 decoding ~52 tok/s needs about as long again.
+QUALITY_MAX_S = 600
 GPU_SAMPLE_EVERY_S = 2.0
 
 
@@ -98,6 +102,7 @@ class Benched:
     reason: str
     waited_s: float
     samples: int
+    quality: quality_core.QualityReport | None = None
 
 
 def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id: str = "",
@@ -128,7 +133,9 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
                                        concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
                                        reference_mean_tok_s=f.bench.reference_tok_s,
+                                       ignore_eos=f.bench.force_output_length,
                                        on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
+                quality = quality_phase(f, node, log)
                 mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
                 loaded = next((p.aggregate_tok_s.median for p in report.phases
                                if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
@@ -142,7 +149,10 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                                          launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
                     baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
                                              counters_match=report.counters.tokens_match if report.counters else None,
-                                             acceptance_rate=acceptance))
+                                             acceptance_rate=acceptance),
+                    protocol=(report.protocol or {}).get("key"),
+                    quality=quality.score if quality is not None else None,
+                    quality_suite=quality.suite if quality is not None else None)
                 # A bench made void by somebody else's requests judged nothing: never promoted, the
                 # node goes back where it was with its hold-outs as they were. One that saw the
                 # wedge judged the GPU: the gate holds the node out.
@@ -153,6 +163,10 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                 else:
                     promoted, reason = bench_core.promotion_gate(mean, floor, verdict, acceptance=acceptance,
                                                                  acceptance_floor=f.bench.floor_mtp_acceptance)
+                    if promoted:
+                        ok, q_why = quality_core.quality_gate(quality, f.bench.floor_quality)
+                        promoted, reason = ok, (f"{reason}; {q_why}" if ok else
+                                                f"{reason}, but {q_why}: kept out of the gateway")
                     if promoted:
                         ledger.lift(s, node.name, ledger.BY_BENCH)
                     else:
@@ -167,4 +181,18 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
         if drain is not None and drain.was_in:
             on_rotation(f"restore {node.name} after a failed bench", {})
         raise
-    return Benched(report, mean, loaded, verdict, acceptance, rec, promoted, reason, waited, len(sampler.readings))
+    return Benched(report, mean, loaded, verdict, acceptance, rec, promoted, reason, waited, len(sampler.readings),
+                   quality)
+
+
+def quality_phase(f: Fleet, node: Node, log: Any) -> quality_core.QualityReport | None:
+    """The quality suite on the drained node (after the speed phases: its short answers would
+    only blur their figures). A server that cannot take it is reported, never a crash: a
+    refused request scores 0 with its reason; an unreachable one skips the phase, saying why."""
+    try:
+        q = run_quality(api_root(f, node), f.launch_for(node).served_model_name, max_s=QUALITY_MAX_S,
+                        on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
+    except BenchError as e:
+        q = quality_core.QualityReport(quality_core.SUITE_VERSION, (), skipped=first_line(e))
+    log.info(f"bench {node.name}: {q.text()}")
+    return q

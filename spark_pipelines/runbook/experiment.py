@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spark_pipelines.core import protocol as bench_protocol
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet, FleetError, parse_fleet
@@ -86,6 +87,10 @@ def comparison_md(node: str, reports: dict[str, bench_core.BenchReport], verdict
     return "\n".join(lines)
 
 
+def protocol_key(r: bench_core.BenchReport) -> str | None:
+    return bench_protocol.key_of(r.protocol)
+
+
 def _loaded(r: bench_core.BenchReport) -> Any:
     return next((p.aggregate_tok_s for p in r.phases if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
 
@@ -114,16 +119,20 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
                 wait_idle(vf, vnode)
                 reports[vname] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
                                            suite=suite, concurrency=fleet.bench.loaded_concurrency,
-                                           repeats=repeats + 1)
+                                           repeats=repeats + 1, ignore_eos=fleet.bench.force_output_length)
         finally:
             log.info(f"restoring the production launch on {node.name}")
             deploy(s, node, launch_spec(fleet, node), log, run_id=run_id)
     (na, ra), (nb, rb) = reports.items()
     verdicts = []
-    if ra.recipe_mean_tok_s and rb.recipe_mean_tok_s:
+    # MTP-2 vs MTP-3 under a length one server honoured and the other did not would crown the mix.
+    same, why = bench_protocol.comparable(protocol_key(ra), protocol_key(rb))
+    if not same:
+        verdicts.append(f"not compared: {why}")
+    elif ra.recipe_mean_tok_s and rb.recipe_mean_tok_s:
         verdicts.append("single-stream: " + bench_core.compare(ra.recipe_mean_tok_s, rb.recipe_mean_tok_s,
                                                                names=(na, nb)).text)
     la, lb = _loaded(ra), _loaded(rb)
-    if la and lb:
+    if same and la and lb:
         verdicts.append(f"loaded N={fleet.bench.loaded_concurrency}: " + bench_core.compare(la, lb, names=(na, nb)).text)
     return Compared(node.name, reports, verdicts, comparison_md(node.name, reports, verdicts))

@@ -1,9 +1,10 @@
 """rollout_job against the simulated fleet (real sshd, dockerd, vLLM stand-ins, a real LiteLLM
 proxy) with a real Dagster instance: a new launch spec reaches both nodes canary first, every
-node deployed, benched against the fleet's baseline and finished; a slower version (no
-FLASHINFER) and one without MTP each stop at the canary on their gate (baseline, MTP
-acceptance), the canary goes back to its previous container while the other node is never
-touched; the gateway keeps a node throughout; a last rollout brings the fleet back."""
+node deployed, benched (speed and quality) against the fleet's baseline and finished; a slower
+version (no FLASHINFER), one without MTP and one that answers fast but wrong (the unpatched
+image) each stop at the canary on their gate (baseline, MTP acceptance, quality), the canary goes
+back to its previous container while the other node is never touched; the gateway keeps a node
+throughout; a last rollout brings the fleet back."""
 
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
     assert rows["spark1"]["wave"] == "canary" and rows["spark2"]["wave"] == "wave 1"
     assert {r["state"] for r in rows.values()} == {"passed"}
     assert all("vs baseline" in r["why"] for r in rows.values()), rows  # judged against the fleet's benches
+    assert all("quality 100/100" in r["why"] for r in rows.values()), rows  # the quality gate passed too
     events = [o["event"].value for o in observations(env)]
     assert events[0].startswith("canary starts: spark1") and "wave 1: deploying spark2" in events
     assert events.index("canary: spark1 passed") < events.index("wave 1: deploying spark2")
@@ -141,6 +143,11 @@ def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
             rec = env["instance"].fetch_materializations(dg.AssetRecordsFilter(
                 asset_key=dg.AssetKey(asset), asset_partitions=[n]), limit=1).records[0]
             assert rec.asset_materialization.metadata["rollout_run"].value == res.run_id
+            if asset == "bench_results":  # the quality figures, per node
+                meta = rec.asset_materialization.metadata
+                assert meta["quality_score"].value == 100 and meta["quality_checks"].value == "all passed"
+                assert meta["quality_sequential"].value == meta["quality_parallel4"].value == 100
+                assert meta["bench_protocol"].value.startswith("v1|forced|server usage")
     print(f"rollout of 2 nodes: {took:.0f} s; rotation sizes seen {sorted(set(sizes))}")
 
 
@@ -178,6 +185,21 @@ def test_a_version_without_mtp_fails_the_acceptance_gate_at_the_canary_and_goes_
     nospec = variant(str(env["root"] / "fleet-v2.yaml"), env["root"] / "fleet-nospec.yaml", speculative=None)
     info = stopped_at_the_canary(env, nospec, "MTP acceptance")
     assert "--speculative-config" in info["why"]
+
+
+def test_an_image_that_answers_fast_but_wrong_fails_the_quality_gate_at_the_canary_and_goes_back(env):
+    # The unpatched image of the runbook's troubleshooting table ("Garbage output"): as fast, with
+    # MTP accepting as before, so only the quality phase can tell.
+    garbage = variant(str(env["root"] / "fleet-v2.yaml"), env["root"] / "fleet-garbage.yaml",
+                      env={"SIM_ANSWERS": "garbage"})
+    info = stopped_at_the_canary(env, garbage, "quality")
+    assert "smoke answer" in info["why"] and "patched image" in info["why"], info["why"]
+    rec = env["instance"].fetch_materializations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey("bench_results"), asset_partitions=["spark1"]), limit=1).records[0]
+    meta = rec.asset_materialization.metadata
+    assert meta["quality_score"].value == 0 and meta["promoted"].value is False
+    assert meta["mean_tok_s"].value >= env["fleet"].bench.floor_tok_s  # fast: the speed gates passed
+    assert "smoke answer" in meta["quality_checks"].value
 
 
 def test_a_rollout_terminated_once_the_canary_committed_puts_the_canary_back(env):

@@ -87,3 +87,29 @@ def test_litellm_without_key_is_one_clear_error(real_litellm, capsys):
     assert "api key" in err.lower() and "Traceback" not in err
     # One line of error after the progress lines ("bench: ...", on stderr so stdout stays the report).
     assert len([ln for ln in err.strip().splitlines() if not ln.startswith("bench: ")]) == 1, err
+
+
+def test_quality_phase_on_a_server_without_tool_call_parser_is_reported_not_a_crash(real_vllm):
+    """The tiny random-weight model has no reasoning or tool-call parser (vLLM refuses tool_choice
+    auto without --enable-auto-tool-choice): every scenario is scored with its reason, the checks
+    fail by name, and the gate says so in one line."""
+    from spark_pipelines.core import quality
+
+    q = bench_client.run_quality(real_vllm.base_url, real_vllm.model, max_s=300)
+    print(q.text())
+    assert [r.mode for r in q.runs] == ["sequential", "parallel 4"]
+    assert q.score is not None and q.score < 50  # random weights answer nothing right
+    tool = next(x for x in q.runs[0].scored if x.deterministic == quality.CHECK_TOOL_CALL)
+    assert tool.points == 0 and ("HTTP 400" in tool.why or "no tool call" in tool.why), tool.why
+    ok, why = quality.quality_gate(q, 50)
+    assert not ok and "\n" not in why and quality.CHECK_TOOL_CALL in why
+
+
+def test_real_vllm_honours_the_forced_output_length(real_vllm):
+    """ignore_eos + min_tokens, as the fleet's bench sends them: every request decodes exactly
+    max_tokens and the report records the protocol as forced (server usage counts)."""
+    report = bench_client.run_bench(real_vllm.base_url, real_vllm.model, "loaded", 2, 1, ignore_eos=True,
+                                    loaded_max_tokens=24)
+    assert report.prompts[0].tokens.min == report.prompts[0].tokens.max == 24
+    assert report.protocol["output_length"] == "forced" and report.protocol["token_count"] == "server usage"
+    assert report.counters.tokens_match

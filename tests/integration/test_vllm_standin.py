@@ -49,9 +49,9 @@ def test_standin_is_stdlib_only():
     # The node image has Debian's python3 and nothing else: the stand-in and its JIT module
     # (copied beside it) may import only the standard library and each other.
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
-    for path in (STANDIN, STANDIN.with_name("standin_jit.py")):
+    for path in (STANDIN, STANDIN.with_name("standin_jit.py"), STANDIN.with_name("standin_answers.py")):
         imports = set(re.findall(r"^\s*(?:from|import) (\w+)", path.read_text(), re.M))
-        assert imports - {"standin_jit"} <= stdlib, (path.name, imports - stdlib)
+        assert imports - {"standin_jit", "standin_answers"} <= stdlib, (path.name, imports - stdlib)
 
 
 def test_startup_log_reads_like_vllm_on_gb10(healthy_standin):
@@ -88,18 +88,23 @@ def test_openai_endpoints_and_real_metric_names(healthy_standin):
 
 
 def test_non_streaming_reply_has_exact_usage(healthy_standin):
-    r = httpx.post(healthy_standin.base_url + "/v1/chat/completions", json={
-        "model": healthy_standin.model, "max_tokens": 20, "temperature": 0,
-        "messages": [{"role": "user", "content": "What is 7823 * 4519?"}]}, timeout=30)
-    body = r.json()
+    def ask(**extra):
+        return httpx.post(healthy_standin.base_url + "/v1/chat/completions", json={
+            "model": healthy_standin.model, "max_tokens": 20, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is 7823 * 4519?"}], **extra}, timeout=30).json()
+    body = ask(ignore_eos=True)  # forced: decodes max_tokens past the answer's EOS
     assert body["usage"]["completion_tokens"] == 20
     assert body["choices"][0]["finish_reason"] == "length"
+    body = ask()  # natural: thinking, the answer, EOS
+    msg = body["choices"][0]["message"]
+    assert body["choices"][0]["finish_reason"] == "stop" and msg["content"].strip() == str(7823 * 4519)
+    assert body["usage"]["completion_tokens"] == len(msg["reasoning_content"].split()) + 1 < 20
 
 
 def test_recipe_suite_rate_and_counters(vllm_standin):
     served = vllm_standin(env=FAST)
-    report = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1)
-    assert [p.tokens.median for p in report.prompts] == [256, 512, 1024, 64, 2048]
+    report = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1, ignore_eos=True)
+    assert [p.tokens.median for p in report.prompts] == [256, 512, 1024, 64, 2048]  # forced, as the fleet benches
     for p in report.prompts:
         assert p.decode_tok_s.median == pytest.approx(520, rel=0.05), p.prompt
     c = report.counters
@@ -258,3 +263,37 @@ def test_optional_production_flags_are_accepted(vllm_standin):
         "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         "--enable-chunked-prefill", "--load-format", "fastsafetensors"))
     assert httpx.get(served.base_url + "/health").status_code == 200
+
+
+def test_quality_suite_tells_healthy_garbage_and_broken_tool_calls_apart(vllm_standin):
+    """The quality phase against three stand-ins launched alike but for SIM_ANSWERS: the healthy
+    one scores 100 with every check; the unpatched image ("Garbage output") fails every
+    deterministic check though it is as fast; a broken tool-call parser fails the tool call only."""
+    from spark_pipelines.core import quality
+
+    got = {}
+    for mode in ("healthy", "garbage", "broken-tools"):
+        served = vllm_standin(env={**FAST, "SIM_ANSWERS": mode})
+        got[mode] = bench_client.run_quality(served.base_url, served.model, max_s=120)
+        print(f"{mode}: {got[mode].text()}")
+    healthy, garbage, broken = got["healthy"], got["garbage"], got["broken-tools"]
+    assert healthy.score == 100 and healthy.failed_checks() == {}
+    assert [r.mode for r in healthy.runs] == ["sequential", "parallel 4"]
+    assert quality.quality_gate(healthy, 50)[0]
+    assert set(garbage.failed_checks()) == {quality.CHECK_SMOKE, quality.CHECK_REASONING, quality.CHECK_TOOL_CALL}
+    assert garbage.score == 0 and not quality.quality_gate(garbage, 0)[0]
+    assert set(broken.failed_checks()) == {quality.CHECK_TOOL_CALL}
+    assert "tool-call parser" in broken.failed_checks()[quality.CHECK_TOOL_CALL]
+    assert 0 < broken.score < healthy.score
+
+
+def test_forced_output_length_is_honoured_and_recorded(vllm_standin):
+    """ignore_eos + min_tokens: the Math prompt (a short answer at EOS) decodes max_tokens; without
+    them it stops early, and the two runs carry different protocols (never compared)."""
+    served = vllm_standin(env={**MANDATORY_ENV, "SIM_TOKENS_PER_SECOND": "2000"})  # 3.9k tokens forced
+    forced = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1, ignore_eos=True)
+    natural = bench_client.run_bench(served.base_url, served.model, "recipe", 1, 1)
+    math = {r: next(p for p in rep.prompts if p.prompt == "Math") for r, rep in (("f", forced), ("n", natural))}
+    assert math["f"].tokens.median == 64 and math["n"].tokens.median < 64
+    assert forced.protocol["output_length"] == "forced" and forced.protocol["token_count"] == "server usage"
+    assert natural.protocol["key"] != forced.protocol["key"]

@@ -32,7 +32,8 @@ def seed(instance):
                                                  metadata={"image_id": "sha256:aaaabbbbccccdddd", "container_id": f"{node}c0ffee00"}))
     record(instance, dg.AssetMaterialization("bench_results", partition="spark1",
                                              metadata={"mean_tok_s": 51.64, "promoted": True,
-                                                       "spec_acceptance_rate": 0.9465}))
+                                                       "spec_acceptance_rate": 0.9465, "quality_score": 100.0,
+                                                       "quality_checks": "all passed"}))
     record(instance, dg.AssetMaterialization("bench_results", partition="spark2",
                                              metadata={"mean_tok_s": 30.2, "promoted": False,
                                                        "gate": "bench 30.2 tok/s < floor 45"}))
@@ -66,6 +67,10 @@ def test_summary_rows_come_from_the_latest_records(instance, defs):
     assert s1["health"] == "healthy" and s1["gateway"] == "in" and s1["mean tok/s"] == 51.6
     assert s1["MTP acceptance (%)"] == 94.7 and s1["image id"] == "aaaabbbbcccc" and s1["checkpoint"] == "1234567890ab"
     assert s1["floor tok/s"] is not None and s1["vs reference"].endswith("x")
+    # the quality figures in the detail table only (the narrow one stays at five columns)
+    assert s1["quality (/100)"] == 100.0 and s1["quality checks"] == "all passed"
+    assert "quality (/100)" not in [c.name for c in meta["nodes"].schema.columns]
+    assert s2["quality (/100)"] is None and s2["quality checks"] == "-"
     assert s2["health"] == "healthy (deploy)"  # no sweep for spark2: its deploy's own check
     assert s2["gateway"] == "out: bench 30.2 tok/s < floor 45"
     assert meta["nodes_in_gateway"].value == 1 and meta["nodes_total"].value == 2

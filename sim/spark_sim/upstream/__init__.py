@@ -137,7 +137,7 @@ def swapab_diff() -> str:
 def build_repo_files() -> dict[str, str]:
     files = _tree_files(BUILD_TREE)
     # The engine stand-in has one home, the simulator package; the image build copies it in.
-    for name in ("vllm_standin.py", "standin_jit.py"):
+    for name in ("vllm_standin.py", "standin_jit.py", "standin_answers.py"):
         files[f"sim/{name}"] = (HERE.parent / name).read_text(encoding="utf-8")
     return files
 
