@@ -94,13 +94,14 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
             gate = rollout_core.judge(n, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
                                       gpu_verdict=b.gpu_verdict, floor_tok_s=f.bench_floor(node),
                                       floor_acceptance=f.bench.floor_mtp_acceptance, baseline=base,
-                                      max_regression=f.rollout.max_regression, void=b.record.void)
+                                      max_regression=f.rollout.max_regression, void=b.record.void,
+                                      quality=b.quality, floor_quality=f.bench.floor_quality,
+                                      quality_noise=f.bench.quality_noise, protocol_key=b.record.protocol)
             if not gate.passed:
-                if gate.gate == "baseline":  # the bench's own gate promoted it: the fleet's baseline holds it out
+                if n in gw.rotation():  # the bench's own gate promoted it: the fleet's baseline or quality holds it out
                     ledger.hold(s, n, BY_JOIN, gate.why, mean_tok_s=b.mean)
-                    if n in gw.rotation():
-                        gw.drain(n, reason=f"add_node: {gate.gate}", wait_s=0)
-                        record_rotation(context, gw, f"keep out {n}", {n: gate.why})
+                    gw.drain(n, reason=f"add_node: {gate.gate}", wait_s=0)
+                    record_rotation(context, gw, f"keep out {n}", {n: gate.why})
                 raise RunbookError(f"{n} joined the fleet but not the gateway: {gate.gate} gate: {gate.why}")
             done.append(f"bench: {b.mean:.1f} tok/s ({gate.why}); in the gateway")
         except DistributionFailed as e:

@@ -11,6 +11,7 @@ from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core import node_os as p0
+from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
@@ -38,7 +39,7 @@ def metadata(p: node_os.Provisioned) -> dict[str, Any]:
         "masked_again": _bullets(p.remasked, "none came back"),
         "steps": _bullets(p.steps, "none"),
         "notes": _bullets(p.notes, "none"),
-        "clean_boot_free_gib": num(p.clean_boot_free_gib),  # null: not measured in this run
+        keys.CLEAN_BOOT_FREE_GIB: num(p.clean_boot_free_gib),  # null: not measured in this run
     }
 
 

@@ -45,7 +45,7 @@ class NodeExtra:
 
     redeploys_in_window: int | None = None  # healing redeploys in health.restart_window_s; None: not read
     last_good_bench_at: float | None = None  # epoch seconds of its newest promoted bench with a mean
-    clean_boot_free_gib: float | None = None  # its hardware profile's clean-boot baseline
+    clean_boot_free_gib: float | None = None  # node_os's measured clean boot, else its hardware profile's
     out_since: float | None = None  # since when the sweeps find it out of the gateway (None: in)
 
 
@@ -169,7 +169,8 @@ def families(facts: FleetFacts) -> list[Family]:
                 _num(bench.get(keys.QUALITY_SCORE)), node=n)
         out.add("node_preflight_free_gib", "free CUDA memory the last deploy's preflight read",
                 _num((f.deployment or {}).get(keys.FREE_GIB_AT_PREFLIGHT)), node=n)
-        out.add("node_clean_boot_free_gib", "free CUDA memory the node's hardware profile expects after a clean boot",
+        out.add("node_clean_boot_free_gib", "free CUDA memory after a clean boot: the node's own memcheck after its Phase 0 reboot (node_os), "
+                "else its hardware profile's figure",
                 extra.clean_boot_free_gib, node=n)
         out.add("node_last_good_bench_timestamp_seconds", "when the node's newest promoted bench was recorded",
                 extra.last_good_bench_at, node=n)

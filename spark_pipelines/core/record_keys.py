@@ -23,6 +23,9 @@ QUALITY_SCORE = "quality_score"  # the quality phase's score /100 (the lower of 
 QUALITY_CHECKS = "quality_checks"  # "all passed" or the deterministic checks that failed
 BENCH_PROTOCOL = "bench_protocol"  # core.protocol key: benches under different ones never compare
 
+# node_os (assets/node_os.py): the memcheck after the Phase 0 reboot, null when not measured
+CLEAN_BOOT_FREE_GIB = "clean_boot_free_gib"
+
 # node_deployment / node_artifacts (assets/nodes.py, runbook/deploy.py)
 IMAGE_ID = "image_id"
 CHECKPOINT = "checkpoint"  # node_artifacts: the index digest, first 12

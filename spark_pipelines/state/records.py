@@ -347,6 +347,16 @@ def out_of_rotation_since(instance: dg.DagsterInstance, node: str, look_back: in
     return since
 
 
+def measured_clean_boot(instance: dg.DagsterInstance, node: str, look_back: int = 10) -> float | None:
+    """The node's newest clean-boot memcheck recorded on node_os (after a Phase 0 reboot), or None."""
+    flt = dg.AssetRecordsFilter(asset_key=dg.AssetKey(steps.NODE_OS), asset_partitions=[node])
+    for rec in instance.fetch_materializations(flt, limit=look_back).records:
+        free = values(rec.event_log_entry.asset_materialization).get(keys.CLEAN_BOOT_FREE_GIB)
+        if isinstance(free, (int, float)):
+            return float(free)
+    return None
+
+
 def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -> fleet_metrics.FleetFacts:
     """Everything the fleet's metrics read, from the instance alone (no SSH: a scrape stays cheap)."""
     window_start = now - fleet.health.restart_window_s
@@ -354,7 +364,8 @@ def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -
         redeploys_in_window=healing_redeploys(instance, n.name, window_start),
         last_good_bench_at=last_good_bench_at(instance, n.name),
         out_since=out_of_rotation_since(instance, n.name),
-        clean_boot_free_gib=fleet.profile_of(n).clean_boot_free_gib) for n in fleet.serve_nodes}
+        clean_boot_free_gib=measured_clean_boot(instance, n.name) or fleet.profile_of(n).clean_boot_free_gib)
+        for n in fleet.serve_nodes}
     return fleet_metrics.FleetFacts(
         nodes=node_facts(instance, fleet), rotation=latest_rotation(instance),
         min_in_rotation=fleet.gateway.min_in_rotation, restart_budget=fleet.health.restart_budget,

@@ -139,6 +139,10 @@ def test_the_collector_reads_a_real_instance(tmp_path):
             metadata={"verdict": "wedged", "in_gateway": False, "quarantined": "wedged: clocks 702 MHz"}))
         instance.report_runless_asset_event(dg.AssetMaterialization(
             steps.BENCH_RESULTS, partition=node, metadata={"mean_tok_s": 34.0, "promoted": False}))
+        # node_os measured this node's clean boot once; a later run that did not measure does not erase it
+        for free in (116.9, None):
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                steps.NODE_OS, partition=node, metadata={"clean_boot_free_gib": free, "changes": 0}))
         text = generate_latest(registry_for(fleet, lambda: instance, cache_s=0)).decode()
         read_at = time.time()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -146,6 +150,9 @@ def test_the_collector_reads_a_real_instance(tmp_path):
     assert got[("spark_node_verdict", (("node", node), ("verdict", "wedged")))] == 1
     assert got[("spark_node_out_of_rotation", (("node", node), ("reason", "quarantined")))] == 1
     assert got[("spark_node_bench_tok_s", (("node", node),))] == 34.0
+    assert got[("spark_node_clean_boot_free_gib", (("node", node),))] == 116.9  # measured, not the profile's 117.5
+    other = fleet.serve_nodes[1].name
+    assert got[("spark_node_clean_boot_free_gib", (("node", other),))] == fleet.profile_of(fleet.serve_nodes[1]).clean_boot_free_gib
     assert got[("spark_node_restart_budget_remaining", (("node", node),))] == 3
     assert got[("spark_exporter_instance_read_ok", ())] == 1
     # Out since the first sweep that found it out (not the newest one), against the fleet's bench_max_s.
