@@ -170,7 +170,7 @@ class Observation:
     ssh_ok: bool
     ssh_error: str | None = None
     ssh_refused: bool = False  # the node answered but refused us (host key, auth): not a dead node
-    clean_boot_free_gib: float | None = None  # the node profile's baseline
+    clean_boot_free_gib: float | None = None  # node_os's measured clean boot, else the profile's
     gpu: gpu.GpuReading | None = None
     gpu_error: str | None = None
     container: ContainerState | None = None
@@ -342,7 +342,7 @@ def residue(obs: Observation, runs: Sequence[Start]) -> NodeVerdict | None:
     tolerance = RESIDUE_PER_FAILURE_GIB[0]  # less than one failed start's residue is noise
     if free is not None and free < obs.clean_boot_free_gib - tolerance:
         return _verdict(obs, "residue", [
-            f"free memory {free:.2f} GiB is below the profile's clean-boot baseline "
+            f"free memory {free:.2f} GiB is below the clean-boot baseline "
             f"{obs.clean_boot_free_gib:.2f} GiB ({source})",
         ])
     return None

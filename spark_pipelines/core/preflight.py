@@ -80,7 +80,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("memory", "free CUDA memory >= GMU x total"),
 )
 # Only for a node quarantined for residue (runbook/quarantine.py), after the checks above.
-RESIDUE_CHECK = ("residue", "free CUDA memory back at the profile's clean-boot baseline (a residue quarantine)")
+RESIDUE_CHECK = ("residue", "free CUDA memory back at the clean-boot baseline (a residue quarantine)")
 
 
 CLEAN_BOOT_CHECK = "clean boot"

@@ -96,7 +96,7 @@ def observe(s: FleetSession, node: Node, image: str, prepared: Prepared) -> pref
 def evaluate(s: FleetSession, node: Node, obs: preflight.Observations, gmu: float,
              residue_quarantine: bool = False) -> preflight.PreflightReport:
     """`residue_quarantine`: the node is quarantined for residue: also refuse until free memory
-    is back at its profile's clean-boot baseline."""
+    is back at its clean-boot baseline (node_os's measured one, else the profile's)."""
     fleet = s.fleet
     prof = fleet.profile_of(node)
     measured = markers.read_clean_boot(s, node)  # node_os's memcheck after the Phase 0 reboot

@@ -54,7 +54,7 @@ MAX_PARALLEL = 64
 # inputs as positional arguments (never spliced into it); sections framed by a per-call nonce so
 # no log line can forge one.
 GATHER_SCRIPT = (
-    'n=$1; tg=$2; ti=$3; tl=$4; c=$5; lines=$6; j=$7; lk=$8; shift 8; exec 3>&1; '
+    'n=$1; tg=$2; ti=$3; tl=$4; c=$5; lines=$6; j=$7; lk=$8; cb=$9; shift 9; exec 3>&1; '
     'printf "%s begin gpu\n" "$n"; timeout -k 2 "$tg" "$@"; printf "\n%s end gpu %s\n" "$n" "$?"; '
     'printf "%s begin inspect\n" "$n"; e=$(timeout -k 2 "$ti" docker container inspect "$c" 2>&1 >&3); rc=$?; '
     'printf "\n%s end inspect %s\n%s begin inspect-err\n%s\n%s end inspect-err %s\n" "$n" "$rc" "$n" "$e" "$n" "$rc"; '
@@ -65,7 +65,9 @@ GATHER_SCRIPT = (
     'if [ -f "$j" ]; then printf "%s begin journal\n" "$n"; cat -- "$j"; printf "\n%s end journal 0\n" "$n"; '
     'printf "%s begin lease\n" "$n"; if [ -e "$lk" ]; then stat -c "%d %i" -- "$lk"; '
     'grep -E "FLOCK +ADVISORY +WRITE +[0-9]+ +[0-9a-f]+:[0-9a-f]+:$(stat -c %i -- "$lk") " /proc/locks; '
-    'else echo absent; fi; printf "\n%s end lease 0\n" "$n"; fi'
+    'else echo absent; fi; printf "\n%s end lease 0\n" "$n"; fi; '
+    # The node's own clean-boot memcheck (node_os), the residue verdict's baseline when present.
+    'if [ -f "$cb" ]; then printf "%s begin cleanboot\n" "$n"; cat -- "$cb"; printf "\n%s end cleanboot 0\n" "$n"; fi'
 )
 
 _NO_SUCH = ("No such container", "No such object", "no such container")
@@ -127,7 +129,7 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
     nonce = secrets.token_hex(8)
     argv = ["sh", "-c", GATHER_SCRIPT, "sh", nonce, f"{GPU_TIMEOUT_S:g}", f"{INSPECT_TIMEOUT_S:g}", f"{LOG_TIMEOUT_S:g}",
             container, str(LOG_TAIL_LINES), marker_path(node, markers.DEPLOY_JOURNAL), lock_paths(s, node.name)[0],
-            *GPU_QUERY]
+            marker_path(node, markers.CLEAN_BOOT), *GPU_QUERY]
     try:
         r = s.run(node.name, argv, check=False, log=False,
                   timeout=GPU_TIMEOUT_S + INSPECT_TIMEOUT_S + LOG_TIMEOUT_S + 10)
@@ -160,6 +162,11 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
         fields["log_tail"] = got["logs"][0]
     if "journal" in got:
         fields["deploy_journal"] = deploy_in_flight(got["journal"][0], got.get("lease", ("", None))[0])
+    if "cleanboot" in got:
+        try:
+            fields["clean_boot_free_gib"] = markers.CleanBoot.model_validate_json(got["cleanboot"][0]).free_gib
+        except ValueError:
+            pass  # torn or another version's: the profile's figure stands
 
 
 def deploy_in_flight(journal_text: str, lease_text: str) -> health.DeployInFlight | None:
@@ -193,7 +200,7 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
     container = fleet.launch_for(node).container_name
     fields: dict[str, Any] = {
         "node": node.name, "probed_at": clock(), "bench": bench,
-        "clean_boot_free_gib": fleet.profile_of(node).clean_boot_free_gib,
+        "clean_boot_free_gib": fleet.profile_of(node).clean_boot_free_gib,  # node_os's measured one when read
     }
     http: dict[str, Any] = {}
     side = threading.Thread(target=lambda: http.update(engine.probe(fleet, node, HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S)),

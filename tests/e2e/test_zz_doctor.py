@@ -229,7 +229,7 @@ def test_residue_after_a_relaunch_needs_a_reboot(deployed, capsys, sim_fleet):
     wait_serving(fleet, "spark2")
     v = nodes["spark2"]
     assert rc == 1 and v["verdict"] == "residue", v
-    assert v["evidence"][0].startswith("free memory 96.50 GiB is below the profile's clean-boot baseline 106.00 GiB")
+    assert v["evidence"][0].startswith("free memory 96.50 GiB is below the clean-boot baseline 106.00 GiB")
     assert "Free memory on device" in v["evidence"][0]
     assert "relaunching cannot help" in v["advice"] and "reboot" in v["advice"].lower()
 

@@ -12,17 +12,20 @@ JOURNAL = DeployJournal(run_id="abcdef0123456789", token="t", owner="pid 1 on h"
                         phase="launching").model_dump_json()
 
 
-def gather(tmp_path, journal: str | None, lock: str | None):
+def gather(tmp_path, journal: str | None, lock: str | None, clean_boot: str | None = None):
     """Run GATHER_SCRIPT with stand-ins for nvidia-smi and docker; returns the journal/lease sections."""
     j = tmp_path / "deploy_journal.json"
     if journal is not None:
         j.write_text(journal)
+    cb = tmp_path / "clean_boot.json"
+    if clean_boot is not None:
+        cb.write_text(clean_boot)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "docker").write_text("#!/bin/sh\necho 'No such container' >&2; exit 1\n")
     (bin_dir / "docker").chmod(0o755)
     argv = ["sh", "-c", sweep.GATHER_SCRIPT, "sh", "N0NCE", "5", "5", "5", "c", "10", str(j),
-            lock or str(tmp_path / "no.lock"), "true"]
+            lock or str(tmp_path / "no.lock"), str(cb), "true"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30,
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}).stdout
     return sweep.sections(out, "N0NCE")
@@ -64,3 +67,11 @@ def test_a_journal_whose_lease_is_held_is_a_deploy_in_progress(tmp_path):
 def test_an_unreadable_lease_decides_nothing_and_a_torn_journal_is_none():
     assert sweep.deploy_in_flight(JOURNAL, "stat: cannot stat").lease_held is None
     assert sweep.deploy_in_flight(json.dumps({"phase": "x"}), "absent") is None
+
+
+def test_the_nodes_measured_clean_boot_is_read_when_node_os_wrote_it(tmp_path):
+    from spark_pipelines.state.markers import CleanBoot
+
+    assert "cleanboot" not in gather(tmp_path, None, None)
+    got = gather(tmp_path, None, None, CleanBoot(free_gib=116.8, measured_at="2026-12-05T00:00:00Z").model_dump_json())
+    assert CleanBoot.model_validate_json(got["cleanboot"][0]).free_gib == 116.8
