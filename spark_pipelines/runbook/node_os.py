@@ -34,7 +34,8 @@ DOWN_TIMEOUT_S = 120  # after `sudo reboot`, until SSH stops answering
 MEMCHECK_TIMEOUT_S = 300
 UNREACHABLE = "unreachable"  # the quarantine verdict of a node that did not come back
 ADVICE = ("runbook lesson 5: hard reset > waiting when SSH locks up for >10 min (power-cycle it at the wall or "
-          "through its smart plug, then run node_os_job for it again)")
+          "through its smart plug, then run node_os_job for it again and deploy_node_job: its engine was stopped "
+          "for the reboot)")
 
 
 def choices(fleet: Fleet) -> node_os.Choices:

@@ -248,7 +248,7 @@ def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):
         follow |= frontier
     assert roots | follow == {"base_image", "serving_image", "node_artifacts", "artifact_distribution",
                               "node_deployment", "jit_cache", "gateway", "bench_results", "fleet_summary",
-                              "fleet_rollout"}
+                              "fleet_rollout", "node_join"}
     assert status["base_model"] == status["hybrid_checkpoint"] == status["mtp_weights"] == {StaleStatus.FRESH}
 
 

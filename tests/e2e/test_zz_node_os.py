@@ -138,14 +138,14 @@ def test_a_node_that_does_not_come_back_is_quarantined_with_the_step_and_the_adv
         with FleetSession(fleet) as s:
             ledger.end_quarantine(s, NODE)
         assert run_node_os(fleet_file, instance).success
-        defs = build_definitions(fleet_file)
-        if not engine.healthy(fleet, fleet.node(NODE)):
-            assert defs.resolve_job_def("deploy_node_job").execute_in_process(
-                instance=instance, partition_key=NODE).success
-        with FleetSession(fleet) as s:
-            if NODE not in GatewayHost(s).rotation():
-                assert defs.resolve_job_def("gateway_job").execute_in_process(instance=instance).success
-
+        n = fleet.node(NODE)
+        with FleetSession(fleet) as s:  # its engine was stopped for the reboot that never came back
+            if not engine.healthy(fleet, n):
+                s.run(NODE, ["docker", "start", fleet.launch_for(n).container_name], timeout=60)
+                assert engine.wait_healthy(fleet, n, 120)
+            gw = GatewayHost(s, master_key=os.environ["LITELLM_MASTER_KEY"])
+            if NODE not in gw.rotation():
+                gw.restore(NODE)
 
 def test_add_node_takes_a_new_node_from_nothing_to_benched_and_in_the_gateway(fleet_file, instance, sim_fleet,
                                                                                tmp_path):
