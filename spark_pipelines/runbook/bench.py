@@ -34,7 +34,9 @@ DRAIN_TIMEOUT_S = 120
 # The quality suite's two passes take ~2 s on a healthy stand-in, ~30 s on one that never stops
 # (garbage to max_tokens); a GB10 decoding ~52 tok/s needs about as long again.
 QUALITY_MAX_S = 600
-GPU_SAMPLE_EVERY_S = 2.0
+# Once a second: a bench phase can be seconds long (a fast node, a short suite), and a sample that
+# falls between requests reads idle and describes nothing.
+GPU_SAMPLE_EVERY_S = 1.0
 
 
 class GpuSampler:
@@ -128,7 +130,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                 # Read before the load: a frozen dockerd then fails the bench before it measures.
                 container = NodeDocker(s).inspect_container(node.name, launch.container_name)
                 log.info(f"bench {node.name}: suite {f.bench.suite}, {f.bench.repeats} run(s) per phase "
-                         f"(+ warm-up), loaded phase {f.bench.loaded_concurrency} at once; nvidia-smi every 2 s")
+                         f"(+ warm-up), loaded phase {f.bench.loaded_concurrency} at once; nvidia-smi every {GPU_SAMPLE_EVERY_S:g} s")
                 with GpuSampler(s, node) as sampler:
                     report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
                                        concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
