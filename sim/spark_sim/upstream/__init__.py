@@ -134,10 +134,14 @@ def swapab_diff() -> str:
     return f"diff --git a/{SWAPAB_TARGET} b/{SWAPAB_TARGET}\n" + "".join(body)
 
 
+# The GB10 engine stand-in: stdlib-only files that run beside each other in /opt/sim of the image.
+ENGINE_FILES = ("vllm_standin.py", "standin_startup.py", "standin_jit.py", "standin_answers.py")
+
+
 def build_repo_files() -> dict[str, str]:
     files = _tree_files(BUILD_TREE)
     # The engine stand-in has one home, the simulator package; the image build copies it in.
-    for name in ("vllm_standin.py", "standin_jit.py", "standin_answers.py"):
+    for name in ENGINE_FILES:
         files[f"sim/{name}"] = (HERE.parent / name).read_text(encoding="utf-8")
     return files
 
