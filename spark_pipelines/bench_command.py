@@ -9,7 +9,8 @@ import os
 import sys
 
 from spark_pipelines.core import bench as core
-from spark_pipelines.resources.bench_client import BenchError, run_bench
+from spark_pipelines.core import quality
+from spark_pipelines.resources.bench_client import BenchError, run_bench, run_quality
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one request may take (default 600: 16k tokens at the runbook's ~52 tok/s with room)")
     p.add_argument("--max-time", type=float, default=3600.0, metavar="S",
                    help="seconds the whole bench may take (default 3600)")
+    p.add_argument("--quality", action="store_true",
+                   help=f"then the quality phase ({quality.SUITE_VERSION}: sequential and parallel "
+                        f"{quality.PARALLEL}, the runbook's fourth phase)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -90,6 +94,10 @@ def bench_run(args: argparse.Namespace) -> int:
                 max_s=args.max_time,
                 on_progress=progress,
             )
+            scored = None
+            if args.quality:
+                scored = run_quality(args.base_url, args.model, api_key, max_s=args.max_time,
+                                     timeout_s=args.timeout, on_progress=progress)
     except (core.BenchRefused, BenchError) as exc:
         print(f"spark-pipelines bench: {exc}", file=sys.stderr)
         return 2
@@ -97,8 +105,14 @@ def bench_run(args: argparse.Namespace) -> int:
         print("spark-pipelines bench: interrupted", file=sys.stderr)
         return 130
     if args.format == "json":
-        print(json.dumps(report.to_dict(), indent=2))
+        doc = report.to_dict()
+        if scored is not None:
+            doc["quality"] = scored.to_dict()
+        print(json.dumps(doc, indent=2))
     else:
         print(core.render_markdown(report))
-    return 0
+        if scored is not None:
+            print(quality.render_markdown(scored))
+    # A failed deterministic check is a broken deployment, whatever the tok/s: say so in the code.
+    return 1 if scored is not None and scored.failed_checks() else 0
 

@@ -289,6 +289,21 @@ def test_quality_suite_tells_healthy_garbage_and_broken_tool_calls_apart(vllm_st
     assert 0 < broken.score < healthy.score
 
 
+def test_bench_command_runs_the_quality_phase_and_fails_on_a_broken_check(vllm_standin, capsys):
+    """`bench --quality`: the fourth phase from a terminal. A healthy server exits 0 with the
+    scenario table; the unpatched image (fast garbage) exits 1 and its JSON names the checks."""
+    healthy = vllm_standin(env=FAST)
+    args = ["--model", healthy.model, "--suite", "loaded", "--concurrency", "1", "--repeats", "1", "--quiet"]
+    assert bench(["--base-url", healthy.base_url, *args, "--quality"]) == 0
+    out = capsys.readouterr().out
+    assert "Quality (spark-quality/" in out and "| **Total** | **100** | **100** |" in out
+    garbage = vllm_standin(env={**FAST, "SIM_ANSWERS": "garbage"})
+    assert bench(["--base-url", garbage.base_url, *args, "--quality", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["quality"]["score"] == 0 and "smoke answer" in doc["quality"]["failed_checks"]
+    assert doc["prompts"], "the speed phases still ran and are reported"
+
+
 def test_forced_output_length_is_honoured_and_recorded(vllm_standin):
     """ignore_eos + min_tokens: the Math prompt (a short answer at EOS) decodes max_tokens; without
     them it stops early, and the two runs carry different protocols (never compared)."""
