@@ -7,9 +7,11 @@ export SPARK_LITELLM_VENV ?= /opt/spark-pipelines/litellm
 .PHONY: demo plan test test-fast ui sim-down team-up team-down
 
 # The main job: bring up the simulated GB10 fleet, materialize the whole chain, print bench results.
+# `make demo NODES=4` for a bigger fleet (1-32).
+NODES ?= 2
 demo:
 	@scripts/bootstrap.sh base litellm
-	.venv/bin/spark-pipelines demo
+	.venv/bin/spark-pipelines demo --nodes $(NODES)
 
 # What a deploy of the runbook's fleet would do, touching nothing.
 plan:
