@@ -17,7 +17,6 @@ from spark_pipelines.assets.node_os import metadata as node_os_metadata
 from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload, node_partitions
 from spark_pipelines.core import baseline, layout, steps
 from spark_pipelines.core import node_os as p0
-from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
@@ -26,11 +25,9 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import node_os
-from spark_pipelines.runbook.bench import bench_node
+from spark_pipelines.runbook.bench import bench_node, gate_of
 from spark_pipelines.runbook.distribution import DistributionFailed, distribute
-from spark_pipelines.state import ledger, records
-
-BY_JOIN = "add_node"  # the ledger's hold-out of a new node below the fleet's baseline
+from spark_pipelines.state import records
 
 
 def node_join_definitions(fleet: Fleet) -> dg.Definitions:
@@ -88,21 +85,16 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
                 raise RunbookError(d.mismatch)
             done.append("deployed: " + d.check_text)
 
-            b = bench_node(s, gw, node, log, run_id=run_id,
+            # The fleet's baseline judged inside the bench: a newcomer below it never serves a request.
+            b = bench_node(s, gw, node, log, run_id=run_id, against=base,
                            on_rotation=lambda event, out: record_rotation(context, gw, event, out))
             records.record_bench(context, n, cv[steps.BENCH_RESULTS], bench_metadata(context, f, n, b))
-            gate = rollout_core.judge(n, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
-                                      gpu_verdict=b.gpu_verdict, floor_tok_s=f.bench_floor(node),
-                                      floor_acceptance=f.bench.floor_mtp_acceptance, baseline=base,
-                                      max_regression=f.rollout.max_regression, void=b.record.void,
-                                      quality=b.quality, floor_quality=f.bench.floor_quality,
-                                      quality_noise=f.bench.quality_noise, protocol_key=b.record.protocol)
-            if not gate.passed:
-                if n in gw.rotation():  # the bench's own gate promoted it: the fleet's baseline or quality holds it out
-                    ledger.hold(s, n, BY_JOIN, gate.why, mean_tok_s=b.mean)
-                    gw.drain(n, reason=f"add_node: {gate.gate}", wait_s=0)
-                    record_rotation(context, gw, f"keep out {n}", {n: gate.why})
-                raise RunbookError(f"{n} joined the fleet but not the gateway: {gate.gate} gate: {gate.why}")
+            gate = gate_of(f, node, b, base)
+            if not gate.passed or not b.promoted:
+                raise RunbookError(f"{n} joined the fleet but not the gateway: {gate.gate} gate: "
+                                   f"{gate.why if not gate.passed else b.reason}; held out by its bench: "
+                                   "add_node_job again (floors and baseline) or bench_job (floors) promotes "
+                                   "it once it passes")
             done.append(f"bench: {b.mean:.1f} tok/s ({gate.why}); in the gateway")
         except DistributionFailed as e:
             fail(e)

@@ -31,7 +31,7 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import rollout as node_rollout
-from spark_pipelines.runbook.bench import bench_node
+from spark_pipelines.runbook.bench import bench_node, gate_of
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import records
 
@@ -156,15 +156,13 @@ class _Steps:
         f, n = self.s.fleet, self.s.fleet.node(node)
         if not self.config.bench_gate:
             return core.judge(node, healthy=True, benched=False)
-        b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id,
+        # Judged against the baseline inside the bench: a new version below it goes back to the
+        # previous one without having served a request.
+        b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id, against=self.base,
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
                              {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
-        return core.judge(node, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance, gpu_verdict=b.gpu_verdict,
-                          floor_tok_s=f.bench_floor(n), floor_acceptance=f.bench.floor_mtp_acceptance,
-                          baseline=self.base, max_regression=f.rollout.max_regression, void=b.record.void,
-                          quality=b.quality, floor_quality=f.bench.floor_quality,
-                          quality_noise=f.bench.quality_noise, protocol_key=b.record.protocol)
+        return gate_of(f, n, b, self.base)
 
     def revert(self, node: str, why: str) -> str:
         n = self.s.fleet.node(node)

@@ -13,6 +13,7 @@ from spark_pipelines.resources.bench_client import BenchError, run_bench, run_qu
 from spark_pipelines.core import baseline, gpu
 from spark_pipelines.core import quality as quality_core
 from spark_pipelines.core import bench as bench_core
+from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
@@ -108,10 +109,14 @@ class Benched:
 
 
 def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id: str = "",
-               on_rotation: Callable[[str, dict[str, str]], None] = lambda event, out: None) -> Benched:
+               on_rotation: Callable[[str, dict[str, str]], None] = lambda event, out: None,
+               against: baseline.Baseline | None = None) -> Benched:
     """Drain `node`, wait for zero requests in flight, run the fleet's suite with nvidia-smi
     sampled, record the promotion gate on the node and restore it, or keep it out when it fails.
-    Holds the node's run lease. `on_rotation(event, left_out)` is told of each rotation change."""
+    With `against` (the fleet's baseline: a rollout's nodes, a newcomer), the gate also judges
+    the bench against it (`gate_of`) while the node is still out, so a node below it never
+    serves a request. Holds the node's run lease. `on_rotation(event, left_out)` is told of each
+    rotation change."""
     f = s.fleet
     launch = f.launch_for(node)
     floor = f.bench_floor(node)
@@ -169,6 +174,12 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                         ok, q_why = quality_core.quality_gate(quality, f.bench.floor_quality)
                         promoted, reason = ok, (f"{reason}; {q_why}" if ok else
                                                 f"{reason}, but {q_why}: kept out of the gateway")
+                    if promoted and against is not None:
+                        judged = gate_of(f, node, Benched(report, mean, loaded, verdict, acceptance, rec, True,
+                                                          reason, waited, len(sampler.readings), quality), against)
+                        if not judged.passed:
+                            promoted, reason = False, (f"{reason}, but the {judged.gate} gate failed: {judged.why}: "
+                                                       "kept out of the gateway")
                     if promoted:
                         ledger.lift(s, node.name, ledger.BY_BENCH)
                     else:
@@ -185,6 +196,17 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
         raise
     return Benched(report, mean, loaded, verdict, acceptance, rec, promoted, reason, waited, len(sampler.readings),
                    quality)
+
+
+def gate_of(f: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> rollout_core.GateResult:
+    """The bench of `node` judged by its floors and against the fleet's baseline (core.rollout.judge):
+    the gate of a rollout's node and of a newcomer joining."""
+    return rollout_core.judge(node.name, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
+                              gpu_verdict=b.gpu_verdict, floor_tok_s=f.bench_floor(node),
+                              floor_acceptance=f.bench.floor_mtp_acceptance, baseline=against,
+                              max_regression=f.rollout.max_regression, void=b.record.void, quality=b.quality,
+                              floor_quality=f.bench.floor_quality, quality_noise=f.bench.quality_noise,
+                              protocol_key=b.record.protocol)
 
 
 def quality_phase(f: Fleet, node: Node, log: Any) -> quality_core.QualityReport | None:

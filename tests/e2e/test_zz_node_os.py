@@ -91,6 +91,7 @@ def test_a_fresh_node_is_provisioned_rebooted_and_verified_and_a_second_run_chan
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     assert traffic.failed == [], traffic.failed
     assert len(traffic.streams.results) >= 10
+    print(f"node_os under traffic: {len(traffic.streams.results)} client requests, 0 failed")
     done = last_metadata(instance)
     assert done["mode"] == "applied" and done["rebooted"] is True
     after = sim_os.show(m.dir)
@@ -175,6 +176,7 @@ def test_add_node_takes_a_new_node_from_nothing_to_benched_and_in_the_gateway(fl
         assert result.success, [e.message for e in result.all_events if e.is_failure]
         assert traffic.failed == [], traffic.failed
         assert len(traffic.streams.results) >= 10
+        print(f"add_node under traffic: {len(traffic.streams.results)} client requests, 0 failed")
         joined = {k: v.value for k, v in instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("node_join"), asset_partitions=[m.name]),
             limit=1).records[0].asset_materialization.metadata.items()}

@@ -179,6 +179,12 @@ def test_a_slower_version_fails_the_baseline_gate_at_the_canary_and_goes_back(en
     slow = variant(str(env["root"] / "fleet-v2.yaml"), env["root"] / "fleet-triton.yaml", attention_backend="TRITON_ATTN")
     info = stopped_at_the_canary(env, slow, "baseline")
     assert "below the fleet's baseline" in info["why"]
+    # Judged while drained for its bench: the slower version never went back into the gateway.
+    rec = env["instance"].fetch_materializations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey("bench_results"), asset_partitions=["spark1"]), limit=1).records[0]
+    meta = rec.asset_materialization.metadata
+    assert meta["promoted"].value is False and meta["mean_tok_s"].value >= env["fleet"].bench.floor_tok_s
+    assert "the baseline gate failed" in meta["gate"].value, meta["gate"].value
 
 
 def test_a_version_without_mtp_fails_the_acceptance_gate_at_the_canary_and_goes_back(env):
