@@ -14,6 +14,9 @@ from spark_pipelines.core.memory import RESIDUE_PER_FAILURE_GIB, MemoryGate, mem
 # Exporters hold a CUDA context (~9 GiB for nvidia_gpu_exporter) and must be stopped before
 # launch so the memory check sees the real free memory; restarted once the node is healthy.
 EXPORTER_CONTAINERS = ("nvidia_gpu_exporter", "node_exporter")
+# "Stop monitoring exporters during deployment (re-enable after)": the host's node exporter too
+# (`sudo systemctl stop`), started again on every path like the containers.
+EXPORTER_UNITS = ("prometheus-node-exporter",)
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -74,7 +77,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("gpu", "GPU state not wedged (nvidia-smi)"),
     ("gpu-holders", "only nvidia-persistenced holds /dev/nvidia* (fuser)"),
     ("earlyoom", "earlyoom absent"),
-    ("exporters", f"exporters stopped ({', '.join(EXPORTER_CONTAINERS)})"),
+    ("exporters", f"exporters stopped ({', '.join((*EXPORTER_CONTAINERS, *EXPORTER_UNITS))})"),
     ("disk", "disk space in $HOME"),
     ("page-cache", "page cache flushed (sync; echo 3 > /proc/sys/vm/drop_caches)"),
     ("memory", "free CUDA memory >= GMU x total"),

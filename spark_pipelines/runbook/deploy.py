@@ -48,7 +48,6 @@ from spark_pipelines.core import diagnosis
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import record_keys as keys
-from spark_pipelines.core import preflight as preflight_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core import remote
 from spark_pipelines.core.launch import (CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, LaunchSpec,
@@ -237,7 +236,8 @@ class _Transaction:
                                       remote.previous_image_tag(spec.image), j.kept_container_id,
                                       j.kept_fingerprint or "")
         txn.marker = j.deploy_marker
-        txn.prepared = preflight.Prepared(list(j.exporters)) if j.exporters else None
+        txn.prepared = (preflight.Prepared(list(j.exporters), list(j.exporter_units))
+                        if j.exporters or j.exporter_units else None)
         if j.jit_key and j.jit_before:
             txn.jit = jit_cache.Switch(
                 node.name, jit_core.Plan(j.jit_key, "recovered", "as the interrupted deploy switched it"),
@@ -261,25 +261,25 @@ class _Transaction:
                   kept_image_id=k.image_id if k else None, kept_fingerprint=k.fingerprint if k else None)
 
     def prepare(self) -> None:
-        n = self.node.name
-        running = self.s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
-        self.note(exporters=[c for c in preflight_core.EXPORTER_CONTAINERS if c in running])
+        containers, units = preflight.running_exporters(self.s, self.node)
+        self.note(exporters=containers, exporter_units=units)
         try:
             self.prepared = preflight.prepare(self.s, self.node)
         except BaseException:
             # Half-way: start again whatever exporter ran before (starting a running one is a no-op).
-            self.prepared = preflight.Prepared([c for c in preflight_core.EXPORTER_CONTAINERS if c in running])
+            self.prepared = preflight.Prepared(containers, units)
             raise
 
     def restore_exporters(self) -> None:
-        if not self.prepared or not self.prepared.stopped_exporters:
+        if not self.prepared or not self.prepared.stopped_any:
             return
         try:
             preflight.restore_exporters(self.s, self.node, self.prepared)
         except Exception as e:  # monitoring, not serving: say so, do not mask the deploy's outcome
-            self.s.log.warning(f"[{self.node.name}] could not start the GPU exporters again "
-                               f"({', '.join(self.prepared.stopped_exporters)}): {first_line(e)}; "
-                               f"start them by hand with `docker start`")
+            p = self.prepared
+            self.s.log.warning(f"[{self.node.name}] could not start the exporters again "
+                               f"({', '.join((*p.stopped_exporters, *p.stopped_units))}): {first_line(e)}; "
+                               "start them by hand (`docker start`, `sudo systemctl start`)")
 
     def switch_jit_cache(self, key: str, fresh: bool) -> None:
         def noted(sw: jit_cache.Switch) -> None:

@@ -1,7 +1,7 @@
 """Phase 0 checks before a launch, with observing and acting kept apart.
 
-`prepare` does the runbook's two actions (stop the GPU exporters, flush the page cache) and returns
-what it stopped, so the caller can start them again (`restore_exporters`) in every outcome.
+`prepare` does the runbook's two actions (stop the monitoring exporters, flush the page cache) and
+returns what it stopped, so the caller can start them again (`restore_exporters`) in every outcome.
 `observe` only reads: GPU state, device holders, earlyoom, disk, CUDA-visible free memory.
 `core.preflight.evaluate` turns the observations into ready / blocked with the runbook's fixes.
 """
@@ -33,21 +33,45 @@ def read_gpu(s: FleetSession, node: str, timeout: float = 30) -> gpu.GpuReading:
 class Prepared:
     """What `prepare` changed on the node, for its undo."""
 
-    stopped_exporters: list[str] = field(default_factory=list)
+    stopped_exporters: list[str] = field(default_factory=list)  # containers
+    stopped_units: list[str] = field(default_factory=list)  # systemd units (the host's node exporter)
     page_cache_flushed: bool = False
+
+    @property
+    def stopped_any(self) -> bool:
+        return bool(self.stopped_exporters or self.stopped_units)
+
+
+def running_exporters(s: FleetSession, node: Node) -> tuple[list[str], list[str]]:
+    """The exporter containers and systemd units running on the node now (read-only)."""
+    n = node.name
+    running = s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
+    # `systemctl is-active U...` prints one state per unit, in order (exit 3 when one is not active).
+    states = s.run(n, ["systemctl", "is-active", *preflight.EXPORTER_UNITS], check=False, log=False,
+                   timeout=30).stdout.split()
+    return ([c for c in preflight.EXPORTER_CONTAINERS if c in running],
+            [u for u, st in zip(preflight.EXPORTER_UNITS, states) if st == "active"])
 
 
 def prepare(s: FleetSession, node: Node) -> Prepared:
-    """Stop the exporters holding a CUDA context (~9 GiB) and flush the page cache (MANDATORY
-    before every launch). Undo with `restore_exporters`."""
+    """Stop the exporters (the containers hold a CUDA context, ~9 GiB) and flush the page cache
+    (MANDATORY before every launch). Undo with `restore_exporters`."""
     n = node.name
     docker = NodeDocker(s)
     done = Prepared()
-    running = s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
-    for c in preflight.EXPORTER_CONTAINERS:
-        if c in running:
-            docker.stop(n, c)
-            done.stopped_exporters.append(c)
+    containers, units = running_exporters(s, node)
+    for c in containers:
+        docker.stop(n, c)
+        done.stopped_exporters.append(c)
+    for u in units:
+        # Monitoring, not memory: a node without the sudoers line still launches, with the advice.
+        stopped = s.run(n, ["sudo", "-n", "systemctl", "stop", u], check=False, timeout=120)
+        if stopped.ok:
+            done.stopped_units.append(u)
+        elif "password" in (stopped.stderr + stopped.tail).lower():
+            s.log.warning(remote.sudo_advice(n, node.user, f"/usr/bin/systemctl stop {u}"))
+        else:
+            s.log.warning(f"[{n}] {u} not stopped before the launch: {(stopped.stderr or stopped.tail).strip()}")
     # sync as the user, drop as root.
     s.run(n, ["sync"], log=False, timeout=300)
     flushed = s.run(n, ["sudo", "-n", "sh", "-c", DROP_CACHES], check=False, timeout=300)
@@ -58,9 +82,20 @@ def prepare(s: FleetSession, node: Node) -> Prepared:
 
 
 def restore_exporters(s: FleetSession, node: Node, prepared: Prepared) -> None:
+    """Start again what `prepare` stopped; every one is tried, the first failure raised after."""
     docker = NodeDocker(s)
+    failed: list[Exception] = []
     for c in prepared.stopped_exporters:
-        docker.start(node.name, c)
+        try:
+            docker.start(node.name, c)
+        except Exception as e:  # noqa: BLE001 - the others still start; raised below
+            failed.append(e)
+    for u in prepared.stopped_units:
+        r = s.run(node.name, ["sudo", "-n", "systemctl", "start", u], check=False, timeout=120)
+        if not r.ok:
+            failed.append(RuntimeError(f"systemctl start {u}: {(r.stderr or r.tail).strip() or f'exit {r.exit_status}'}"))
+    if failed:
+        raise failed[0]
 
 
 def observe(s: FleetSession, node: Node, image: str, prepared: Prepared) -> preflight.Observations:

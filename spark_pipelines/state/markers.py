@@ -159,6 +159,7 @@ class DeployJournal(Marker):
     keep_previous: bool = False  # a rollout's deploy: its commit keeps the previous deployment
     drain_reason: str | None = None  # the drain note's reason this deploy writes (its run named in it)
     exporters: list[str] = []  # the exporters running before preflight stopped them
+    exporter_units: list[str] = []  # the exporter systemd units active before preflight stopped them
     jit_key: str | None = None
     jit_slots: list[str] = []
     jit_before: list[tuple[str, str, str | None]] = []  # (mount, kind, link target) before the switch

@@ -45,6 +45,7 @@ pytestmark = pytest.mark.slow
 NODE = "spark1"
 OTHER = "spark2"  # serves while spark1's deploys drain it
 EXPORTER = "node_exporter"
+EXPORTER_UNIT = "prometheus-node-exporter"
 LOG = logging.getLogger("test.deploy")
 
 
@@ -244,12 +245,19 @@ def test_interrupted_deploy_rolls_back_and_reraises(env, s):
     set-aside and the preflight: rolled back, exporters started again, then re-raised."""
     before = snapshot(s)
     node = s.fleet.node(NODE)
-    # An exporter that preflight stops (it holds a CUDA context on a real node) and must restart.
+    # An exporter that preflight stops (it holds a CUDA context on a real node) and must restart,
+    # and the host's node exporter the runbook stops during a deploy (a systemd unit).
     s.run(NODE, ["docker", "run", "-d", "--name", EXPORTER, "--entrypoint", "sleep",
                  launch_spec(s.fleet, node).image, "3600"], log=False)
+    s.run(NODE, ["sudo", "-n", "systemctl", "start", EXPORTER_UNIT], log=False)
+    during: list[str] = []
+
+    def unit_state() -> str:
+        return s.run(NODE, ["systemctl", "is-active", EXPORTER_UNIT], check=False, log=False).stdout.strip()
 
     class Interrupting:
         def info(self, msg):
+            during.append(unit_state())
             raise KeyboardInterrupt  # the first line deploy logs: the preflight report, after the set-aside
 
         warning = staticmethod(LOG.warning)
@@ -260,8 +268,10 @@ def test_interrupted_deploy_rolls_back_and_reraises(env, s):
         assert_previous_serves(before, snapshot(s))
         running = s.run(NODE, ["docker", "ps", "--format", "{{.Names}}"], log=False).stdout.split()
         assert EXPORTER in running
+        assert during == ["inactive"] and unit_state() == "active"
     finally:
         s.run(NODE, ["docker", "rm", "-f", EXPORTER], check=False, log=False)
+        s.run(NODE, ["sudo", "-n", "systemctl", "stop", EXPORTER_UNIT], check=False, log=False)
 
 
 def test_two_deploys_of_one_node_at_once(env):

@@ -147,7 +147,7 @@ def test_the_exporters_failing_to_start_again_is_one_warning(txn):
     t.prepared = preflight.Prepared(stopped_exporters=["dcgm-exporter"])
     t.restore_exporters()
     [line] = s.log.lines
-    assert "could not start the GPU exporters again (dcgm-exporter): EOFError" in line
+    assert "could not start the exporters again (dcgm-exporter): EOFError" in line
 
 
 def test_taking_a_node_out_after_a_failed_rollback_says_what_it_could_not_do(txn):
