@@ -23,9 +23,9 @@ from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
-from spark_pipelines.resources.ssh import FleetSSH
+from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
-from spark_pipelines.state import records
+from spark_pipelines.state import ledger, records
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError, first_line
 
@@ -200,6 +200,20 @@ def bench_events(context: dg.AssetExecutionContext, fleet: Fleet, node: str, b: 
                               **above_floor(fleet, node, b))
 
 
+def held_against(context: dg.AssetExecutionContext, s: FleetSession, fleet: Fleet,
+                 node: str) -> baseline.Baseline | None:
+    """The fleet's baseline when the node's bench hold-out was judged against it (a newcomer, a
+    rollout's canary): its next bench is too, so a nightly bench never promotes it on its floors
+    alone. None otherwise (the floors, the GPU and the quality floor judge it)."""
+    held = ledger.read(s).entry(node).holds.get(ledger.BY_BENCH)
+    if held is None or not held.against_baseline:
+        return None
+    base = records.baseline_of_others(context.instance, fleet, node)
+    context.log.info(f"{node} is held out by a bench judged against the fleet's baseline: judged against it "
+                     f"again ({base.text() if base else 'none recorded now: its floors only'})")
+    return base
+
+
 def bench_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
     partitions = node_partitions(fleet)
@@ -225,6 +239,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         gw = litellm.host()
         try:
             b = bench_node(s, gw, node, context.log, run_id=context.run.run_id,
+                           against=held_against(context, s, f, node.name),
                            on_rotation=lambda event, out: record_rotation(context, gw, event, out))
         except RunbookError as e:
             fail(e)

@@ -15,7 +15,7 @@ from spark_pipelines.assets.bench import bench_metadata
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.node_os import metadata as node_os_metadata
 from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload, node_partitions
-from spark_pipelines.core import baseline, layout, steps
+from spark_pipelines.core import layout, steps
 from spark_pipelines.core import node_os as p0
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.errors import RunbookError
@@ -56,8 +56,7 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
             fail(RunbookError(f"{n} already serves in the gateway: add_node_job brings a node new to the fleet "
                               "file; deploy_node_job or rollout_job change a serving one"))
         # The baseline the newcomer is judged against: the other nodes' benches, read before its own.
-        others = [r for m in f.serve_nodes if m.name != n for r in records.recorded_benches(context.instance, m.name)]
-        base = baseline.fleet_baseline(others)
+        base = records.baseline_of_others(context.instance, f, n)
         done: list[str] = []
         try:
             os_done = node_os.provision(s, node, gw, log.info, run_id=run_id)
@@ -93,8 +92,8 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
             if not gate.passed or not b.promoted:
                 raise RunbookError(f"{n} joined the fleet but not the gateway: {gate.gate} gate: "
                                    f"{gate.why if not gate.passed else b.reason}; held out by its bench: "
-                                   "add_node_job again (floors and baseline) or bench_job (floors) promotes "
-                                   "it once it passes")
+                                   "add_node_job again or bench_job promotes it once it passes its floors "
+                                   "and the fleet's baseline")
             done.append(f"bench: {b.mean:.1f} tok/s ({gate.why}); in the gateway")
         except DistributionFailed as e:
             fail(e)

@@ -146,11 +146,11 @@ def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float |
         allowed = min(baseline.low, baseline.tok_s * (1 - max_regression))
         if mean_tok_s < allowed:
             return GateResult(node, False, "baseline", (
-                f"{mean_tok_s:.1f} tok/s is below the fleet's baseline on the previous version "
-                f"({baseline.text()}) by more than {max_regression:.0%} and its spread: the new version is slower"))
+                f"{mean_tok_s:.1f} tok/s is below the fleet's baseline ({baseline.text()}) by more than "
+                f"{max_regression:.0%} and its spread: slower than the nodes that serve"))
         return GateResult(node, True, "passed", f"{why}; {acc_why}; vs baseline {baseline.tok_s:.1f} tok/s: "
                                                 f"{mean_tok_s / baseline.tok_s:.2f}x")
-    return GateResult(node, True, "passed", f"{why}; {acc_why}; no baseline on the previous version to compare with")
+    return GateResult(node, True, "passed", f"{why}; {acc_why}; no fleet baseline to compare with")
 
 
 # -- executing a plan --------------------------------------------------------------------------

@@ -183,7 +183,8 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     if promoted:
                         ledger.lift(s, node.name, ledger.BY_BENCH)
                     else:
-                        ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean)
+                        ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
+                                    **({ledger.AGAINST_BASELINE: True} if against is not None else {}))
                     drain.keep_out = not promoted
                 log.info(f"{'keep out' if drain.keep_out else 'restore'} {node.name}: {reason}")
             if not drain.keep_out:

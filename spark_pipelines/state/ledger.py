@@ -36,6 +36,9 @@ LEGACY_SUFFIX = ".quarantine.json"  # quarantines recorded before the ledger (re
 
 # Who puts a hold-out on a node (each lifts only its own).
 BY_BENCH, BY_DEPLOY, BY_ROLLOUT = "bench", "deploy", "rollout"
+# The fact on a bench's hold-out judged against the fleet's baseline (a rollout's canary, a
+# newcomer): the node's next bench is judged against it again, not on its floors alone.
+AGAINST_BASELINE = "against_baseline"
 # A healthy deploy proves over these hold-outs (the node serves its launch spec again).
 LIFTED_BY_DEPLOY = (BY_DEPLOY, BY_ROLLOUT)
 # Quarantine verdicts a healthy deploy (its preflight passed) proves over; wedged and regressed
@@ -62,6 +65,10 @@ class Hold(_Model):
 
     def summary(self) -> str:
         return f"held out by its {self.by}: {self.reason}"
+
+    @property
+    def against_baseline(self) -> bool:
+        return bool(self.facts.get(AGAINST_BASELINE))
 
 
 class Quarantine(_Model):

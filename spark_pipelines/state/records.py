@@ -195,6 +195,13 @@ def recorded_benches(instance: dg.DagsterInstance, node: str, limit: int = 20) -
     return out
 
 
+def baseline_of_others(instance: dg.DagsterInstance, fleet: Fleet, node: str) -> baseline.Baseline | None:
+    """The fleet's baseline from every other serve node's recorded benches: the yardstick of a
+    node judged against the fleet (a newcomer, a node its bench held out below it)."""
+    return baseline.fleet_baseline(r for m in fleet.serve_nodes if m.name != node
+                                   for r in recorded_benches(instance, m.name))
+
+
 def bench_histories(names: list[str], instance: dg.DagsterInstance | None = None) -> dict[str, health.BenchHistory]:
     """The nodes' last benches, oldest first, for the health verdicts (`regressed`). Without an
     instance, the one in DAGSTER_HOME when set; {} when there is none to read: a missing history

@@ -23,7 +23,7 @@ from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
-from spark_pipelines.state import markers
+from spark_pipelines.state import ledger, markers
 from spark_pipelines.runbook.deploy import ROLLOUT_POINT
 from tests.e2e.test_zz_doctor import inspect
 
@@ -260,3 +260,43 @@ def test_rolling_back_to_the_original_file_is_a_rollout_too(env):
     assert again.success
     assert again.asset_materializations_for_node("fleet_rollout")[-1].metadata["outcome"].value == "nothing to roll out"
     assert state(env, env["path"])["spark1"]["id"] == after["spark1"]["id"]
+
+
+def test_a_node_its_bench_held_below_the_fleets_baseline_is_judged_against_it_again(env):
+    """A node held out by a bench judged against the fleet's baseline (the hold add_node leaves on
+    a slow newcomer, arranged here on spark1 running the slower version) is not promoted by a
+    plain bench_job on its floors: the nightly bench judges it against the baseline again. Back on
+    the fleet's version, the same job promotes it."""
+    instance, node = env["instance"], "spark1"
+    slow = variant(env["path"], env["root"] / "fleet-slow.yaml", attention_backend="TRITON_ATTN")
+
+    def run(path: str, job: str) -> dg.ExecuteInProcessResult:
+        return build_definitions(path).resolve_job_def(job).execute_in_process(
+            instance=instance, partition_key=node, raise_on_error=False)
+
+    def latest_bench() -> dict:
+        rec = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("bench_results"), asset_partitions=[node]), limit=1).records[0]
+        return {k: v.value for k, v in rec.asset_materialization.metadata.items()}
+
+    try:
+        assert run(slow, "deploy_node_job").success
+        with FleetSession(env["fleet"]) as s:
+            gw = GatewayHost(s)
+            gw.drain(node, reason="add_node: baseline", wait_s=0)
+            ledger.hold(s, node, ledger.BY_BENCH, "below the fleet's baseline", **{ledger.AGAINST_BASELINE: True})
+        assert not run(slow, "bench_job").success
+        meta = latest_bench()
+        assert meta["promoted"] is False and meta["mean_tok_s"] >= env["fleet"].bench.floor_tok_s, meta["gate"]
+        assert "the baseline gate failed" in meta["gate"], meta["gate"]
+        with FleetSession(env["fleet"]) as s:
+            assert node not in GatewayHost(s).rotation()
+            assert ledger.read(s).entry(node).holds[ledger.BY_BENCH].against_baseline
+    finally:
+        assert run(env["path"], "deploy_node_job").success
+        assert run(env["path"], "bench_job").success
+    meta = latest_bench()
+    assert meta["promoted"] is True, meta["gate"]
+    with FleetSession(env["fleet"]) as s:
+        assert sorted(GatewayHost(s).rotation()) == ["spark1", "spark2"]
+        assert ledger.read(s).promoted(node)
