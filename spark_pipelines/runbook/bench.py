@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spark_pipelines.resources.bench_client import BenchError, run_bench, run_quality
@@ -160,6 +160,8 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     protocol=(report.protocol or {}).get("key"),
                     quality=quality.score if quality is not None else None,
                     quality_suite=quality.suite if quality is not None else None)
+                benched = Benched(report, mean, loaded, verdict, acceptance, rec, False, "", waited,
+                                  len(sampler.readings), quality)  # promoted and reason: the gate's, below
                 # A bench made void by somebody else's requests judged nothing: never promoted, the
                 # node goes back where it was with its hold-outs as they were. One that saw the
                 # wedge judged the GPU: the gate holds the node out.
@@ -175,8 +177,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                         promoted, reason = ok, (f"{reason}; {q_why}" if ok else
                                                 f"{reason}, but {q_why}: kept out of the gateway")
                     if promoted and against is not None:
-                        judged = gate_of(f, node, Benched(report, mean, loaded, verdict, acceptance, rec, True,
-                                                          reason, waited, len(sampler.readings), quality), against)
+                        judged = gate_of(f, node, benched, against)
                         if not judged.passed:
                             promoted, reason = False, (f"{reason}, but the {judged.gate} gate failed: {judged.why}: "
                                                        "kept out of the gateway")
@@ -195,8 +196,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
         if drain is not None and drain.was_in:
             on_rotation(f"restore {node.name} after a failed bench", {})
         raise
-    return Benched(report, mean, loaded, verdict, acceptance, rec, promoted, reason, waited, len(sampler.readings),
-                   quality)
+    return replace(benched, promoted=promoted, reason=reason)
 
 
 def gate_of(f: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> rollout_core.GateResult:

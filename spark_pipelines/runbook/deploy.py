@@ -261,10 +261,10 @@ class _Transaction:
                   kept_image_id=k.image_id if k else None, kept_fingerprint=k.fingerprint if k else None)
 
     def prepare(self) -> None:
-        containers, units = preflight.running_exporters(self.s, self.node)
+        containers, units = running = preflight.running_exporters(self.s, self.node)
         self.note(exporters=containers, exporter_units=units)
         try:
-            self.prepared = preflight.prepare(self.s, self.node)
+            self.prepared = preflight.prepare(self.s, self.node, running)
         except BaseException:
             # Half-way: start again whatever exporter ran before (starting a running one is a no-op).
             self.prepared = preflight.Prepared(containers, units)

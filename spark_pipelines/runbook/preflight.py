@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from spark_pipelines.core import gpu, preflight, remote
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.docker import NodeDocker
-from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.resources.ssh import FleetSession, RemoteCommandError
 from spark_pipelines.state import markers
 
 MEMCHECK_PY = "import torch; f, t = torch.cuda.mem_get_info(); print(f / 2**30, t / 2**30)"
@@ -53,25 +53,23 @@ def running_exporters(s: FleetSession, node: Node) -> tuple[list[str], list[str]
             [u for u, st in zip(preflight.EXPORTER_UNITS, states) if st == "active"])
 
 
-def prepare(s: FleetSession, node: Node) -> Prepared:
-    """Stop the exporters (the containers hold a CUDA context, ~9 GiB) and flush the page cache
-    (MANDATORY before every launch). Undo with `restore_exporters`."""
+def prepare(s: FleetSession, node: Node, running: tuple[list[str], list[str]]) -> Prepared:
+    """Stop the exporters `running_exporters` found (the containers hold a CUDA context, ~9 GiB)
+    and flush the page cache (MANDATORY before every launch). Undo with `restore_exporters`."""
     n = node.name
     docker = NodeDocker(s)
     done = Prepared()
-    containers, units = running_exporters(s, node)
+    containers, units = running
     for c in containers:
         docker.stop(n, c)
         done.stopped_exporters.append(c)
     for u in units:
-        # Monitoring, not memory: a node without the sudoers line still launches, with the advice.
-        stopped = s.run(n, ["sudo", "-n", "systemctl", "stop", u], check=False, timeout=120)
-        if stopped.ok:
+        # Monitoring, not memory: a node without the sudoers line still launches, told the line.
+        try:
+            s.run(n, ["systemctl", "stop", u], sudo=True, timeout=120)
             done.stopped_units.append(u)
-        elif "password" in (stopped.stderr + stopped.tail).lower():
-            s.log.warning(remote.sudo_advice(n, node.user, f"/usr/bin/systemctl stop {u}"))
-        else:
-            s.log.warning(f"[{n}] {u} not stopped before the launch: {(stopped.stderr or stopped.tail).strip()}")
+        except RemoteCommandError as e:
+            s.log.warning(f"[{n}] {u} not stopped before the launch: {e}")
     # sync as the user, drop as root.
     s.run(n, ["sync"], log=False, timeout=300)
     flushed = s.run(n, ["sudo", "-n", "sh", "-c", DROP_CACHES], check=False, timeout=300)
@@ -91,9 +89,10 @@ def restore_exporters(s: FleetSession, node: Node, prepared: Prepared) -> None:
         except Exception as e:  # noqa: BLE001 - the others still start; raised below
             failed.append(e)
     for u in prepared.stopped_units:
-        r = s.run(node.name, ["sudo", "-n", "systemctl", "start", u], check=False, timeout=120)
-        if not r.ok:
-            failed.append(RuntimeError(f"systemctl start {u}: {(r.stderr or r.tail).strip() or f'exit {r.exit_status}'}"))
+        try:
+            s.run(node.name, ["systemctl", "start", u], sudo=True, timeout=120)
+        except RemoteCommandError as e:
+            failed.append(e)
     if failed:
         raise failed[0]
 
