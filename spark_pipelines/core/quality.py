@@ -275,7 +275,7 @@ def render_markdown(q: QualityReport) -> str:
     for i, s in enumerate(q.runs[0].scored):
         pts = " | ".join(f"{r.scored[i].points:g}/{s.max_points}" for r in q.runs)
         lines.append(f"| {s.scenario}{' (check)' if s.deterministic else ''} | {pts} | {s.why[:120]} |")
-    lines.append(f"| **Total** | " + " | ".join(f"**{r.score:g}**" for r in q.runs) + " | |")
+    lines.append("| **Total** | " + " | ".join(f"**{r.score:g}**" for r in q.runs) + " | |")
     return "\n".join(lines) + "\n"
 
 

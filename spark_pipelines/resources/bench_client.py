@@ -14,7 +14,7 @@ import asyncio
 import datetime as _dt
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
 
 import httpx

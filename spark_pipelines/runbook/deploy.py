@@ -555,7 +555,7 @@ def _serving_as_launched(s: FleetSession, node: Node, spec: LaunchSpec, checkpoi
         return None
     try:
         smoke = engine.smoke_test(s.fleet, node)
-    except (httpx.HTTPError, ValueError, KeyError):
+    except (engine.EngineError, ValueError, KeyError):
         return None
     log.info(f"[{node.name}] it serves this launch spec already ({str(live['Id'])[:12]}): not launched again")
     return Deployed(str(live["Id"]), {"finished_interrupted_deploy": True}, "not run: the deployment serving after "

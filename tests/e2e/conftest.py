@@ -4,7 +4,6 @@ browser tests open its UI on the same history."""
 
 from __future__ import annotations
 
-import os
 
 import dagster as dg
 import pytest

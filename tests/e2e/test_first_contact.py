@@ -30,7 +30,7 @@ from dagster._core.loader import LoadingContextForTest
 from spark_pipelines import cli
 from spark_pipelines.core.adoption import ADOPT, CURRENT, DIFFERS
 from spark_pipelines.core.launch import launch_spec
-from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME
+from spark_pipelines.core.checkpoint import INDEX_NAME
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.definitions import build_definitions

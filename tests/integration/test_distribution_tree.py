@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_pipelines.core import layout, remote
+from spark_pipelines.core import layout
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, SshSettings

@@ -16,7 +16,6 @@ import pytest
 
 from spark_pipelines import cli
 from spark_pipelines.resources import bench_client
-from spark_pipelines.core import bench as core
 from spark_pipelines.core import diagnosis
 from spark_sim.upstream import ENGINE_FILES
 from tests.plugins.servers import HEALTHY_GPU, MANDATORY_ENV, RECIPE_FLAGS, STANDIN

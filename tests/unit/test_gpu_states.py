@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_pipelines.core.gpu import classify, combine, parse_q, parse_query_csv, parse_reading
+from spark_pipelines.core.gpu import classify, combine, parse_query_csv, parse_reading
 from spark_sim.gpu_states import (
     PROFILES,
     STATES,

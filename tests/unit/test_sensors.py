@@ -3,14 +3,12 @@ it, differs from the loaded fleet's. (node_health: tests/unit/test_health_sensor
 this module's `vllm_health` server.)"""
 
 import http.server
-import json
 import threading
 
 import dagster as dg
 import pytest
 import yaml
 
-from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.definitions import build_definitions
 
 

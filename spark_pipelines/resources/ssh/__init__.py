@@ -123,6 +123,7 @@ __all__ = [
     "FleetSession",
     "HostKeyError",
     "NodeConnectError",
+    "NodeUnreachable",
     "NodeUnresponsive",
     "RemoteCommandError",
     "RemoteCommandTimeout",

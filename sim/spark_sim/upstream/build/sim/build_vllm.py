@@ -4,7 +4,6 @@ it was compiled against (its ABI) and the patched CUDA sources it would compile.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import torch
