@@ -14,9 +14,30 @@ HF_HUB_CACHE would name that cache; here it names the hub, hence HF_HOME.)
 """
 
 import argparse
+import hashlib
 import os
 import shutil
 import sys
+import time
+
+
+def write_local_dir_metadata(target, rel, rev, src):
+    """What huggingface_hub writes beside a `--local-dir` download, one file per downloaded file:
+    `<local_dir>/.cache/huggingface/download/<file>.metadata` holding the commit, the etag (an LFS
+    file's sha256) and the time, plus a `.gitignore` of `*` in `.cache/huggingface`."""
+    meta_root = os.path.join(target, ".cache", "huggingface")
+    path = os.path.join(meta_root, "download", rel + ".metadata")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ignore = os.path.join(meta_root, ".gitignore")
+    if not os.path.exists(ignore):
+        with open(ignore, "w") as fh:
+            fh.write("*")
+    h = hashlib.sha256()
+    with open(src, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    with open(path, "w") as fh:
+        fh.write(f"{rev}\n{h.hexdigest()}\n{time.time()}\n")
 
 
 def user_cache():
@@ -66,10 +87,14 @@ def main(argv=None):
             dst = os.path.join(target, rel)
             if os.path.isfile(dst) and os.path.getsize(dst) == os.path.getsize(src):
                 skipped += 1
+                if args.local_dir:
+                    write_local_dir_metadata(target, rel, rev, src)
                 continue
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             shutil.copyfile(src, dst + ".incomplete")
             os.replace(dst + ".incomplete", dst)
+            if args.local_dir:
+                write_local_dir_metadata(target, rel, rev, src)
             copied += 1
             if not args.quiet:
                 print(f"Downloading {rel}", flush=True)

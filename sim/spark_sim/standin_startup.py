@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -189,6 +190,41 @@ def engine_traceback(frames: list[tuple[str, int, str, str]], error: str) -> Non
           "Failed core proc(s): {}")
 
 
+# spark-pipelines' content manifest sits in every checkpoint version; it is not weights.
+_NOT_LOADED = (".spark-manifest.json", ".rsync-partial")
+
+
+def checkpoint_content(model: str) -> tuple[str | None, str | None]:
+    """What the engine loaded: the digest of the checkpoint's files as spark-pipelines' manifest
+    computes it (sha256 per file, then over the sorted list), so a test can ask the engine which
+    version it serves; and the answer mode a broken tokenizer config carries (the sim hub's
+    broken revision: `"sim_answers": "garbage"`). (None, None) when the path is no directory."""
+    if not os.path.isdir(model):
+        return None, None
+    files = {}
+    for dirpath, dirnames, names in os.walk(model):
+        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_LOADED)
+        for name in names:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, model)
+            if rel in _NOT_LOADED or not os.path.isfile(path):
+                continue
+            h = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            files[rel] = {"size": os.path.getsize(path), "sha256": h.hexdigest()}
+    digest = hashlib.sha256(json.dumps(dict(sorted(files.items())), sort_keys=True,
+                                       separators=(",", ":")).encode()).hexdigest()
+    answers = None
+    try:
+        with open(os.path.join(model, "tokenizer_config.json"), encoding="utf-8") as fh:
+            answers = json.load(fh).get("sim_answers")
+    except (OSError, ValueError, AttributeError):
+        pass
+    return digest, answers
+
+
 async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
     """Print vLLM's start-up log over `pace` seconds; exit the way a GB10 would on failure."""
     step = pace / 8.0
@@ -232,6 +268,10 @@ async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
         die(1)
     await asyncio.sleep(step)
     engine(f"Starting to load model {args.model}...", "gpu_model_runner.py:2345")
+    args.checkpoint_digest, args.checkpoint_answers = checkpoint_content(args.model)
+    if args.checkpoint_digest:
+        engine(f"Checkpoint content {args.checkpoint_digest[:16]} (sha256 of every file loaded)",
+               "default_loader.py:262")
     # Without the flag vLLM picks FLASH_ATTN on SM121: the runbook's "only ~17 tok/s".
     engine(f"Using {(args.attention_backend or 'FLASH_ATTN').upper()} backend.", "cuda.py:311")
     engine("Hybrid INT4+FP8: detected 144 FP8 dense layers", "inc.py:214")

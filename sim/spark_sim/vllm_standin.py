@@ -108,7 +108,8 @@ class Server:
         self.seq = 0
         self.access_log = not args.disable_uvicorn_access_log
         self.last_stats = (0, 0, 0, 0)
-        self.answers = standin_answers.mode_of(os.environ.get("SIM_ANSWERS"))
+        self.answers = standin_answers.mode_of(os.environ.get("SIM_ANSWERS")
+                                               or getattr(args, "checkpoint_answers", None))
 
     # -- HTTP plumbing -------------------------------------------------------------------------
 
@@ -409,6 +410,10 @@ class Server:
 
         metric("vllm:num_requests_running", "gauge",
                "Number of requests in model execution batches.", [("", c.running)])
+        digest = getattr(self.args, "checkpoint_digest", None)
+        if digest:  # the stand-in's own: which checkpoint content it loaded (a real vLLM says nothing)
+            metric("spark_sim:checkpoint_loaded", "gauge", "The checkpoint content the engine loaded.",
+                   [(f'digest="{digest[:16]}"', 1)])
         metric("vllm:num_requests_waiting", "gauge",
                "Number of requests waiting to be processed.", [("", c.waiting)])
         _, kv_tokens, _ = kv_cache_figures(self.args.gpu_memory_utilization, self.gpu.total_gib,

@@ -2,9 +2,9 @@
 
 Each step verifies its output by reading the safetensors index and shard headers ON the node, not
 by file existence: install.sh's skip test passes a half-built checkpoint whose index is stale. A
-rebuild is made beside the checkpoint the serving containers mount and switched in only once
-verified (runbook/model.py); mtp_weights hashes the result (the digest manifest) and re-hashes it
-on every skip. The procedures are runbook/model.py; here: one call each, then the recording.
+rebuild is made beside the checkpoint the serving containers mount and becomes a new checkpoint
+version once verified (runbook/model.py, core/versions.py); mtp_weights hashes the result (the
+digest manifest) and re-hashes it on every skip. The procedures are runbook/model.py; here: one call each, then the recording.
 """
 
 from typing import Any
@@ -64,6 +64,8 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             fail(e)
         return dg.Output(out.snapshot, data_version=dg.DataVersion(out.snapshot.revision),
                          metadata={"revision": out.snapshot.revision, "skipped": out.skipped,
+                                   "provenance": "proven" + (" (by content against the hub, this run)" if out.proved
+                                                             else ""),
                                    **report_metadata(out.report)})
 
     @dg.asset(
@@ -76,7 +78,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
                         "index of a half-built run); a failure stops the MTP step and every node copy. A failed "
                         "build never reaches the serving checkpoint: rerunning builds again beside it.")],
         description="Step 1: the recipe's hybrid INT4+FP8 checkpoint (~71 GB, ~20 min), built in a staging "
-                    "directory beside the serving one and verified from headers; mtp_weights switches it in.",
+                    "directory beside the serving one and verified from headers; mtp_weights makes it a version.",
     )
     @retry_unreachable(fleet.ssh)
     def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot):
@@ -99,9 +101,10 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
             "mtp_keys_mapped", asset=steps.MTP_WEIGHTS, blocking=True,
             description="Blocking: the MTP head's mtp.* keys are in the checkpoint index, so MTP-2 speculative "
                         "decoding loads them; a failure stops the copies to the nodes.")],
-        description="Step 2: MTP head weights added beside the serving checkpoint, which is then switched in by "
-                    "rename (the serving index is never rewritten in place). Owns the sha256 manifest: every "
-                    "run re-hashes the checkpoint against it and rebuilds beside on a mismatch.",
+        description="Step 2: MTP head weights added in a staging copy, which becomes a checkpoint version named by "
+                    "its content (no version a container mounts is ever rewritten; a deploy points a node at it). "
+                    "Owns the sha256 manifest: every run re-hashes the version against it and rebuilds beside on "
+                    "a mismatch.",
     )
     @retry_unreachable(fleet.ssh)
     def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot,

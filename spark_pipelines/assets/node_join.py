@@ -14,8 +14,9 @@ from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.bench import bench_metadata
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.node_os import metadata as node_os_metadata
-from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload, node_partitions
-from spark_pipelines.core import layout, steps
+from spark_pipelines.assets.nodes import (checkpoint_version_path, deploy_recorded, distribution_payload,
+                                          node_partitions)
+from spark_pipelines.core import steps
 from spark_pipelines.core import node_os as p0
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.errors import RunbookError
@@ -69,8 +70,9 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
             if image_id != serving_image.image_id:
                 raise RunbookError(f"{n} holds image {(image_id or 'none')[7:19]} after the copy, not the build "
                                    f"host's {serving_image.image_id[7:19]}: run add_node_job again")
-            artifacts = NodeArtifacts(node=n, path=layout.hybrid_dir(f, node), image=serving_image.ref,
-                                      image_id=image_id, index=mtp_weights.index, manifest=mtp_weights.manifest)
+            artifacts = NodeArtifacts(node=n, path=checkpoint_version_path(f, node, mtp_weights),
+                                      image=serving_image.ref, image_id=image_id, index=mtp_weights.index,
+                                      manifest=mtp_weights.manifest, architecture=mtp_weights.architecture)
             records.record_step(
                 context, steps.NODE_ARTIFACTS, n, cv[steps.NODE_ARTIFACTS],
                 f"{mtp_weights.index}-{(mtp_weights.manifest or 'none')[:12]}-{image_id[7:19]}",

@@ -18,6 +18,7 @@ from spark_pipelines.core import steps
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
 from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.jit_cache import key_for as jit_cache_key
 from spark_pipelines.core.launch import LaunchSpec, launch_spec
 from spark_pipelines.core.pins import code_versions
@@ -25,6 +26,8 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers
+from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_pipelines.runbook.deploy import deploy, diagnosis_md, serving_mismatch
@@ -39,6 +42,13 @@ class DeployConfig(dg.Config):
         description="Relaunch on an empty JIT cache: this launch's cached kernels are set aside on the node and on "
                     "the build host (the runbook's fix for a stale torch_compile or Triton cache). The boot is a "
                     "first boot, 25-45 min.")
+
+
+def checkpoint_version_path(fleet: Fleet, node: Node, checkpoint: Checkpoint) -> str:
+    """Where `node` holds the checkpoint as a version (the build host: where mtp_weights made it)."""
+    if node.name == fleet.build_node.name or not checkpoint.manifest:
+        return checkpoint.path
+    return versions_core.version_path(layout.hybrid_dir(fleet, node), checkpoint.manifest)
 
 
 def node_partitions(fleet: Fleet) -> dg.StaticPartitionsDefinition:
@@ -81,9 +91,11 @@ def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_
     spec = launch_spec(f, node)
     sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
     done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_cache_key(artifacts, spec),
-                  fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous)
+                  fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
+                  version=artifacts.path)
     running = NodeDocker(s).inspect_container(node.name, spec.container_name)
-    mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint)
+    mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint,
+                                checkpoint=artifacts.manifest)
     if mismatch is None:
         markers.write_deploy(s, node, DeployMarker(signature=sig, container_id=done.container_id, metadata=done.metadata))
     return Recorded(
@@ -133,7 +145,12 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         node = f.node(context.partition_key)
         build = f.build_node
         src_dir = mtp_weights.path
-        dst_dir = layout.hybrid_dir(f, node)
+        # Each node holds the checkpoint as a version of its own (core/versions.py): the build
+        # host's is what mtp_weights made; another node's is copied beside its serving one.
+        if node.name != build.name and not mtp_weights.manifest:
+            fail(RunbookError("mtp_weights recorded no content manifest for the checkpoint (an output from before "
+                              "manifests): rematerialize mtp_weights (build_job), then node_artifacts"))
+        dst_dir = checkpoint_version_path(f, node, mtp_weights)
         image = serving_image.ref
         manifest = mtp_weights.manifest
         meta: dict[str, Any] = {}
@@ -150,23 +167,30 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             sig = markers.signature(cv[steps.NODE_ARTIFACTS], mtp_weights.index, manifest)
             # The skip re-hashes the node's copy (content, not just sizes): a shard rewritten in place
             # with the same size is found and re-sent by copy_tree.
-            if (markers.matches(s, node, steps.NODE_ARTIFACTS, sig)
+            if (markers.matches(s, node, steps.NODE_ARTIFACTS, sig) and s.exists(node.name, dst_dir)
                     and streams.verify_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest).ok):
                 meta["copied"] = False
             else:
-                copy = streams.copy_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest)
-                markers.write(s, node, steps.NODE_ARTIFACTS, sig, manifest=manifest)
+                try:
+                    with node_lease(s, node.name, "checkpoint copy", run_id=context.run.run_id):
+                        got = versions.receive(s, streams, build.name, node, src_dir, manifest or "")
+                except RunbookError as e:
+                    fail(e)
+                copy = got.copy
+                markers.write(s, node, steps.NODE_ARTIFACTS, sig, manifest=manifest, path=dst_dir)
                 meta.update(copied=True, bytes_sent=copy.bytes_sent, copy_seconds=copy.seconds,
-                            files=copy.verification.files, repaired=len(copy.repaired))
+                            files=copy.verification.files, repaired=len(copy.repaired),
+                            hard_linked_from=got.linked_from or "none")
             img = streams.copy_image(build.name, node.name, image)
             meta.update(image_copied=not img.skipped, image_copy_seconds=img.seconds)
         node_image = NodeDocker(s).image_id(node.name, image)
         same = node_image == serving_image.image_id
         yield dg.Output(
             NodeArtifacts(node=node.name, path=dst_dir, image=image, image_id=node_image, index=mtp_weights.index,
-                          manifest=manifest),
+                          manifest=manifest, architecture=mtp_weights.architecture),
             data_version=dg.DataVersion(f"{mtp_weights.index}-{(manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"),
             metadata=readable({"image_id": node_image or "missing", "checkpoint": (mtp_weights.index or "none")[:12],
+                               "checkpoint_version": versions_core.short(manifest) or "none",
                                "path": dg.MetadataValue.path(dst_dir), **meta}),
         )
         yield dg.AssetCheckResult(
@@ -234,7 +258,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         if (not config.fresh_jit_cache and marker and marker.signature == sig and current
                 and marker.container_id == current.get("Id")
                 and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
-                and serving_mismatch(node.name, current, recorded, spec.fingerprint, marker) is None
+                and serving_mismatch(node.name, current, recorded, spec.fingerprint, marker,
+                                     checkpoint=node_artifacts.manifest) is None
                 and healthy(f, node)):
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),

@@ -19,11 +19,10 @@ from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.bench import bench_metadata
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.metadata import table
-from spark_pipelines.assets.nodes import deploy_recorded, distribution_payload
+from spark_pipelines.assets.nodes import checkpoint_version_path, deploy_recorded, distribution_payload
 from spark_pipelines.core import steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
-from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.launch import launch_spec
@@ -138,9 +137,9 @@ class _Steps:
 
     def deploy(self, node: str) -> str:
         f, n = self.s.fleet, self.s.fleet.node(node)
-        artifacts = NodeArtifacts(node=node, path=layout.hybrid_dir(f, n), image=self.image.ref,
-                                  image_id=self.image.image_id, index=self.mtp_weights.index,
-                                  manifest=self.mtp_weights.manifest)
+        artifacts = NodeArtifacts(node=node, path=checkpoint_version_path(f, n, self.mtp_weights),
+                                  image=self.image.ref, image_id=self.image.image_id, index=self.mtp_weights.index,
+                                  manifest=self.mtp_weights.manifest, architecture=self.mtp_weights.architecture)
         d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
                             run_id=self.run_id, keep_previous=True)
         # With its code and data versions, as node_deployment's own output: the pins sensor and

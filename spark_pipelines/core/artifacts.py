@@ -27,6 +27,9 @@ class Checkpoint:
     path: str
     index: str
     manifest: str | None = None
+    # What of the checkpoint shapes compiled kernels (core/jit_cache.py architecture): the JIT key
+    # takes this, not the manifest, so new weights on the same architecture keep a warm cache.
+    architecture: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class NodeArtifacts:
     image_id: str | None
     index: str
     manifest: str | None = None
+    architecture: str | None = None
 
 
 @dataclass(frozen=True)

@@ -68,10 +68,31 @@ def kernel_args(serve_args: Sequence[str]) -> list[str]:
     return out
 
 
+# What of a checkpoint shapes its compiled kernels. vLLM keys its torch.compile cache on a hash of
+# its configs (the model config's hash covers the HF config.json, dtype, quantization, max length,
+# and the model *path*, which is the same container path for every version here), never on the
+# weights' values; FlashInfer names its JIT modules by kernel parameters (dtypes, head dims, tile
+# shapes), Triton by kernel source, constants and device. None of them reads a tensor's bytes. So a
+# weights-only change (same config.json, same safetensors index: the same tensors, names and
+# layout, new values) keeps a warm cache, and any change of config.json or of the index (another
+# quantization, layer set or MTP layout) is a new key. The image and the kernel-shaping flags
+# enter the key beside it (cache_key).
+ARCHITECTURE_FILES = ("config.json", "model.safetensors.index.json")
+
+
+def architecture(manifest_files: Mapping[str, Mapping]) -> str | None:
+    """The checkpoint's kernel-shaping content, from its manifest (None: the manifest lacks one
+    of ARCHITECTURE_FILES, so the architecture cannot be told apart: key on the whole manifest)."""
+    if any(name not in manifest_files for name in ARCHITECTURE_FILES):
+        return None
+    blob = json.dumps({n: manifest_files[n]["sha256"] for n in ARCHITECTURE_FILES}, sort_keys=True)
+    return "arch-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
 def cache_key(image_id: str, checkpoint: str, serve_args: Sequence[str], env: Mapping[str, str]) -> str:
     """What the kernels depend on -> a short stable key: the image (vLLM, torch, Triton,
-    FlashInfer builds), the checkpoint (its manifest or index digest) and the kernel-shaping
-    flags and env."""
+    FlashInfer builds), the checkpoint's architecture (else its manifest or index digest) and the
+    kernel-shaping flags and env."""
     if not image_id or not checkpoint:
         raise ValueError("a JIT cache key needs the image id and the checkpoint digest")
     blob = json.dumps({"image": image_id, "checkpoint": checkpoint, **_kernel_inputs(serve_args, env)}, sort_keys=True)
@@ -91,7 +112,7 @@ def _kernel_inputs(serve_args: Sequence[str], env: Mapping[str, str]) -> dict:
 def key_for(artifacts: NodeArtifacts, spec: LaunchSpec) -> str | None:
     """The key of what this launch on these artifacts compiles (None: the artifacts do not say
     which image or checkpoint they are, so no cache can be matched to them)."""
-    checkpoint = artifacts.manifest or artifacts.index
+    checkpoint = artifacts.architecture or artifacts.manifest or artifacts.index
     if not artifacts.image_id or not checkpoint:
         return None
     return cache_key(artifacts.image_id, checkpoint, spec.serve_args, spec.env)

@@ -19,6 +19,8 @@ MODELS_MOUNT = "/models"
 DEPLOY_LABEL = "org.spark-pipelines.deploy"
 IMAGE_LABEL = "org.spark-pipelines.image"
 CHECKPOINT_LABEL = "org.spark-pipelines.checkpoint"  # the index digest node_artifacts verified
+# The checkpoint version the container mounts (core/versions.py: its manifest digest, short).
+CHECKPOINT_VERSION_LABEL = "org.spark-pipelines.checkpoint-version"
 KERNELS_LABEL = "org.spark-pipelines.kernels"  # core.jit_cache.launch_hash: alike on nodes launched alike
 
 
@@ -46,12 +48,25 @@ class LaunchSpec:
     gpu_memory_utilization: float
     host_dirs: list[str]  # directories that must exist on the node before launch
     labels: dict[str, str] = field(default_factory=dict)  # container labels; not part of the fingerprint
+    # The checkpoint version a deploy launches on (core/versions.py), bound read-only at the model's
+    # container path instead of the whole models directory: a restart of the container loads this
+    # version whatever the runbook's path points at later. Not part of the fingerprint: the launch
+    # spec is the fleet file's; the version is the node's data (its own label).
+    model_source: str | None = None
+
+    @property
+    def model_path(self) -> str:
+        """The model's path in the container (`/models/<model_dir>`, serve's first argument)."""
+        return self.serve_args[1]
 
     def docker_run_argv(self, *, name: str | None = None) -> list[str]:
         argv = ["docker", "run", "-d", "--name", name or self.container_name, "--gpus", "all", "--net=host", "--ipc=host"]
         for k, v in self.env.items():
             argv += ["-e", f"{k}={v}"]
         for host, container in self.mounts:
+            if container == MODELS_MOUNT and self.model_source:
+                argv += ["-v", f"{self.model_source}:{self.model_path}:ro"]
+                continue
             argv += ["-v", f"{host}:{container}"]
         for k, v in self.labels.items():
             argv += ["--label", f"{k}={v}"]

@@ -345,14 +345,19 @@ def rsync_argv(
     *,
     bwlimit_kib: int | None = None,
     io_timeout_s: int = 120,
+    link_dest: str | None = None,
 ) -> list[str]:
     """rsync of a directory's contents, run on the source node, pushing to the destination node.
+    `link_dest`: a directory on the destination whose files equal to the source's (size and mtime,
+    as -a keeps them) are hard-linked instead of sent: a new checkpoint version costs only the
+    files that changed (core/versions.py; every file is hashed against the manifest after).
 
     Choice: `--partial-dir` rather than `--inplace`/`--append`. An interrupted 5 GB shard is kept
     aside and used as the delta basis on the rerun, so only the missing part crosses the wire;
     `--inplace` would leave a truncated shard under its real name, where a loader could find it.
     Whole-file mode stays off (rsync's default between hosts), which is what makes the basis count."""
-    for what, p in (("source directory", src_dir), ("destination directory", dst_dir)):
+    for what, p in (("source directory", src_dir), ("destination directory", dst_dir),
+                    *((("link-dest directory", link_dest),) if link_dest else ())):
         names.check(names.PATH, p, what)
         if not p.startswith("/"):
             raise ValueError(f"{what} {p!r} must be absolute (expand ~ for the node's user first)")
@@ -366,6 +371,8 @@ def rsync_argv(
     ]
     if bwlimit_kib:
         argv.append(f"--bwlimit={int(bwlimit_kib)}")
+    if link_dest:
+        argv.append(f"--link-dest={link_dest.rstrip('/')}")
     argv += [src_dir.rstrip("/") + "/", f"{route.destination}:{dst_dir.rstrip('/')}/"]
     return argv
 

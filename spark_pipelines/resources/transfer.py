@@ -223,17 +223,19 @@ class NodeStreams:
         timeout: float | None = None,
         verify: bool = True,
         manifest: str | None = None,
+        link_dest: str | None = None,
     ) -> TreeCopyReport:
         """rsync src_dir on src to dst_dir on dst (resumable), verify sizes, index, headers and
         content, and re-send only the files whose content differs. `manifest`: the digest the
-        source's manifest must have (recorded when the checkpoint was built)."""
+        source's manifest must have (recorded when the checkpoint was built). `link_dest`: a
+        directory on dst whose unchanged files are hard-linked (remote.rsync_argv)."""
         s = self.session
         route = self.ensure_peer_access(src, dst)
         src_abs = s.expand(src, src_dir).rstrip("/")
         dst_abs = s.expand(dst, dst_dir or src_dir).rstrip("/")
         s.run(dst, ["mkdir", "-p", dst_abs], log=False)
         started = time.monotonic()
-        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib),
+        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib, link_dest=link_dest),
                   timeout=timeout or remote.COPY_TIMEOUT_S, check=False)
         if not r.ok:
             raise RemoteCommandError(src, r.command, r.exit_status, r.tail, copy_failure(

@@ -29,8 +29,9 @@ from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core.adoption import Finding
 from spark_pipelines.core.errors import first_line
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import (CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, expand_home,
-                                         launch_spec)
+from spark_pipelines.core import versions as versions_core
+from spark_pipelines.core.launch import (CHECKPOINT_LABEL, CHECKPOINT_VERSION_LABEL, DEPLOY_LABEL, IMAGE_LABEL,
+                                         KERNELS_LABEL, expand_home, launch_spec)
 from spark_pipelines.core.layout import STATE_DIR
 from spark_pipelines.core.remote import PROBE_TIMEOUT_S
 from spark_pipelines.core.steps import GATEWAY, JIT_CACHE, MTP_WEIGHTS, NODE_ARTIFACTS, NODE_DEPLOYMENT, SERVING_IMAGE
@@ -88,7 +89,8 @@ def adopt_deployment(s: FleetSession, node: Node, *, code_version: str, image_id
     adopted = DeployMarker(signature=sig, container_id=cid, adopted=True, labels={
         DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: str(container.get("Image")),
         KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
-        **({CHECKPOINT_LABEL: index} if index else {})},
+        **({CHECKPOINT_LABEL: index} if index else {}),
+        **({CHECKPOINT_VERSION_LABEL: versions_core.short(manifest)} if manifest else {})},
         metadata={"adopted_from": "a hand deploy (no labels)", "container": spec.container_name})
     if not check:
         markers.write_deploy(s, node, adopted)
@@ -241,7 +243,8 @@ def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: boo
                 here = [adopt_node_artifacts(s, node, mtp, serving, code_versions, check=check),
                         adopt_deployment(s, node, code_version=code_versions[NODE_DEPLOYMENT],
                                          image_id=serving.image_id, index=mtp.index, manifest=mtp.manifest, check=check),
-                        adopt_jit_cache(s, node, checkpoint=mtp.manifest or mtp.index, check=check)]
+                        adopt_jit_cache(s, node, checkpoint=mtp.architecture or mtp.manifest or mtp.index,
+                                        check=check)]
         for f in here:
             say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
         findings += here

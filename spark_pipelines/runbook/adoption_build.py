@@ -22,12 +22,15 @@ path, and the step reads the snapshot there from then on (no 75 GB copy).
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from spark_pipelines.core import checkpoint as checkpoint_core
+from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import layout, names
+from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.adoption import ADOPT, BUILD, CURRENT, DIFFERS, Finding
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, ModelSnapshot, NodeArtifacts
 from spark_pipelines.core.fleet import Node
@@ -37,6 +40,7 @@ from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S, NodeStreams, checkpoint_script, digests_on_node, write_manifest
 from spark_pipelines.runbook import images as img
 from spark_pipelines.runbook import model as mdl
+from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.build_steps import (content_check, head_commit, index_digests, manifest_text, staging_dir,
                                                  verify_on_node)
 from spark_pipelines.state import markers
@@ -124,12 +128,28 @@ def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, ch
         if not report.ok:
             return Finding(node.name, step, BUILD, f"{path} ({what}) does not verify: {report.problems[0]}; "
                            "the step downloads what is missing")
-        if path == candidates[1][0] and _local_dir_revision(s, node, path) != sha:
-            return Finding(node.name, step, BUILD, f"{path}: the revision it was downloaded at is unknown; the step's "
-                           "hf download checks it (complete files are not fetched again)")
+        provenance = mdl.PROVEN
+        if path == candidates[1][0]:
+            seen = _local_dir_revision(s, node, path)
+            if seen is not None and seen != sha:
+                return Finding(node.name, step, DIFFERS, f"{path} was downloaded at another revision",
+                               (f"revision: {seen[:12]} (pins.base_model.revision: {sha[:12]})",))
+            if seen is None:
+                # Copied without huggingface_hub's metadata (rsync between machines leaves none): its
+                # content verifies, its revision cannot be proven here. Adopted as the pinned one and
+                # said so; the next build_job's base_model proves it (hf download checks every file
+                # against the hub by content and fetches only what differs) before anything is built.
+                provenance = mdl.UNKNOWN
         if not check:
-            mdl.write_base_model_marker(s, node, sig, sha, path)
-        return found(path, ADOPT, f"{pin.repo}@{sha[:12]} at {path} ({what}; {how}): index and shard headers verify")
+            mdl.write_base_model_marker(s, node, sig, sha, path, provenance=provenance)
+        why = f"{pin.repo}@{sha[:12]} at {path} ({what}; {how}): index and shard headers verify"
+        if provenance == mdl.UNKNOWN:
+            why += ("; provenance unknown (no huggingface_hub metadata: the revision it was downloaded at cannot be "
+                    "proven; build_job's base_model proves it by content before any rebuild, nothing that serves "
+                    "is touched)")
+        f = found(path, ADOPT, why)
+        f.facts["provenance"] = provenance
+        return f
     others = s.run(node.name, ["ls", "-1", hf_snapshot_dir(s, node, pin.repo, "")], check=False, log=False, timeout=60)
     held = [x for x in others.stdout.split() if x != sha] if others.ok else []
     if held:
@@ -138,15 +158,33 @@ def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, ch
     return Finding(node.name, step, BUILD, f"no {pin.repo} on {node.name}; the step downloads it")
 
 
-def _hash_manifest(s: FleetSession, node: Node, directory: str, check: bool) -> tuple[str, float]:
-    """The manifest digest of the directory as it is; written there (as the step does) unless check."""
+def _hash_manifest(s: FleetSession, node: Node, directory: str, check: bool) -> tuple[str, float, str | None]:
+    """The manifest digest of the directory as it is, the seconds it took and the checkpoint's
+    architecture (core.jit_cache.architecture); written there (as the step does) unless check."""
     started = time.monotonic()
     if check:
         files = {p: e for p, e in digests_on_node(s, node.name, directory).items() if p != checkpoint_core.MANIFEST_NAME}
-        digest = checkpoint_core.manifest_digest(checkpoint_core.make_manifest(files))
+        manifest = checkpoint_core.make_manifest(files)
+        digest = checkpoint_core.manifest_digest(manifest)
     else:
-        _, digest = write_manifest(s, node.name, directory)
-    return digest, round(time.monotonic() - started, 2)
+        manifest, digest = write_manifest(s, node.name, directory)
+    return digest, round(time.monotonic() - started, 2), jit_core.architecture(manifest["files"])
+
+
+def _as_version(s: FleetSession, node: Node, serving: str, manifest: str, check: bool) -> str:
+    """Where the adopted checkpoint lives as a version: the runbook's plain directory is renamed to
+    the version its manifest names and the path linked to it (nothing copied, the running container
+    reads the same files; core/versions.py). In check mode: where it would be."""
+    held = versions.read(s, node)
+    if held.kind == "link":
+        found = held.holds(held.serving) if held.serving else None
+        return f"{posixpath.dirname(serving)}/{found.name}" if found else serving
+    if held.kind != "dir":
+        return serving
+    if check:
+        return versions_core.version_path(serving, manifest)
+    made = versions.make_version(s, node, manifest)
+    return f"{posixpath.dirname(serving)}/{made}" if made else serving
 
 
 def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bool) -> list[Finding]:
@@ -210,7 +248,9 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
     if m2 and full.ok:
         c = content_check(s, node, serving, m2.get("manifest"), restore=not check)
         if c.ok:
-            out = Checkpoint(node.name, serving, str(m2["index"]), str(m2.get("manifest") or c.manifest))
+            where = str(m2.get("path") or serving)
+            out = Checkpoint(node.name, where, str(m2["index"]), str(m2.get("manifest") or c.manifest),
+                             mdl.architecture_of(s, node, where))
             return [hybrid, Finding(node.name, m, CURRENT, f"{serving}: recorded; {c.files} files hash to the manifest",
                                     facts=_facts(out, f"{out.index}-{(out.manifest or '')[:16]}", cv[m],
                                                  signature=sig2, hash_seconds=c.seconds))]
@@ -220,13 +260,14 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
                                 "checkpoint and switches it in")]
     if differences:
         return [hybrid, Finding(node.name, m, DIFFERS, "the MTP weights are not the base model's", tuple(differences))]
-    if not check and hybrid.action == ADOPT:
-        markers.write(s, node, h, sig1, index=index1)
-    manifest, seconds = _hash_manifest(s, node, serving, check)
+    manifest, seconds, arch = _hash_manifest(s, node, serving, check)
     index2 = digests["full"]
+    where = _as_version(s, node, serving, manifest, check)
+    if not check and hybrid.action == ADOPT:
+        markers.write(s, node, h, sig1, index=index1, path=where)
     if not check:
-        markers.write(s, node, m, sig2, index=index2, manifest=manifest)
-    out = Checkpoint(node.name, serving, index2, manifest)
+        markers.write(s, node, m, sig2, index=index2, manifest=manifest, path=where)
+    out = Checkpoint(node.name, where, index2, manifest, arch)
     return [hybrid, Finding(node.name, m, ADOPT, f"{serving}: {full.mtp_keys_mapped} mtp. keys mapped to the base "
                             f"model's {checkpoint_core.MTP_FILE}; manifest of the checkpoint as it is",
                             facts=_facts(out, f"{index2}-{manifest[:16]}", cv[m], signature=sig2,
@@ -348,9 +389,15 @@ def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: 
     f = s.fleet
     build = f.build_node
     step = NODE_ARTIFACTS
-    dst = layout.hybrid_dir(f, node)
+    serving_path = layout.hybrid_dir(f, node)
+    # The node's copy as a version of its own (core/versions.py): the version of the build host's
+    # manifest when it holds it, else the runbook's plain directory, which adoption renames to it.
+    version = versions_core.version_path(serving_path, mtp.manifest) if mtp.manifest else serving_path
+    holds = node.name != build.name and bool(mtp.manifest) and versions.read(s, node).holds(mtp.manifest) is not None
+    dst = version if holds else serving_path
     node_image = NodeDocker(s).image_id(node.name, serving.ref)
-    value = NodeArtifacts(node.name, dst, serving.ref, node_image, mtp.index, mtp.manifest)
+    value = NodeArtifacts(node.name, version if node.name != build.name else mtp.path, serving.ref, node_image,
+                          mtp.index, mtp.manifest, mtp.architecture)
     data_version = f"{mtp.index}-{(mtp.manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"
     facts = _facts(value, data_version, code_versions[step])
     if node.name == build.name:
@@ -386,6 +433,10 @@ def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: 
                        tuple(differences))
     if not check:
         s.put_text(node.name, f"{dst}/{checkpoint_core.MANIFEST_NAME}", text)
-        markers.write(s, node, step, sig, manifest=mtp.manifest)
-    return Finding(node.name, step, ADOPT, f"{dst}: {len(expected)} files hash to {build.name}'s manifest; "
-                   f"{serving.ref} {serving.image_id[7:19]} as on {build.name}", facts=facts)
+        if dst != version:
+            versions.make_version(s, node, mtp.manifest)
+        markers.write(s, node, step, sig, manifest=mtp.manifest, path=version)
+    return Finding(node.name, step, ADOPT, f"{dst}: {len(expected)} files hash to {build.name}'s manifest"
+                   + (f" (becomes the checkpoint version {posixpath.basename(version)}, renamed, nothing copied)"
+                      if dst != version else "")
+                   + f"; {serving.ref} {serving.image_id[7:19]} as on {build.name}", facts=facts)

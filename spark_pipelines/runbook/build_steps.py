@@ -2,13 +2,14 @@
 verification on the node, the content check against the manifest, and the staging directory a
 rebuild is made in beside the serving checkpoint, then switched into place.
 
-Why beside: the build host is also a serve node, and its containers mount the checkpoint directory
-(`~/models` -> `/models`). A rebuild written into it would leave the serving directory without
-shards or without MTP keys for as long as the build runs (~20 min on a GB10), and a failed one
-would leave it broken. So the steps write `~/models/.<model_dir>.staging` (same filesystem),
-verify it there, and only then switch it in by rename; the replaced directory is kept as
-`.<model_dir>.previous` until the switch is verified, then removed. The running containers keep
-their open files. The node-side half (link, copy, rename) is core/checkpoint.py piped to python3.
+Why beside: the build host is also a serve node, and its containers mount a checkpoint version.
+A rebuild written into it would leave it without shards or without MTP keys for as long as the
+build runs (~20 min on a GB10), and a failed one would leave it broken. So the steps write
+`~/models/.<model_dir>.staging` (same filesystem), verify it there, and only then rename it to the
+version its manifest names (core/versions.py); a deploy points the runbook's path at it. (Before
+versions, the staging directory was switched over the serving one and the replaced one kept as
+`.<model_dir>.previous`: `recover_switch` still finishes such a switch a crash left.) The
+node-side half (link, copy, rename) is core/checkpoint.py piped to python3.
 """
 
 from __future__ import annotations
@@ -110,12 +111,12 @@ def recover_switch(s: FleetSession, node: Node, serving: str) -> None:
         s.run(node.name, ["mv", "-T", "--", previous, serving], timeout=60)
 
 
-def stage_linked_copy(s: FleetSession, node: Node, serving: str) -> str:
-    """A fresh staging copy of the serving checkpoint for a step that rewrites files in place:
+def stage_linked_copy(s: FleetSession, node: Node, source: str, staging: str | None = None) -> str:
+    """A fresh staging copy of a checkpoint (a version) for a step that rewrites files in place:
     shards hard-linked, the small files copied (core.checkpoint.stage_copy). Returns its path."""
-    staging = staging_dir(serving)
+    staging = staging or staging_dir(source)
     remove_dir(s, node, staging)
-    done = checkpoint_script(s, node.name, [staging, "--stage-from", serving], FS_TIMEOUT_S)
+    done = checkpoint_script(s, node.name, [staging, "--stage-from", source], FS_TIMEOUT_S)
     s.log.info(f"[{node.name}] staged {staging}: {len(done['linked'])} shard(s) hard-linked, "
                f"{len(done['copied'])} file(s) copied")
     return staging
@@ -128,7 +129,7 @@ def require_free_space(s: FleetSession, node: Node, serving: str, what: str) -> 
         return
     parent = serving.rstrip("/").rpartition("/")[0] or "/"
     try:
-        used = int(s.run(node.name, ["du", "-sk", "--", serving], log=False, timeout=FS_TIMEOUT_S).stdout.split()[0])
+        used = int(s.run(node.name, ["du", "-skH", "--", serving], log=False, timeout=FS_TIMEOUT_S).stdout.split()[0])
         free = int(s.run(node.name, ["df", "-Pk", parent], log=False, timeout=60).stdout.splitlines()[-1].split()[3])
     except (RemoteError, ValueError, IndexError):
         return  # unreadable: the build itself will say if the disk fills
@@ -137,34 +138,6 @@ def require_free_space(s: FleetSession, node: Node, serving: str, what: str) -> 
             f"{node.name}: not enough free space under {parent} to {what} beside the serving checkpoint "
             f"(needs ~{used * FREE_MARGIN / 2**20:.1f} GiB, {free / 2**20:.1f} GiB free); the serving checkpoint "
             f"is never overwritten in place: free space there (`df -h {parent}`), then rerun build_job")
-
-
-@dataclass(frozen=True)
-class Switch:
-    atomic: bool
-    previous: str | None  # the replaced directory, kept until the caller has recorded the switch
-
-
-def switch_into_place(s: FleetSession, node: Node, staging: str, serving: str, verify) -> Switch:
-    """Rename the verified staging directory into the serving path (atomically where the kernel
-    can exchange two paths), then verify it there; if it does not verify, switch the replaced one
-    back. `verify()` returns a CheckpointReport of `serving`. Raises RunbookError after a switch back."""
-    previous = previous_dir(serving)
-    remove_dir(s, node, previous)
-    done = checkpoint_script(s, node.name, [staging, "--switch-into", serving, "--previous", previous], 120)
-    s.log.info(f"[{node.name}] switched {staging} into {serving}"
-               + ("" if done["atomic"] else " (two renames: the filesystem cannot exchange paths)"))
-    report = verify()
-    if report.ok:
-        return Switch(done["atomic"], done["previous"])
-    if done["previous"]:
-        checkpoint_script(s, node.name, [previous, "--switch-into", serving, "--previous", staging], 120)
-        s.log.warning(f"[{node.name}] {serving} did not verify after the switch; the replaced checkpoint is back")
-    else:  # nothing served before: the new one goes back aside
-        s.run(node.name, ["mv", "-T", "--", serving, staging], timeout=60)
-    remove_quietly(s, node, staging)
-    raise RunbookError(f"{node.name}: {serving} did not verify after the switch ({report.problems[0]}); "
-                       "the replaced checkpoint was put back and the new one removed: rerun build_job")
 
 
 # ------------------------------------------------------------------------------ content
@@ -237,6 +210,6 @@ def content_check(s: FleetSession, node: Node, directory: str, recorded: str | N
     return check
 
 
-__all__ = ["DIGEST_TIMEOUT_S", "ContentCheck", "Switch", "checkout", "content_check", "head_commit",
+__all__ = ["DIGEST_TIMEOUT_S", "ContentCheck", "checkout", "content_check", "head_commit",
            "index_digests", "manifest_text", "previous_dir", "recover_switch", "remove_dir", "remove_quietly",
-           "require_free_space", "stage_linked_copy", "staging_dir", "switch_into_place", "verify_on_node"]
+           "require_free_space", "stage_linked_copy", "staging_dir", "verify_on_node"]

@@ -38,6 +38,7 @@ the lease free and requests the repair (`deploy_node_job`), so no hand step is n
 from __future__ import annotations
 
 import os
+import posixpath
 import secrets
 import socket
 import time
@@ -50,14 +51,15 @@ from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core import remote
-from spark_pipelines.core.launch import (CHECKPOINT_LABEL, DEPLOY_LABEL, IMAGE_LABEL, KERNELS_LABEL, LaunchSpec,
-                                         launch_spec)
+from spark_pipelines.core import versions as versions_core
+from spark_pipelines.core.launch import (CHECKPOINT_LABEL, CHECKPOINT_VERSION_LABEL, DEPLOY_LABEL, IMAGE_LABEL,
+                                         KERNELS_LABEL, LaunchSpec, launch_spec)
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import jit_cache, preflight, quarantine
+from spark_pipelines.runbook import jit_cache, preflight, quarantine, versions
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import DeployMarker, RolloutPoint
@@ -93,9 +95,10 @@ def labels_of(container: dict[str, Any] | None, marker: DeployMarker | None) -> 
 
 
 def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str | None, fingerprint: str,
-                     marker: DeployMarker | None = None) -> str | None:
+                     marker: DeployMarker | None = None, checkpoint: str | None = None) -> str | None:
     """Why the running container is not the deployment node_artifacts and the fleet file ask for
-    (None when it is): the image id and the launch-spec label must both match (`labels_of`)."""
+    (None when it is): the image id and the launch-spec label must both match (`labels_of`), and
+    with `checkpoint` (a manifest digest) the checkpoint version it mounts."""
     if container is None or not container.get("State", {}).get("Running"):
         return f"{node}: the serving container is not running; rerun node_deployment for {node}"
     running = str(container.get("Image", ""))
@@ -103,10 +106,15 @@ def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str 
         return (f"{node} runs image {running[7:19]} but node_artifacts recorded {image_id[7:19]} (a rollback "
                 f"put the previous image back); rerun node_artifacts for {node} to copy the image again, "
                 f"then node_deployment deploys it")
-    label = labels_of(container, marker).get(DEPLOY_LABEL)
+    labels = labels_of(container, marker)
+    label = labels.get(DEPLOY_LABEL)
     if label != fingerprint:
         return (f"{node} runs launch spec {label or '(unlabelled, deployed by an older version)'} but the fleet "
                 f"file gives {fingerprint}; rerun node_deployment for {node}")
+    if checkpoint and not versions_core.same(labels.get(CHECKPOINT_VERSION_LABEL), checkpoint):
+        running_version = labels.get(CHECKPOINT_VERSION_LABEL) or "(unknown: deployed before checkpoint versions)"
+        return (f"{node} runs checkpoint version {running_version} but node_artifacts recorded "
+                f"{versions_core.short(checkpoint)}; rerun node_deployment for {node}")
     return None
 
 
@@ -216,6 +224,7 @@ class _Transaction:
         self.marker: DeployMarker | None = None
         self.prepared: preflight.Prepared | None = None
         self.jit: jit_cache.Switch | None = None  # the cache mounts as switched for this launch
+        self.checkpoint: versions.Pointed | None = None  # the runbook's path as pointed for this launch
         self.committed = False
         self.journal: _Journal | None = None
 
@@ -244,6 +253,8 @@ class _Transaction:
                 [jit_core.MountState(path, kind, target) for path, kind, target in j.jit_before], list(j.jit_slots),
                 set_aside=[tuple(p) for p in j.jit_set_aside], retired=[tuple(p) for p in j.jit_retired],
                 linked=[path for path, _, _ in j.jit_before], fresh=j.jit_fresh)
+        if j.checkpoint_after:
+            txn.checkpoint = versions.Pointed(node.name, j.checkpoint_before, j.checkpoint_after)
         return txn
 
     def set_aside(self) -> None:
@@ -289,6 +300,12 @@ class _Transaction:
 
         self.jit = jit_cache.switch(self.s, self.node, self.spec, key, self.log, fresh=fresh, noted=noted)
 
+    def point_checkpoint(self, name: str) -> None:
+        """The runbook's path at the version this launch mounts (journaled before the link moves)."""
+        self.checkpoint = versions.point(self.s, self.node, name,
+                                         noted=lambda before, after: self.note(checkpoint_before=before,
+                                                                               checkpoint_after=after))
+
     def commit(self) -> None:
         if self.keep_previous:
             # Written before the deploy counts as committed: a point that could not be written
@@ -332,11 +349,13 @@ class _Transaction:
         k = self.kept
         links = {st.path: st.target for st in (self.jit.before if self.jit else []) if st.kind == "link" and st.target}
         holds = ledger.read(self.s).entry(self.node.name).holds
+        c = self.checkpoint
         markers.write_typed(self.s, self.node, ROLLOUT_POINT, RolloutPoint(
             container_id=k.container_id if k else None, image_id=k.image_id if k else None,
             fingerprint=k.fingerprint if k else None, jit_links=links,
             jit_set_aside=list(self.jit.set_aside if self.jit else []), deploy_marker=self.marker,
-            holds_before={by: h.model_dump() for by, h in holds.items() if by not in ledger.LIFTED_BY_DEPLOY}))
+            holds_before={by: h.model_dump() for by, h in holds.items() if by not in ledger.LIFTED_BY_DEPLOY},
+            checkpoint_link=c.before if c else None, checkpoint_now=c.after if c else None))
         self._clear_deploy_gate()
 
     def roll_back(self) -> tuple[bool, str]:
@@ -354,6 +373,14 @@ class _Transaction:
                 jit_cache.undo(self.s, self.jit, self.log)
             except Exception as e:  # a cold cache costs a slow boot; the container still goes back
                 self.s.log.warning(f"[{n}] JIT cache mounts not put back: {first_line(e)}")
+        checkpoint_said = ""
+        if self.checkpoint is not None and self.checkpoint.before != self.checkpoint.after:
+            # Before the previous container restarts: one that mounts the whole models directory
+            # (a hand deploy's) reads the checkpoint through the runbook's path.
+            try:
+                checkpoint_said = "; " + versions.point_back(self.s, self.node, self.checkpoint.before, self.log)
+            except Exception as e:
+                checkpoint_said = f"; the checkpoint link was NOT put back to {self.checkpoint.before} ({first_line(e)})"
         try:
             kept = self.kept or self.docker.find_previous(n, name, self.spec.image)
             if kept is not None:
@@ -369,9 +396,9 @@ class _Transaction:
                 elif live is not None:
                     self.docker.remove(n, str(live["Id"]), force=True)  # ours, and nothing to put back
         except Exception as e:
-            return False, f"the rollback on {n} failed ({first_line(e)})"
+            return False, f"the rollback on {n} failed ({first_line(e)}){checkpoint_said}"
         if restored is None:
-            return False, f"no previous deployment on {n} to put back"
+            return False, f"no previous deployment on {n} to put back{checkpoint_said}"
         limit = min(ROLLBACK_HEALTH_S, f.launch_for(self.node).health_timeout_s)
 
         def probe() -> str | None:
@@ -386,9 +413,9 @@ class _Transaction:
         # A restored container that exits again will not get healthy: stop waiting at once.
         waited = poll_until(probe, lambda v: v is not None, timeout_s=limit, every_s=2.0)
         if waited.value == "healthy":
-            return True, f"previous deployment put back on {n} (healthy)"
+            return True, f"previous deployment put back on {n} (healthy){checkpoint_said}"
         how = "it exited again" if waited.value == "exited" else f"after {limit:.0f} s"
-        return False, f"previous deployment put back on {n} but NOT healthy ({how})"
+        return False, f"previous deployment put back on {n} but NOT healthy ({how}){checkpoint_said}"
 
     def _restore_marker(self, restored_id: str) -> None:
         if self.marker is not None:
@@ -429,7 +456,7 @@ class _Transaction:
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
            jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None,
-           keep_previous: bool = False) -> Deployed:
+           keep_previous: bool = False, version: str | None = None) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
     DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
     the node, and re-raises a BaseException after the rollback. `jit_key` (core.jit_cache): the
@@ -437,12 +464,15 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix);
     `checkpoint` (the index digest) is labelled on the container, for the benches' identity.
     `keep_previous`: a rollout's deploy; the commit keeps the rollback point (ROLLOUT_POINT).
+    `version`: the checkpoint version to launch on (its directory, core/versions.py): the runbook's
+    path is pointed at it and back on a rollback, and the container mounts it itself; None: the
+    version the path names now (a plain directory becomes one).
     A deploy a dead run left on the node is finished first (`finish_interrupted`); when what
     serves after that is already this launch spec, it is not launched again."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
         recovered = finish_interrupted(s, node, log, run_id=run_id)
         if recovered is not None and recovered.serving and not fresh_jit_cache:
-            done = _serving_as_launched(s, node, spec, checkpoint, log)
+            done = _serving_as_launched(s, node, spec, checkpoint, version, log)
             if done is not None:
                 return done
         gw = _gateway(s, node)
@@ -452,14 +482,14 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
         try:
             if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
                 return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
-                               keep_previous=keep_previous, journal=journal)
+                               keep_previous=keep_previous, journal=journal, version=version)
             # Out of the gateway before the old container stops, back after the commit or the
             # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
             dead = not engine.healthy(s.fleet, node)
             with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
                          deploying=not dead) as drain:
                 return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
-                               keep_previous=keep_previous, journal=journal)
+                               keep_previous=keep_previous, journal=journal, version=version)
         finally:
             journal.end()
 
@@ -533,21 +563,38 @@ def _still_serves(txn: _Transaction, j: markers.DeployJournal) -> bool:
             and bool(live.get("State", {}).get("Running")) and engine.healthy(txn.s.fleet, txn.node))
 
 
-def _labelled(spec: LaunchSpec, image_id: str, checkpoint: str | None) -> LaunchSpec:
-    return replace(spec, labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
-                                 KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
-                                 **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {})})
+def _labelled(spec: LaunchSpec, image_id: str, checkpoint: str | None, version: str | None = None) -> LaunchSpec:
+    """The labels a deploy puts on its container; `version`: the checkpoint version's directory,
+    which the container then mounts (LaunchSpec.model_source)."""
+    model_dir = posixpath.basename(spec.model_path)
+    digest = versions_core.digest_of(model_dir, version) if version else None
+    return replace(spec, model_source=version if digest else None,
+                   labels={DEPLOY_LABEL: spec.fingerprint, IMAGE_LABEL: image_id,
+                           KERNELS_LABEL: jit_core.launch_hash(spec.serve_args, spec.env),
+                           **({CHECKPOINT_LABEL: checkpoint} if checkpoint else {}),
+                           **({CHECKPOINT_VERSION_LABEL: digest} if digest else {})})
+
+
+def _version_to_launch(s: FleetSession, node: Node, version: str | None) -> str | None:
+    """The checkpoint version directory this deploy mounts: the one asked for, else the one the
+    runbook's path names now (None: a plain directory or nothing there; the launch then mounts the
+    models directory as the runbook does, and the path becomes a version at its next copy)."""
+    if version and versions_core.digest_of(posixpath.basename(versions.serving_path(s, node)), version):
+        return version
+    held = versions.read(s, node)
+    found = held.holds(held.serving) if held.serving else None
+    return f"{posixpath.dirname(held.serving_path)}/{found.name}" if found else None
 
 
 def _serving_as_launched(s: FleetSession, node: Node, spec: LaunchSpec, checkpoint: str | None,
-                         log: Any) -> Deployed | None:
+                         version: str | None, log: Any) -> Deployed | None:
     """After a dead run's deploy was finished: the deployment that serves, when it is exactly what
     this deploy would launch (every label, the image, /health, the smoke test); else None."""
     docker = NodeDocker(s)
     image_id = docker.image_id(node.name, spec.image)
     if image_id is None:
         return None
-    want = _labelled(spec, image_id, checkpoint)
+    want = _labelled(spec, image_id, checkpoint, _version_to_launch(s, node, version))
     live = docker.inspect_container(node.name, spec.container_name)
     if (live is None or not live.get("State", {}).get("Running") or live.get("Image") != image_id
             or any(container_labels(live).get(k) != v for k, v in want.labels.items())
@@ -577,14 +624,14 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
             fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None,
-            keep_previous: bool = False, journal: _Journal | None = None) -> Deployed:
+            keep_previous: bool = False, journal: _Journal | None = None, version: str | None = None) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
     image_id = docker.image_id(node.name, spec.image)
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
-    spec = _labelled(spec, image_id, checkpoint)
+    spec = _labelled(spec, image_id, checkpoint, _version_to_launch(s, node, version))
     txn = _Transaction(s, node, spec, log, drain, keep_previous)
     txn.journal = journal
     if journal is not None:
@@ -602,6 +649,8 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
                 f"{c.name}: {c.detail} -> {c.fix}" for c in report.failures()), {"preflight": report.explain()})
         if jit_key:
             txn.switch_jit_cache(jit_key, fresh_jit_cache)
+        if spec.model_source:
+            txn.point_checkpoint(posixpath.basename(spec.model_source))
 
         ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
         findings = diagnosis.diagnose(log_text)
@@ -658,6 +707,8 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     }
     if txn.jit is not None:
         meta.update(jit_cache=txn.jit.plan.verdict, jit_cache_key=txn.jit.plan.key, jit_cache_why=txn.jit.plan.why)
+    if txn.checkpoint is not None:
+        meta.update(checkpoint_version=txn.checkpoint.after, checkpoint_version_before=txn.checkpoint.before or "none")
     return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,
                     int(smoke.get("completion_tokens", 0)), image_id, spec)
 

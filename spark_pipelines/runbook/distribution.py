@@ -27,11 +27,13 @@ from typing import Any
 
 from spark_pipelines.core import distribution as plan_core
 from spark_pipelines.core import layout
+from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources.transfer import NodeStreams
+from spark_pipelines.runbook import versions
 from spark_pipelines.state import markers
 from spark_pipelines.core.errors import RunbookError
 
@@ -88,11 +90,13 @@ class DistributionReport:
 
 
 def holds_copy(s: FleetSession, node: Node, payload: Payload) -> bool:
-    """The node's marker says it received this checkpoint verified, and it holds the same image id.
+    """The node's marker says it received this checkpoint verified, it holds that version, and the
+    same image id.
     (node_artifacts re-hashes the content on its own run; a damaged holder's receivers fail their
     content check against the manifest, so damage does not spread as a pass.)"""
     try:
         return (markers.matches(s, node, STEP, payload.signature) is not None
+                and versions.read(s, node).holds(payload.manifest) is not None
                 and NodeDocker(s).image_id(node.name, payload.image) == payload.image_id)
     except RemoteError:
         return False
@@ -105,15 +109,19 @@ def copy_to(s: FleetSession, holder: Node, receiver: Node, payload: Payload, *, 
     f = s.fleet
     build = f.build_node
     streams = NodeStreams(s)
-    src_dir = payload.src_dir if holder.name == build.name else layout.hybrid_dir(f, holder)
+    # A holder serves its own version of the checkpoint (the build host's is what mtp_weights made).
+    src_dir = (payload.src_dir if holder.name == build.name
+               else versions_core.version_path(layout.hybrid_dir(f, holder), payload.manifest or ""))
     with node_lease(s, receiver.name, f"distribution from {holder.name}", run_id=run_id):
-        tree = streams.copy_tree(holder.name, receiver.name, src_dir, layout.hybrid_dir(f, receiver),
-                                 manifest=payload.manifest, bwlimit_kib=bwlimit_kib)
+        got = versions.receive(s, streams, holder.name, receiver, src_dir, payload.manifest or "",
+                               bwlimit_kib=bwlimit_kib)
+        tree = got.copy
         img = streams.copy_image(holder.name, receiver.name, payload.image)
         if img.image_id != payload.image_id:
             raise RunbookError(f"{receiver.name}: received image {img.image_id[:19]} from {holder.name}, but the "
                                f"build host built {payload.image_id[:19]}; rerun the distribution")
-        markers.write(s, receiver, STEP, payload.signature, manifest=payload.manifest, source=holder.name)
+        markers.write(s, receiver, STEP, payload.signature, manifest=payload.manifest, source=holder.name,
+                      path=got.path)
     return tree.bytes_sent, not img.skipped
 
 

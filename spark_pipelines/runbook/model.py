@@ -1,15 +1,17 @@
 """Runbook steps 0-2 on the build host as procedures: the base model download, the hybrid INT4+FP8
 checkpoint (build-hybrid-checkpoint.py) and the MTP weights (add-mtp-weights.py).
 
-A rebuild never touches the directory the serving containers mount (runbook/build_steps.py):
+A rebuild never touches a checkpoint a container mounts: its output is a new checkpoint version
+(core/versions.py) beside the runbook's path, which only a deploy points at it:
 - step 1 builds into the staging directory beside it, verifies there (index, shard headers, the
   144 FP8 scales) and records itself as staged (its marker: `staged: true`);
 - step 2 adds the MTP weights in that staging directory (or, when step 1 did not rebuild, in a
-  fresh staging copy of the serving one: shards hard-linked, the small files copied, so the
-  serving index is never rewritten in place), verifies (MTP keys), hashes it (the manifest),
-  switches it into place, verifies it there, records both steps and removes the replaced one.
-On a skip, step 2 (which owns the manifest) re-hashes the serving checkpoint against it: a file
-changed in place, its size and mtime kept, is found and rebuilt beside, the file named.
+  fresh staging copy of the newest version: shards hard-linked, the small files copied, so no
+  version's index is ever rewritten in place), verifies (MTP keys), hashes it (the manifest) and
+  renames it to the version its manifest names, verified there. A rebuild whose manifest is a
+  version the build host holds already IS that version: the staging copy goes, nothing else moves.
+On a skip, step 2 (which owns the manifest) re-hashes its version against it: a file changed in
+place, its size and mtime kept, is found and rebuilt beside, the file named.
 
 Procedures raise RunbookError (the asset turns it into the step failure); a verification that
 fails after a build is returned in the outcome, with the advice that mends it, for the blocking
@@ -18,17 +20,20 @@ check to report.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_pipelines.core import checkpoint as checkpoint_core
+from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import layout, remote
+from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.hub import HubError, ModelHub
 from spark_pipelines.resources.lease import node_lease
-from spark_pipelines.resources.ssh import FleetSession, RemoteCommandError
+from spark_pipelines.resources.ssh import FleetSession, RemoteCommandError, RemoteError
 from spark_pipelines.resources.transfer import write_manifest
 from spark_pipelines.runbook.build_steps import (
     checkout,
@@ -40,15 +45,18 @@ from spark_pipelines.runbook.build_steps import (
     require_free_space,
     stage_linked_copy,
     staging_dir,
-    switch_into_place,
     verify_on_node,
 )
+from spark_pipelines.runbook import versions
 from spark_pipelines.state import markers
 
 EXPECTED_FP8_SCALES = checkpoint_core.EXPECTED_FP8_SCALES
 HYBRID_BUILDER = "patches/01-hybrid-int4-fp8/build-hybrid-checkpoint.py"
 MTP_ADDER = "patches/02-mtp-speculative/add-mtp-weights.py"
 BASE_MODEL, HYBRID, MTP = "base_model", "hybrid_checkpoint", "mtp_weights"
+# The base model's provenance in its marker: proven (downloaded by hf at the revision, or its
+# metadata says so) or unknown (adopted from a copy without huggingface_hub's metadata).
+PROVEN, UNKNOWN = "proven", "unknown"
 # What add-mtp-weights.py writes: a mismatch confined to these is mended by step 2 alone.
 STEP2_FILES = frozenset({checkpoint_core.MTP_FILE, checkpoint_core.INDEX_NAME})
 
@@ -82,6 +90,7 @@ class ModelOutcome:
     snapshot: ModelSnapshot
     report: checkpoint_core.CheckpointReport
     skipped: bool
+    proved: bool = False  # an adopted snapshot of unknown provenance was checked against the hub
 
 
 @dataclass(frozen=True)
@@ -141,12 +150,20 @@ def base_model(s: FleetSession, hub: ModelHub, cv: dict[str, str]) -> ModelOutco
     sig = base_model_signature(cv, sha)
     marker = markers.matches(s, node, BASE_MODEL, sig)
     dest = layout.base_model_dir(s.fleet, node)
+    proving = False
     if marker:
         where = str(marker.get("path") or dest)
         report = verify_on_node(s, node, where, expected_scales=0, require_mtp=False)
-        if report.ok:
+        if report.ok and marker.get("provenance") != UNKNOWN:
             return ModelOutcome(ModelSnapshot(node.name, where, pin.repo, sha), report, True)
-        s.log.warning(f"base_model: {node.name}:{where} fails verification ({report.problems[0]}); downloading")
+        if report.ok:
+            # Adopted without proof of its revision: hf download into the same folder checks each
+            # file against the hub by content, fetches only what differs and writes the metadata.
+            s.log.info(f"base_model: {node.name}:{where} was adopted with its provenance unknown; proving it "
+                       f"(hf download at {sha[:12]} checks every file by content, fetches only what differs)")
+            dest, proving = where, True
+        else:
+            s.log.warning(f"base_model: {node.name}:{where} fails verification ({report.problems[0]}); downloading")
     s.log.info(f"downloading {pin.repo}@{sha} to {node.name}:{dest} (resumable: hf skips complete files)")
     try:
         s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None,
@@ -159,11 +176,12 @@ def base_model(s: FleetSession, hub: ModelHub, cv: dict[str, str]) -> ModelOutco
         raise RunbookError(f"base model on {node.name} is incomplete after download: {report.problems[0]}; "
                            f"{base_model_advice(dest)}")
     write_base_model_marker(s, node, sig, sha, dest)
-    return ModelOutcome(ModelSnapshot(node.name, dest, pin.repo, sha), report, False)
+    return ModelOutcome(ModelSnapshot(node.name, dest, pin.repo, sha), report, False, proved=proving)
 
 
-def write_base_model_marker(s: FleetSession, node: Node, sig: str, revision: str, path: str) -> None:
-    markers.write(s, node, BASE_MODEL, sig, revision=revision, path=path)
+def write_base_model_marker(s: FleetSession, node: Node, sig: str, revision: str, path: str,
+                            provenance: str = PROVEN) -> None:
+    markers.write(s, node, BASE_MODEL, sig, revision=revision, path=path, provenance=provenance)
 
 
 # ------------------------------------------------------------------------------ step 1
@@ -212,7 +230,7 @@ def hybrid_checkpoint(s: FleetSession, hub: ModelHub, base: ModelSnapshot, cv: d
     sig = hybrid_signature(cv, base.revision)
     marker = markers.matches(s, node, HYBRID, sig)
     if marker:
-        where = staging if marker.get("staged") else serving
+        where = staging if marker.get("staged") else str(marker.get("path") or serving)
         report = _verify(s, node, where, mtp=False)
         if report.ok:
             return StepOutcome(Checkpoint(node.name, where, str(marker["index"])), report, True,
@@ -231,41 +249,46 @@ def hybrid_checkpoint(s: FleetSession, hub: ModelHub, base: ModelSnapshot, cv: d
 
 def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Checkpoint, cv: dict[str, str], *,
                 run_id: str = "") -> StepOutcome:
-    """Step 2 and the switch. Skip: marker matches, the serving checkpoint verifies and hashes to
-    the recorded manifest. Otherwise add the MTP weights beside it (after rebuilding step 1 too
-    when a file step 1 wrote changed), verify, hash, switch in, record."""
+    """Step 2, into a version. Skip: marker matches, its version verifies and hashes to the
+    recorded manifest. Otherwise add the MTP weights beside it (after rebuilding step 1 too when a
+    file step 1 wrote changed), verify, hash, rename to the version the manifest names, record."""
     f = s.fleet
     node = f.build_node
     serving = layout.hybrid_dir(f, node)
     staging = staging_dir(serving)
     recover_switch(s, node, serving)
     sig = mtp_signature(cv, hybrid.index, base.revision)
-    staged = hybrid.path != serving  # step 1 built (or kept) it beside: finish it, never skip
+    staged = hybrid.path == staging  # step 1 built (or kept) it beside: finish it, never skip
+    source = hybrid.path  # what step 2 starts from when step 1 did not rebuild
     meta: dict[str, Any] = {}
     full = False
     if not staged:
         marker = markers.matches(s, node, MTP, sig)
         if marker:
-            report = _verify(s, node, serving, mtp=True)
+            where = str(marker.get("path") or serving)
+            source = where
+            report = _verify(s, node, where, mtp=True)
             if report.ok:
-                check = content_check(s, node, serving, marker.get("manifest"))
+                check = content_check(s, node, where, marker.get("manifest"))
                 meta.update(hashed_gib=round(check.bytes / 2**30, 3), hash_seconds=check.seconds,
                             hash_s_per_gib=check.seconds_per_gib, manifest_restored=check.restored_manifest)
                 if check.ok:
                     manifest = str(marker.get("manifest") or check.manifest)
-                    if not marker.get("manifest"):  # a marker from before manifests: keep what was hashed
-                        markers.write(s, node, MTP, sig, index=marker["index"], manifest=manifest)
-                    return StepOutcome(Checkpoint(node.name, serving, str(marker["index"]), manifest), report, True,
-                                       metadata=meta)
+                    where = _as_version(s, node, where, manifest, run_id)
+                    if where != marker.get("path") or not marker.get("manifest"):
+                        markers.write(s, node, MTP, sig, index=marker["index"], manifest=manifest, path=where)
+                        _record_hybrid_path(s, node, where)
+                    return StepOutcome(Checkpoint(node.name, where, str(marker["index"]), manifest,
+                                                  architecture_of(s, node, where)), report, True, metadata=meta)
                 full = check.differing is None or not set(check.differing) <= STEP2_FILES
                 meta["rebuilt_because"] = "; ".join(check.problems[:3])
-                s.log.warning(f"mtp_weights: {node.name}'s checkpoint does not match its manifest: "
+                s.log.warning(f"mtp_weights: {node.name}'s checkpoint {where} does not match its manifest: "
                               f"{'; '.join(check.problems[:3])}; rebuilding "
-                              f"{'steps 1 and 2' if full else 'step 2'} beside the serving checkpoint")
+                              f"{'steps 1 and 2' if full else 'step 2'} into a new version beside it")
             else:
                 meta["rebuilt_because"] = report.problems[0]
-                s.log.warning(f"mtp_weights: {serving} fails verification ({report.problems[0]}); "
-                              "adding the MTP weights again beside it")
+                s.log.warning(f"mtp_weights: {where} fails verification ({report.problems[0]}); "
+                              "adding the MTP weights again into a new version beside it")
     keep_for_resume = staged  # step 1's output in staging is ~20 min of work: a failure keeps it
     if full:
         index, report = build_hybrid_beside(s, hub, node, base)
@@ -275,7 +298,7 @@ def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Che
         sig = mtp_signature(cv, index, base.revision)
         keep_for_resume = True
     elif not staged:
-        stage_linked_copy(s, node, serving)
+        stage_linked_copy(s, node, source, staging)
     meta["rebuilt"] = "steps 1 and 2" if full else "step 2"
     try:
         s.run(node.name, ["env", "-C", layout.recipe_dir(node), "python3", MTP_ADDER, "--source", base.path,
@@ -285,29 +308,67 @@ def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Che
             if not keep_for_resume:
                 remove_dir(s, node, staging)
             return StepOutcome(Checkpoint(node.name, staging, "invalid"), report, False, mtp_advice(base.path), meta)
-        _, manifest = write_manifest(s, node.name, staging)
+        files, manifest = write_manifest(s, node.name, staging)
         index = index_digests(s, node, staging)["full"]
-        with node_lease(s, node.name, "checkpoint switch", run_id=run_id):
-            switch = switch_into_place(s, node, staging, serving, lambda: _verify(s, node, serving, mtp=True))
-            hybrid_marker = markers.read(s, node, HYBRID)
-            if hybrid_marker and hybrid_marker.get("staged"):
-                markers.write(s, node, HYBRID, str(hybrid_marker["signature"]), index=hybrid_marker.get("index"))
-            markers.write(s, node, MTP, sig, index=index, manifest=manifest)
-        if switch.previous:
-            remove_quietly(s, node, switch.previous)
+        final = versions_core.version_path(serving, manifest)
+        with node_lease(s, node.name, "checkpoint version", run_id=run_id):
+            if versions.read(s, node).holds(manifest) and content_check(s, node, final, manifest).ok:
+                # The rebuild reproduced a version the build host holds: it is that version.
+                remove_dir(s, node, staging)
+                meta["same_as_held_version"] = True
+            else:
+                if s.exists(node.name, final):  # a damaged copy under the version's name: replaced whole
+                    remove_dir(s, node, final)
+                s.run(node.name, ["mv", "-T", "--", staging, final], timeout=60)
+                meta["same_as_held_version"] = False
+                report = _verify(s, node, final, mtp=True)
+                if not report.ok:
+                    raise RunbookError(f"{node.name}: the version {final} did not verify after its rename "
+                                       f"({report.problems[0]}): rerun build_job")
+            _record_hybrid_path(s, node, final)
+            markers.write(s, node, MTP, sig, index=index, manifest=manifest, path=final)
     except RemoteCommandError as e:
         if not keep_for_resume:
             remove_quietly(s, node, staging)
         kept = "kept for the rerun" if keep_for_resume else "removed"
         raise RunbookError(f"{node.name}: adding the MTP weights beside the serving checkpoint failed "
-                           f"({first_line(e)}); the serving checkpoint was not touched, the staging directory "
+                           f"({first_line(e)}); no checkpoint a container mounts was touched, the staging directory "
                            f"{kept}: rerun build_job", {"last output": f"```\n{e.tail[-3000:]}\n```"}) from None
     except BaseException:
         if not keep_for_resume:
             remove_quietly(s, node, staging)
         raise
-    meta.update(switched=True, atomic_switch=switch.atomic)
-    return StepOutcome(Checkpoint(node.name, serving, index, manifest), report, False, metadata=meta)
+    meta.update(version=versions_core.version_name(posixpath.basename(serving), manifest))
+    return StepOutcome(Checkpoint(node.name, final, index, manifest, jit_core.architecture(files["files"])),
+                       report, False, metadata=meta)
+
+
+def _record_hybrid_path(s: FleetSession, node: Node, path: str) -> None:
+    """Step 1's output now lives in the version step 2 made (its marker no longer says staged)."""
+    hybrid_marker = markers.read(s, node, HYBRID)
+    if hybrid_marker:
+        markers.write(s, node, HYBRID, str(hybrid_marker["signature"]), index=hybrid_marker.get("index"), path=path)
+
+
+def _as_version(s: FleetSession, node: Node, where: str, manifest: str, run_id: str) -> str:
+    """A build host laid out as the runbook does (its checkpoint a plain directory at the runbook's
+    path) has it renamed into the version its manifest names, the path linked to it: nothing is
+    copied, and what serves keeps reading the same files."""
+    serving = layout.hybrid_dir(s.fleet, node)
+    if where.rstrip("/") != serving:
+        return where
+    with node_lease(s, node.name, "checkpoint version", run_id=run_id):
+        made = versions.make_version(s, node, manifest)
+    return f"{posixpath.dirname(serving)}/{made}" if made else where
+
+
+def architecture_of(s: FleetSession, node: Node, directory: str) -> str | None:
+    """The kernel-shaping digest (core.jit_cache.architecture) of a checkpoint's manifest file."""
+    try:
+        text = s.read_text(node.name, f"{directory}/{checkpoint_core.MANIFEST_NAME}")
+        return jit_core.architecture(checkpoint_core.parse_manifest(text)["files"])
+    except (RemoteError, ValueError, OSError):
+        return None
 
 
 # ------------------------------------------------------------------------------ the build host's own copy

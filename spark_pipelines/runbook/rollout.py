@@ -16,13 +16,15 @@ from typing import Any
 
 from spark_pipelines.core import baseline, remote
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import CHECKPOINT_LABEL, DEPLOY_LABEL, KERNELS_LABEL, LaunchSpec, launch_spec
+from spark_pipelines.core import versions as versions_core
+from spark_pipelines.core.launch import (CHECKPOINT_LABEL, CHECKPOINT_VERSION_LABEL, DEPLOY_LABEL, KERNELS_LABEL,
+                                         LaunchSpec, launch_spec)
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import jit_cache
+from spark_pipelines.runbook import jit_cache, versions
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import RolloutPoint
@@ -36,9 +38,11 @@ from spark_pipelines.runbook.rotation import drained
 _T = remote.PROBE_TIMEOUT_S
 
 
-def version(image_id: str | None, fingerprint: str | None) -> str:
-    """A node's version as the rollout table shows it: image id and launch spec, short."""
-    return f"image {(image_id or 'none')[7:19]}, spec {(fingerprint or 'none')[:8]}"
+def version(image_id: str | None, fingerprint: str | None, checkpoint: str | None = None) -> str:
+    """A node's version as the rollout table shows it: image id, launch spec and checkpoint
+    version (core/versions.py), short."""
+    return (f"image {(image_id or 'none')[7:19]}, spec {(fingerprint or 'none')[:8]}, "
+            f"checkpoint {versions_core.short(checkpoint) or 'unknown'}")
 
 
 NO_COPY = "no verified copy of the new version"
@@ -72,13 +76,14 @@ def survey(s: FleetSession, gw: GatewayHost, payload: Payload, log: Any, *, run_
     except DistributionFailed as e:
         skip.update({n: f"{NO_COPY} ({e.description[:160]})" for n in getattr(e, "report").given_up})
     docker = NodeDocker(s)
-    new = {n.name: version(payload.image_id, launch_spec(f, n).fingerprint) for n in f.serve_nodes}
+    new = {n.name: version(payload.image_id, launch_spec(f, n).fingerprint, payload.manifest) for n in f.serve_nodes}
     before: dict[str, str] = {}
     running: dict[str, baseline.BenchIdentity] = {}
     for n in f.serve_nodes:
         c = docker.inspect_container(n.name, launch_spec(f, n).container_name)
         labels = labels_of(c, markers.read_deploy(s, n)) if c else {}
-        before[n.name] = version(c.get("Image"), labels.get(DEPLOY_LABEL)) if c else "nothing"
+        before[n.name] = (version(c.get("Image"), labels.get(DEPLOY_LABEL), labels.get(CHECKPOINT_VERSION_LABEL))
+                          if c else "nothing")
         if c:
             running[n.name] = baseline.identity_of(c, labels, [], launch_label=KERNELS_LABEL,
                                                    checkpoint_label=CHECKPOINT_LABEL)
@@ -126,6 +131,10 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
         with drained(gw, n, reason=f"rollout revert: {why[:120]}", dead=True) as drain:
             drain.keep_out = True
             docker = NodeDocker(s)
+            # The checkpoint first: a kept container that mounts the whole models directory (an
+            # adopted hand deploy) reads it through the runbook's path when it starts again.
+            checkpoint = (versions.point_back(s, node, point.checkpoint_link, log)
+                          if point.checkpoint_now and point.checkpoint_link != point.checkpoint_now else "")
             restored = docker.restore_previous(n, spec.container_name, spec.image, prev)
             _relink_cache(s, node, point, log)
             restore_deploy_marker(s, node, point.deploy_marker, restored)
@@ -140,7 +149,8 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
             drain.keep_out = not led.promoted(n)
         markers.clear(s, node, ROLLOUT_POINT)
     where = "back in the gateway" if not drain.keep_out else "kept out of the gateway by the hold-outs it had before the rollout"
-    return f"previous deployment put back on {n} (container {restored[:12]}, healthy), {where}"
+    return (f"previous deployment put back on {n} (container {restored[:12]}, healthy)"
+            + (f", {checkpoint}" if checkpoint else "") + f", {where}")
 
 
 def _relink_cache(s: FleetSession, node: Node, point: RolloutPoint, log: Any) -> None:

@@ -27,6 +27,7 @@ DEPLOY = "node_deployment"  # what node_deployment skips on: the container that 
 ROLLOUT_POINT = "rollout_point"  # what a rollout's revert puts back (kept until the rollout finishes)
 CLEAN_BOOT = "clean_boot"  # the node's memcheck after its Phase 0 reboot (node_os)
 DEPLOY_JOURNAL = "deploy_journal"  # a deploy in flight: what it set aside, for whoever finds it dead
+KNOWN_GOOD = "known_good"  # the versions the bench last promoted the node on (never garbage-collected)
 
 
 def signature(*parts: Any) -> str:
@@ -123,6 +124,10 @@ class RolloutPoint(Marker):
     jit_set_aside: list[tuple[str, str]] = []
     deploy_marker: DeployMarker | None = None
     holds_before: dict[str, dict[str, Any]] = {}
+    # The checkpoint version the runbook's path pointed at before the deploy (core/versions.py:
+    # a version's name beside it); the revert points it back before the kept container restarts.
+    checkpoint_link: str | None = None
+    checkpoint_now: str | None = None  # the version the rollout's deploy pointed it at
 
 
 # The phases of a deploy's journal, in order. Whoever finds the journal of a run that is gone
@@ -167,7 +172,23 @@ class DeployJournal(Marker):
     jit_retired: list[tuple[str, str]] = []
     jit_fresh: bool = False
     deploy_marker: DeployMarker | None = None  # the step marker before the deploy
+    # The checkpoint versions (names beside the runbook's path): what it pointed at before this
+    # deploy, and what the deploy points it at. Written before the link moves.
+    checkpoint_before: str | None = None
+    checkpoint_after: str | None = None
     outcome: str | None = None  # phase ending: what the commit or the rollback left
+
+
+class KnownGood(Marker):
+    """What the node last served when its bench promoted it: image, checkpoint version (short
+    manifest digest) and JIT key. Garbage collection never removes them; a rollout's note names
+    them as the version to go back to."""
+
+    image_id: str | None = None
+    checkpoint: str | None = None
+    jit_key: str | None = None
+    since: str = ""
+    run_id: str = ""
 
 
 def read_deploy(session: FleetSession, node: Node) -> DeployMarker | None:
@@ -176,6 +197,10 @@ def read_deploy(session: FleetSession, node: Node) -> DeployMarker | None:
 
 def write_deploy(session: FleetSession, node: Node, marker: DeployMarker) -> None:
     write_typed(session, node, DEPLOY, marker)
+
+
+def read_known_good(session: FleetSession, node: Node) -> KnownGood | None:
+    return read_typed(session, node, KNOWN_GOOD, KnownGood)
 
 
 def read_journal(session: FleetSession, node: Node) -> DeployJournal | None:

@@ -30,6 +30,11 @@ INTEL_REPO = "Intel/Qwen3.5-122B-A10B-int4-AutoRound"
 FP8_REPO = "Qwen/Qwen3.5-122B-A10B-FP8"
 # The one public report of the snapshot the runbook used (upstream pins no revision).
 INTEL_REVISION = "de5e04f218487cb2fb762c6e9aabec784fb40d00"
+# Two later revisions of the Intel repo on the sim hub: the same architecture (config, tensor names,
+# dtypes and shapes: the same JIT key), other weights. NEXT is a good retrain; BROKEN ships a
+# tokenizer config the stand-in answers garbage with (a rollout's quality gate must stop it).
+INTEL_REVISION_NEXT = hashlib.sha1(b"sim:intel:next").hexdigest()
+INTEL_REVISION_BROKEN = hashlib.sha1(b"sim:intel:broken").hexdigest()
 FP8_REVISION = hashlib.sha1(b"sim:" + FP8_REPO.encode()).hexdigest()
 COMMIT_DATE = "2026-04-04T12:00:00+00:00"
 _GIT_ENV = {
@@ -191,11 +196,11 @@ def _fill(name: str, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def _tensor(name: str, dtype: str, shape: list[int]) -> tuple[str, list[int], bytes]:
+def _tensor(name: str, dtype: str, shape: list[int], salt: str = "") -> tuple[str, list[int], bytes]:
     count = 1
     for d in shape:
         count *= d
-    return (dtype, shape, _fill(name, count * st_stdlib.DTYPE_BYTES[dtype]))
+    return (dtype, shape, _fill(salt + name, count * st_stdlib.DTYPE_BYTES[dtype]))
 
 
 def _snapshot_dir(hub: Path, repo_id: str, revision: str) -> Path:
@@ -232,33 +237,11 @@ def make_model_source(
     hub = Path(dest)
     if hub.exists() and any(hub.iterdir()):
         raise UpstreamError(f"{hub}: not empty; give a new directory for the model source")
-    intel = _snapshot_dir(hub, INTEL_REPO, INTEL_REVISION)
-    per_shard: list[dict] = [{} for _ in range(shards)]
-    for i in range(layers):
-        t = per_shard[i * shards // layers]
-        pre = f"model.layers.{i}"
-        for proj in DENSE:
-            t[f"{pre}.mlp.shared_expert.{proj}.weight"] = _tensor(f"{pre}{proj}", "BF16", [4, 4])
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            e = f"{pre}.mlp.experts.0.{proj}"
-            t[f"{e}.qweight"] = _tensor(e + "q", "I32", [1, 4])
-            t[f"{e}.scales"] = _tensor(e + "s", "F16", [1, 4])
-            t[f"{e}.qzeros"] = _tensor(e + "z", "I32", [1, 1])
-        t[f"{pre}.input_layernorm.weight"] = _tensor(pre + "ln", "BF16", [4])
-    per_shard[0]["model.embed_tokens.weight"] = _tensor("embed", "BF16", [8, 4])
-    per_shard[-1]["lm_head.weight"] = _tensor("lm_head", "BF16", [8, 4])
-    mtp = {f"mtp.layers.0.t{j}.weight": _tensor(f"mtp{j}", "BF16", [4, 4]) for j in range(mtp_tensors)}
-    st_stdlib.st_write(str(intel / "model_extra_tensors.safetensors"), mtp, {"format": "pt"})
-    _write_sharded(intel, per_shard, {k: "model_extra_tensors.safetensors" for k in mtp})
-    config = {
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-        "model_type": "qwen3_5_moe",
-        "num_hidden_layers": layers,
-        "quantization_config": {"quant_method": "auto-round", "bits": 4, "group_size": 128,
-                                "sym": True, "packing_format": "auto_round:auto_gptq"},
-    }
-    (intel / "config.json").write_text(json.dumps(config, indent=2), "utf-8")
-    (intel / "tokenizer_config.json").write_text('{"tokenizer_class": "TokenizersBackend"}', "utf-8")
+    # The later revisions first: refs/main ends on INTEL_REVISION, what the seed pins.
+    _intel_snapshot(hub, INTEL_REVISION_NEXT, layers, shards, mtp_tensors, salt="next:")
+    _intel_snapshot(hub, INTEL_REVISION_BROKEN, layers, shards, mtp_tensors, salt="broken:",
+                    tokenizer={"sim_answers": "garbage"})
+    intel = _intel_snapshot(hub, INTEL_REVISION, layers, shards, mtp_tensors)
 
     fp8 = _snapshot_dir(hub, FP8_REPO, FP8_REVISION)
     dense: dict = {}
@@ -274,3 +257,38 @@ def make_model_source(
     _write_sharded(fp8, [dense, experts])
     (fp8 / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}), "utf-8")
     return ModelSource(hub, intel, INTEL_REVISION, fp8, FP8_REVISION, layers, shards, mtp_tensors)
+
+
+def _intel_snapshot(hub: Path, revision: str, layers: int, shards: int, mtp_tensors: int, *, salt: str = "",
+                    tokenizer: dict | None = None) -> Path:
+    """One revision of the Intel AutoRound INT4 stand-in: `salt` changes every tensor's bytes and
+    nothing else (names, dtypes, shapes, config: the same architecture)."""
+    intel = _snapshot_dir(hub, INTEL_REPO, revision)
+    per_shard: list[dict] = [{} for _ in range(shards)]
+    for i in range(layers):
+        t = per_shard[i * shards // layers]
+        pre = f"model.layers.{i}"
+        for proj in DENSE:
+            t[f"{pre}.mlp.shared_expert.{proj}.weight"] = _tensor(f"{pre}{proj}", "BF16", [4, 4], salt)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            e = f"{pre}.mlp.experts.0.{proj}"
+            t[f"{e}.qweight"] = _tensor(e + "q", "I32", [1, 4], salt)
+            t[f"{e}.scales"] = _tensor(e + "s", "F16", [1, 4], salt)
+            t[f"{e}.qzeros"] = _tensor(e + "z", "I32", [1, 1], salt)
+        t[f"{pre}.input_layernorm.weight"] = _tensor(pre + "ln", "BF16", [4], salt)
+    per_shard[0]["model.embed_tokens.weight"] = _tensor("embed", "BF16", [8, 4], salt)
+    per_shard[-1]["lm_head.weight"] = _tensor("lm_head", "BF16", [8, 4], salt)
+    mtp = {f"mtp.layers.0.t{j}.weight": _tensor(f"mtp{j}", "BF16", [4, 4], salt) for j in range(mtp_tensors)}
+    st_stdlib.st_write(str(intel / "model_extra_tensors.safetensors"), mtp, {"format": "pt"})
+    _write_sharded(intel, per_shard, {k: "model_extra_tensors.safetensors" for k in mtp})
+    config = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "num_hidden_layers": layers,
+        "quantization_config": {"quant_method": "auto-round", "bits": 4, "group_size": 128,
+                                "sym": True, "packing_format": "auto_round:auto_gptq"},
+    }
+    (intel / "config.json").write_text(json.dumps(config, indent=2), "utf-8")
+    (intel / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "TokenizersBackend",
+                                                             **(tokenizer or {})}), "utf-8")
+    return intel

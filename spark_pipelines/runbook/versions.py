@@ -1,0 +1,268 @@
+"""Checkpoint versions on a node (core/versions.py for the layout and why): read them, make a
+plain directory a version, point the runbook's path at a version and back, check the disk before
+a copy, and remove the versions nothing needs.
+
+Every change here is a rename or a symlink swap in the models directory (never a byte of a
+checkpoint rewritten): the link is replaced by renaming a new link over it, so at every instant the
+runbook's path names a whole version. The caller holds the node's lease.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_pipelines.core import checkpoint as checkpoint_core
+from spark_pipelines.core import layout, remote
+from spark_pipelines.core import versions as core
+from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.core.fleet import Node
+from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.state import markers
+
+_T = remote.PROBE_TIMEOUT_S
+RM_TIMEOUT_S = 900  # removing a ~71 GB version on a busy disk
+
+
+def serving_path(s: FleetSession, node: Node) -> str:
+    return layout.hybrid_dir(s.fleet, node)
+
+
+def read(s: FleetSession, node: Node) -> core.NodeCheckpoints:
+    """The node's versions, its runbook path and free space, in one SSH call."""
+    path = serving_path(s, node)
+    r = s.run(node.name, core.probe_argv(path, checkpoint_core.MANIFEST_NAME), log=False, timeout=_T)
+    return core.parse_probe(path, r.stdout)
+
+
+def _manifest_digest(s: FleetSession, node: Node, directory: str) -> str | None:
+    """The digest of the manifest file in `directory` (None: none there, or unreadable). Names a
+    plain directory's version; its content is judged by whoever verifies it (node_artifacts)."""
+    path = f"{directory}/{checkpoint_core.MANIFEST_NAME}"
+    try:
+        if not s.exists(node.name, path):
+            return None
+        return checkpoint_core.manifest_digest(checkpoint_core.parse_manifest(s.read_text(node.name, path)))
+    except (RemoteError, ValueError):
+        return None
+
+
+def make_version(s: FleetSession, node: Node, digest: str | None = None) -> str | None:
+    """The runbook's plain directory becomes a version beside it, and the path a link to it: one
+    rename and one symlink, nothing copied; a running container keeps its open files, and one that
+    mounts the whole models directory finds the same files through the link. `digest`: what the
+    content was verified to be (else the manifest file's, else 'unkeyed'). Returns the version's
+    name (None: nothing to do, the path is no plain directory). Undone if the link fails."""
+    path = serving_path(s, node)
+    held = read(s, node)
+    if held.kind != "dir":
+        return None
+    digest = digest or _manifest_digest(s, node, path)
+    name = core.version_name(held.model_dir, digest or f"{core.UNKEYED}-{int(time.time())}")
+    target = f"{posixpath.dirname(path)}/{name}"
+    if held.holds(core.digest_of(held.model_dir, name)):
+        # The same version exists already (a copy landed beside the hand directory): keep both,
+        # the hand one under a name of its own; the link points at the verified one.
+        name = core.version_name(held.model_dir, f"{core.UNKEYED}-{int(time.time())}")
+        target = f"{posixpath.dirname(path)}/{name}"
+    s.run(node.name, ["mv", "-T", "--", path, target], log=False, timeout=_T)
+    try:
+        _link(s, node, path, name)
+    except BaseException:
+        try:
+            s.run(node.name, ["mv", "-T", "--", target, path], log=False, timeout=_T)
+        except Exception as e:
+            s.log.warning(f"[{node.name}] {path} was renamed to {target} and could not be put back "
+                          f"({first_line(e)}): `mv -T {target} {path}` on {node.name}")
+        raise
+    s.log.info(f"[{node.name}] {path} is now the checkpoint version {name} (renamed, nothing copied) and the "
+               "path a link to it")
+    return name
+
+
+def _link(s: FleetSession, node: Node, path: str, name: str) -> None:
+    """Point `path` at the version `name` beside it: a new relative link renamed over the old one
+    (rename(2) replaces it atomically; the link is the user's, the version's files untouched)."""
+    tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.link-{secrets.token_hex(4)}"
+    s.run(node.name, ["ln", "-sfn", "--", name, tmp], log=False, timeout=_T)
+    try:
+        s.run(node.name, ["mv", "-Tf", "--", tmp, path], log=False, timeout=_T)
+    except BaseException:
+        s.run(node.name, ["rm", "-f", "--", tmp], check=False, log=False, timeout=_T)
+        raise
+
+
+@dataclass
+class Pointed:
+    """What `point` changed, for its undo: the version the path named before (None: nothing
+    there), and a plain directory it made a version on the way."""
+
+    node: str
+    before: str | None
+    after: str
+    made: str | None = None
+
+
+def point(s: FleetSession, node: Node, name: str, noted: Any = None) -> Pointed:
+    """Point the runbook's path at the version `name` (which must be there, complete); a plain
+    directory found there first becomes a version (make_version). `noted(before, after)` is
+    called before the link moves (the deploy's journal). Raises RunbookError naming what is wrong."""
+    path = serving_path(s, node)
+    held = read(s, node)
+    if not any(v.name == name for v in held.versions):
+        raise RunbookError(f"{node.name}: no checkpoint version {name} beside {path}; run node_artifacts for "
+                           f"{node.name} (it copies and verifies it) before the deploy")
+    made = make_version(s, node) if held.kind == "dir" else None
+    if held.kind == "other":
+        raise RunbookError(f"{node.name}: {path} is neither a directory nor a link; move it away, then deploy again")
+    before = made or (held.target if held.kind == "link" else None)
+    if noted is not None:
+        noted(before, name)
+    if before != name:
+        _link(s, node, path, name)
+        s.log.info(f"[{node.name}] checkpoint: {path} -> {name}" + (f" (was {before})" if before else ""))
+    return Pointed(node.name, before, name, made)
+
+
+def point_back(s: FleetSession, node: Node, before: str | None, log: Any = None) -> str:
+    """Undo `point`: the path names `before` again (or no link when there was nothing). Returns
+    what an operator reads."""
+    path = serving_path(s, node)
+    if before is None:
+        held = read(s, node)
+        if held.kind == "link":
+            s.run(node.name, ["rm", "-f", "--", path], log=False, timeout=_T)
+        return "checkpoint link removed (there was none before)"
+    held = read(s, node)
+    if held.kind == "link" and held.target == before:
+        return f"checkpoint {before} (already)"
+    if held.kind not in ("link", "absent"):
+        raise RunbookError(f"{node.name}: {path} is no longer a link ({held.kind}); point it at {before} by hand: "
+                           f"`ln -sfn {before} {path}`")
+    _link(s, node, path, before)
+    (log or s.log).info(f"[{node.name}] checkpoint put back: {path} -> {before}")
+    return f"checkpoint put back: {before}"
+
+
+# ------------------------------------------------------------------------------ copies
+
+
+@dataclass
+class Received:
+    """A version that landed on a node (`copy` None: it held it already, verified)."""
+
+    path: str
+    copy: Any = None  # resources.transfer.TreeCopyReport
+    linked_from: str | None = None
+
+
+def receive(s: FleetSession, streams: Any, holder: str, node: Node, src_dir: str, digest: str, *,
+            bwlimit_kib: int | None = None) -> Received:
+    """Copy the version `digest` from `holder`'s `src_dir` to `node` as a version of its own:
+    after the disk check, into `.<name>.incoming` (a killed copy resumes there, and nothing ever
+    mounts it), the files the node's serving version holds alike hard-linked, every file hashed
+    against the manifest, then renamed into place. A version the node holds already is verified
+    and repaired where it lies (rsync replaces a damaged file by a new one: a container reading the
+    old inode keeps it). `streams`: resources.transfer.NodeStreams of the session."""
+    serving = serving_path(s, node)
+    final = core.version_path(serving, digest)
+    held = read(s, node)
+    if held.holds(digest):
+        copy = streams.copy_tree(holder, node.name, src_dir, final, manifest=digest, bwlimit_kib=bwlimit_kib)
+        return Received(final, copy)
+    manifest_text = s.read_text(holder, f"{src_dir}/{checkpoint_core.MANIFEST_NAME}")
+    require_space(s, node, manifest_text, digest, f"the checkpoint version {core.short(digest)}")
+    parent = posixpath.dirname(serving)
+    base = held.holds(held.serving) if held.serving else None
+    link_dest = (f"{parent}/{base.name}" if base is not None
+                 else serving if held.kind == "dir" else None)  # the runbook's plain directory
+    incoming = core.incoming_path(serving, digest)
+    copy = streams.copy_tree(holder, node.name, src_dir, incoming, manifest=digest, bwlimit_kib=bwlimit_kib,
+                             link_dest=link_dest)
+    s.run(node.name, ["mv", "-T", "--", incoming, final], log=False, timeout=_T)
+    return Received(final, copy, link_dest)
+
+
+# ------------------------------------------------------------------------------ disk
+
+
+def require_space(s: FleetSession, node: Node, manifest_text: str, digest: str, what: str) -> core.SpaceVerdict:
+    """Before a copy of version `digest` to the node: the bytes it writes (files its serving
+    version holds alike are hard-linked, not written) against the free space under the models
+    directory. Raises RunbookError with both numbers and what to remove; nothing changed."""
+    held = read(s, node)
+    if held.holds(digest):
+        return core.SpaceVerdict(True, 0, None if held.free_kib is None else held.free_kib * 1024)
+    files = checkpoint_core.parse_manifest(manifest_text)["files"]
+    linkable = None
+    serving = held.holds(held.serving) if held.serving else None
+    if serving is not None and serving.has_manifest:
+        try:
+            text = s.read_text(node.name, f"{posixpath.dirname(held.serving_path)}/{serving.name}/"
+                                          f"{checkpoint_core.MANIFEST_NAME}")
+            linkable = checkpoint_core.parse_manifest(text)["files"]
+        except (RemoteError, ValueError):
+            linkable = None
+    verdict = core.space_for(core.bytes_to_write(files, linkable), held.free_kib)
+    if not verdict.ok:
+        raise RunbookError(verdict.words(node.name, posixpath.dirname(held.serving_path), what),
+                           {"versions": "\n".join(f"- {ln}" for ln in core.describe(held)) or "none"})
+    return verdict
+
+
+# ------------------------------------------------------------------------------ garbage collection
+
+
+def protected(s: FleetSession, node: Node, held: core.NodeCheckpoints) -> core.Protected:
+    """Why versions must stay: what a rollout point or a deploy journal names (a revert or a dead
+    run's rollback puts it back), and the node's last known good."""
+    keep = core.Protected()
+    point = markers.read_typed(s, node, markers.ROLLOUT_POINT, markers.RolloutPoint)
+    if point is not None:
+        keep.add(core.digest_of(held.model_dir, point.checkpoint_link or ""), "a rollout's revert puts it back")
+        keep.add(core.digest_of(held.model_dir, point.checkpoint_now or ""), "a rollout deployed it")
+    journal = markers.read_journal(s, node)
+    if journal is not None:
+        keep.add(core.digest_of(held.model_dir, journal.checkpoint_before or ""), "a deploy in flight may put it back")
+        keep.add(core.digest_of(held.model_dir, journal.checkpoint_after or ""), "a deploy in flight launches it")
+    good = markers.read_known_good(s, node)
+    if good is not None:
+        keep.add(good.checkpoint, f"last known good (bench of {good.since or 'unknown date'})")
+    return keep
+
+
+@dataclass
+class GcReport:
+    node: str
+    plan: core.GcPlan
+    removed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    check: bool = True
+
+    def lines(self) -> list[str]:
+        out = [f"{self.node}: {ln}" for ln in self.plan.lines()]
+        if not self.check:
+            out += [f"{self.node}: removed {n}" for n in self.removed]
+            out += [f"{self.node}: NOT removed {f}" for f in self.failed]
+        return out
+
+
+def collect(s: FleetSession, node: Node, *, keep: int, check: bool) -> GcReport:
+    """Remove the versions nothing needs (core.versions.gc_plan); `check`: only say which. The
+    protection is read under the node's lease (the caller's), so no deploy moves it meanwhile."""
+    held = read(s, node)
+    plan = core.gc_plan(held, protected(s, node, held), keep)
+    report = GcReport(node.name, plan, check=check)
+    if check:
+        return report
+    parent = posixpath.dirname(held.serving_path)
+    for name, _ in plan.remove:
+        try:
+            s.run(node.name, ["rm", "-rf", "--", f"{parent}/{name}"], timeout=RM_TIMEOUT_S)
+            report.removed.append(name)
+        except RemoteError as e:
+            report.failed.append(f"{name}: {first_line(e)}")
+    return report
