@@ -29,6 +29,7 @@ from spark_pipelines.assets.nodes import node_definitions
 from spark_pipelines.assets.node_join import node_join_definitions
 from spark_pipelines.assets.node_os import node_os_definitions
 from spark_pipelines.assets.rollout import rollout_definitions
+from spark_pipelines.assets.versions import versions_definitions
 from spark_pipelines.assets.wedge import wedge_definitions
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import fleet_digest, load_fleet_text, read_fleet_text
@@ -77,6 +78,7 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
         node_join_definitions(fleet),
         rollout,
         jit_cache_definitions(fleet),
+        versions_definitions(fleet),
         gateway_definitions(fleet),
         bench,
         wedge_definitions(fleet),

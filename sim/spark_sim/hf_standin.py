@@ -3,7 +3,7 @@
 
 Same CLI shape as huggingface_hub's `hf download REPO [--revision REV] [--local-dir DIR]`; reads the
 hub-cache layout (models--Owner--Name/snapshots/<sha>/, refs/<name>) under HF_HUB_CACHE, which on a
-simulated node names the hub itself. Files already present with the right size are skipped, so an
+simulated node names the hub itself. Files already present with the same content are skipped, so an
 interrupted download resumes. Stdlib only.
 
 Without --local-dir (the runbook's `hf download Intel/...`, as install.sh runs it) the files land
@@ -32,12 +32,16 @@ def write_local_dir_metadata(target, rel, rev, src):
     if not os.path.exists(ignore):
         with open(ignore, "w") as fh:
             fh.write("*")
+    with open(path, "w") as fh:
+        fh.write(f"{rev}\n{sha256(src)}\n{time.time()}\n")
+
+
+def sha256(path):
     h = hashlib.sha256()
-    with open(src, "rb") as fh:
+    with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
-    with open(path, "w") as fh:
-        fh.write(f"{rev}\n{h.hexdigest()}\n{time.time()}\n")
+    return h.hexdigest()
 
 
 def user_cache():
@@ -85,7 +89,9 @@ def main(argv=None):
             src = os.path.join(dirpath, name)
             rel = os.path.relpath(src, snap)
             dst = os.path.join(target, rel)
-            if os.path.isfile(dst) and os.path.getsize(dst) == os.path.getsize(src):
+            # huggingface_hub skips a local file whose metadata names this commit and etag, or
+            # (without metadata) whose sha256 is the file's etag: the same content, not the same size.
+            if os.path.isfile(dst) and os.path.getsize(dst) == os.path.getsize(src) and sha256(dst) == sha256(src):
                 skipped += 1
                 if args.local_dir:
                     write_local_dir_metadata(target, rel, rev, src)

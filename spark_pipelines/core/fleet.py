@@ -31,6 +31,7 @@ from spark_pipelines.core.fleet_settings import (
     ColdDrainSettings,
     NodeOsSettings,
     DistributionSettings,
+    VersionSettings,
     HealthSettings,
     PreflightSettings,
     RolloutSettings,
@@ -448,6 +449,7 @@ class Fleet(Strict):
     node_os: NodeOsSettings = NodeOsSettings()
     rollout: RolloutSettings = RolloutSettings()
     distribution: DistributionSettings = DistributionSettings()
+    versions: VersionSettings = VersionSettings()
     health: HealthSettings = HealthSettings()
     ssh: StepRetrySettings = StepRetrySettings()
 

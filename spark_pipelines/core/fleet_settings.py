@@ -111,6 +111,15 @@ class DistributionSettings(Strict):
     max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
 
 
+class VersionSettings(Strict):
+    """Checkpoint versions kept on each node (core/versions.py)."""
+
+    # The serving version and the one before it: a rollout's revert and a deploy's rollback point
+    # back to it without a copy. Whatever a rollout point, a deploy journal or the last known good
+    # names is kept on top of this count.
+    keep: Int = Field(default=2, ge=1, le=20, description="newest checkpoint versions checkpoint_gc_job leaves on a node")
+
+
 class HealthSettings(Strict):
     """The node_health sensor's healing policy (core/healing.py)."""
 

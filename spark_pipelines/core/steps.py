@@ -49,6 +49,7 @@ RECONCILE_JOB = "gateway_reconcile_job"  # node_health's gateway reconcile plan 
 WEDGE_CAPTURE_JOB = "wedge_capture_job"  # wedge_watch's request: quarantine + evidence
 COLD_DRAIN_JOB = "cold_drain_job"  # a person's approval of a cold drain
 AB_JOB = "ab_experiment_job"  # two launch-profile variants compared on one node
+CHECKPOINT_GC_JOB = "checkpoint_gc_job"  # checkpoint versions no node needs, removed (check mode by default)
 
 # Ops whose config a run request carries (an asset's op is named as the asset).
 QUARANTINE_OP = "quarantine_node"  # quarantine_job's op: QuarantineConfig

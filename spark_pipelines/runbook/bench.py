@@ -29,6 +29,7 @@ from spark_pipelines.runbook.deploy import labels_of
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import read_gpu
+from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.rotation import drained
 
 DRAIN_TIMEOUT_S = 120
@@ -183,6 +184,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                                                        "kept out of the gateway")
                     if promoted:
                         ledger.lift(s, node.name, ledger.BY_BENCH)
+                        versions.mark_known_good(s, node, container, run_id=run_id)
                     else:
                         ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
                                     **({ledger.AGAINST_BASELINE: True} if against is not None else {}))

@@ -20,6 +20,7 @@ from spark_pipelines.core import layout, remote
 from spark_pipelines.core import versions as core
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import Node
+from spark_pipelines.core.launch import CHECKPOINT_VERSION_LABEL
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.state import markers
 
@@ -186,6 +187,29 @@ def receive(s: FleetSession, streams: Any, holder: str, node: Node, src_dir: str
     return Received(final, copy, link_dest)
 
 
+# ------------------------------------------------------------------------------ last known good
+
+
+def mark_known_good(s: FleetSession, node: Node, container: dict[str, Any] | None, *, run_id: str = "") -> None:
+    """The bench promoted the node: what it runs (image, checkpoint version, JIT key) is its last
+    known good, which garbage collection keeps and an operator can go back to. A failure to write
+    it is a warning: the promotion stands."""
+    if not container:
+        return
+    marker = markers.read_deploy(s, node)
+    labels = dict((container.get("Config") or {}).get("Labels") or {})
+    if marker is not None and marker.adopted and marker.container_id == container.get("Id"):
+        labels = {**marker.labels, **labels}
+    good = markers.KnownGood(image_id=str(container.get("Image") or "") or None,
+                             checkpoint=labels.get(CHECKPOINT_VERSION_LABEL),
+                             jit_key=str((marker.metadata if marker else {}).get("jit_cache_key") or "") or None,
+                             since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), run_id=run_id)
+    try:
+        markers.write_typed(s, node, markers.KNOWN_GOOD, good)
+    except RemoteError as e:
+        s.log.warning(f"[{node.name}] promoted, but its last known good was not recorded ({first_line(e)})")
+
+
 # ------------------------------------------------------------------------------ disk
 
 
@@ -228,6 +252,12 @@ def protected(s: FleetSession, node: Node, held: core.NodeCheckpoints) -> core.P
     if journal is not None:
         keep.add(core.digest_of(held.model_dir, journal.checkpoint_before or ""), "a deploy in flight may put it back")
         keep.add(core.digest_of(held.model_dir, journal.checkpoint_after or ""), "a deploy in flight launches it")
+    built = markers.read(s, node, "mtp_weights")  # the build host's newest build: what copies start from
+    if built and built.get("path"):
+        keep.add(core.digest_of(held.model_dir, str(built["path"])), "mtp_weights' output (the copies' source)")
+    copied = markers.read(s, node, "node_artifacts")  # verified on the node: what its next deploy launches
+    if copied and copied.get("manifest"):
+        keep.add(str(copied["manifest"]), "node_artifacts verified it for the next deploy")
     good = markers.read_known_good(s, node)
     if good is not None:
         keep.add(good.checkpoint, f"last known good (bench of {good.since or 'unknown date'})")

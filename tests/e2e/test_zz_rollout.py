@@ -9,9 +9,12 @@ throughout; a last rollout brings the fleet back."""
 from __future__ import annotations
 
 import _thread
+import re
 import threading
 import time
 from pathlib import Path
+
+import httpx
 
 import dagster as dg
 import pytest
@@ -24,6 +27,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
+from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.deploy import ROLLOUT_POINT
 from tests.e2e.test_zz_doctor import inspect
 
@@ -243,6 +247,142 @@ def test_a_rollout_terminated_once_the_canary_committed_puts_the_canary_back(env
     assert after["spark1"]["point"] is None and after["spark1"]["previous_left"] == []
     assert after["spark2"]["id"] == before["spark2"]["id"]
     assert sorted(after["rotation"]) == ["spark1", "spark2"]
+
+
+def with_base_revision(base: str, dest: Path, revision: str) -> str:
+    doc = yaml.safe_load(Path(base).read_text())
+    doc["pins"]["base_model"]["revision"] = revision
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(dest)
+
+
+def loaded_checkpoint(fleet, node: str) -> str | None:
+    """Which checkpoint content the engine says it loaded (the stand-in's own metric): asked of the
+    engine, not of a marker or a link."""
+    n = fleet.node(node)
+    text = httpx.get(f"{engine.api_root(fleet, n)}/metrics", timeout=10).text
+    m = re.search(r'spark_sim:checkpoint_loaded\{[^}]*digest="([0-9a-f]+)"', text)
+    return m.group(1) if m else None
+
+
+def mounted_versions(s, node: str, container: str) -> list[str]:
+    c = inspect(s, node, container)
+    return [m["Source"] for m in c.get("Mounts", []) if ".v-" in m["Source"]]
+
+
+class MountWatch:
+    """Samples, every half second, which checkpoint version spark2's container mounts and which
+    content its engine reports, while a rollout runs (the wave node must not move before its turn)."""
+
+    def __init__(self, fleet, node: str):
+        self.fleet, self.node, self.mounts, self.loaded = fleet, node, set(), set()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        name = launch_spec(self.fleet, self.fleet.node(self.node)).container_name
+        with FleetSession(self.fleet) as s:
+            while not self._stop.wait(0.5):
+                try:
+                    self.mounts.update(mounted_versions(s, self.node, name))
+                    self.loaded.add(loaded_checkpoint(self.fleet, self.node))
+                except Exception:
+                    pass
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(timeout=30)
+
+
+def build(env, path: str) -> dict:
+    defs = build_definitions(path)
+    res = defs.resolve_job_def("build_job").execute_in_process(instance=env["instance"], raise_on_error=False)
+    assert res.success, [e.message for e in res.all_events if e.is_failure]
+    return {k: v.value for k, v in res.asset_materializations_for_node("mtp_weights")[-1].metadata.items()}
+
+
+def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_old_weights(env):
+    """Issue 33: new weights (the sim hub's BROKEN revision: same architecture, a tokenizer config
+    that makes the engine answer garbage) stop at the canary on the quality gate; the canary's engine
+    then reports the old checkpoint, also after its container restarts, and spark2 never mounted
+    or loaded the new one."""
+    from spark_sim.upstream import INTEL_REVISION_BROKEN
+
+    fleet = env["fleet"]
+    v2 = str(env["root"] / "fleet-v2.yaml")
+    broken = with_base_revision(v2, env["root"] / "fleet-broken-weights.yaml", INTEL_REVISION_BROKEN)
+    old = {n: loaded_checkpoint(fleet, n) for n in ("spark1", "spark2")}
+    assert old["spark1"] and old["spark1"] == old["spark2"]
+    built = build(env, broken)
+    new = built["manifest"]
+    assert built["skipped"] is False and new != old["spark1"]
+    before = state(env, v2)
+    with MountWatch(fleet, "spark2") as watch:
+        info = None
+        res, sizes = roll_out(env, broken)
+    assert not res.success
+    failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
+    info = failure.step_failure_data.user_failure_data
+    assert info.metadata["failed_gate"].value == "quality" and info.metadata["failed_node"].value == "spark1"
+    assert "checkpoint put back" in info.description, info.description
+    started = time.monotonic()
+    after = state(env, v2)
+    assert after["spark1"]["id"] == before["spark1"]["id"] and after["spark1"]["healthy"]
+    assert after["spark2"]["id"] == before["spark2"]["id"] and sorted(after["rotation"]) == ["spark1", "spark2"]
+    assert loaded_checkpoint(fleet, "spark1") == old["spark1"]  # the engine serves the old weights
+    # The wave node never mounted nor loaded the new weights (they were copied there, unmounted).
+    assert watch.loaded - {None} == {old["spark2"]} and not any(new[:16] in m for m in watch.mounts), watch.mounts
+    with FleetSession(fleet) as s:
+        held = {n: versions.read(s, fleet.node(n)) for n in ("spark1", "spark2")}
+        assert all(h.holds(new) is not None and h.serving == old["spark1"][:16] for h in held.values()), held
+        # A crash-restart of the reverted canary: the container mounts its own version, so it
+        # comes back on the old weights whatever was copied since.
+        name = launch_spec(fleet, fleet.node("spark1")).container_name
+        s.run("spark1", ["docker", "restart", "-t", "5", name], log=False, timeout=120)
+        assert engine.wait_healthy(fleet, fleet.node("spark1"), 120)
+    assert loaded_checkpoint(fleet, "spark1") == old["spark1"]
+    print(f"checkpoint revert: state read {time.monotonic() - started:.1f} s after the rollout; rotation "
+          f"sizes {sorted(set(sizes))}")
+
+
+def test_a_good_checkpoint_rolls_out_and_leaves_the_previous_version_as_the_way_back(env):
+    from spark_sim.upstream import INTEL_REVISION_NEXT
+
+    fleet = env["fleet"]
+    v2 = str(env["root"] / "fleet-v2.yaml")
+    good = with_base_revision(v2, env["root"] / "fleet-next-weights.yaml", INTEL_REVISION_NEXT)
+    old = loaded_checkpoint(fleet, "spark1")
+    new = build(env, good)["manifest"]
+    res, sizes = roll_out(env, good)
+    assert res.success and min(sizes) >= 1
+    assert {loaded_checkpoint(fleet, n) for n in ("spark1", "spark2")} == {new[:16]}
+    rows = {r.data["node"]: r.data for r in res.asset_materializations_for_node("fleet_rollout")[-1]
+            .metadata["nodes"].value.records}
+    assert all(f"checkpoint {new[:16]}" in r["now"] for r in rows.values()), rows
+    with FleetSession(fleet) as s:
+        for n in ("spark1", "spark2"):
+            held = versions.read(s, fleet.node(n))
+            assert held.serving == new[:16] and held.holds(old) is not None  # the way back stays on disk
+            good_marker = markers.read_known_good(s, fleet.node(n))
+            assert good_marker is not None and good_marker.checkpoint == new[:16]
+            kib = held.total_kib
+            print(f"{n}: {len(held.versions)} checkpoint versions kept, {kib / 1024:.1f} MiB together "
+                  f"(shared files hard-linked), {sum(v.kib for v in held.versions) / 1024:.1f} MiB counted apart")
+    # Garbage collection's check lists, keeps the two newest and removes nothing.
+    gc = build_definitions(good).resolve_job_def("checkpoint_gc_job").execute_in_process(instance=env["instance"])
+    assert gc.success
+    out = gc.output_for_node("collect_checkpoint_versions")
+    assert any("keep" in ln and new[:16] in ln and "serving" in ln for ln in out["lines"]), out["lines"]
+    with FleetSession(fleet) as s:
+        assert all(versions.read(s, fleet.node(n)).holds(old) is not None for n in ("spark1", "spark2"))
+    # Back to the pinned revision: the rebuild reproduces the old checkpoint, which the build host
+    # holds: it IS that version (nothing renamed over, nothing to copy to the nodes).
+    again = build(env, env["path"])
+    assert again["same_as_held_version"] is True and again["manifest"] == old, again
 
 
 def test_rolling_back_to_the_original_file_is_a_rollout_too(env):

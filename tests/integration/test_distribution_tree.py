@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spark_pipelines.core import layout
+from spark_pipelines.core import versions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, SshSettings
@@ -99,6 +100,11 @@ class KillCopiesTo:
 
 
 
+def received_at(f, node, payload: Payload) -> str:
+    """Where a receiver holds the copy: the version its manifest names (core/versions.py)."""
+    return versions.version_path(layout.hybrid_dir(f, node), payload.manifest)
+
+
 def test_a_receiver_killed_mid_copy_does_not_block_the_others_and_completes_on_rerun(fleet4, session, payload):
     f = session.fleet
     build = f.build_node
@@ -124,7 +130,7 @@ def test_a_receiver_killed_mid_copy_does_not_block_the_others_and_completes_on_r
     assert all(o.holder != victim.name for r in report.rounds for o in r)
     for name in others:
         node = f.node(name)
-        v = streams.verify_tree(build.name, name, payload.src_dir, layout.hybrid_dir(f, node), manifest=payload.manifest)
+        v = streams.verify_tree(build.name, name, payload.src_dir, received_at(f, node, payload), manifest=payload.manifest)
         assert v.ok and v.digests_checked >= 3, v.problems
         assert NodeDocker(session).image_id(name, payload.image) == payload.image_id
         assert markers.matches(session, node, "node_artifacts", payload.signature)
@@ -135,8 +141,10 @@ def test_a_receiver_killed_mid_copy_does_not_block_the_others_and_completes_on_r
     rerun = distribute(session, f.serve_nodes, payload)
     assert sorted(rerun.already_holding) == others
     assert [o.receiver for r in rerun.rounds for o in r] == [victim.name] and rerun.given_up == []
-    v = streams.verify_tree(build.name, victim.name, payload.src_dir, layout.hybrid_dir(f, victim),
+    v = streams.verify_tree(build.name, victim.name, payload.src_dir, received_at(f, victim, payload),
                             manifest=payload.manifest)
+    # The killed copy resumed in its incoming folder and was renamed once verified: none is left.
+    assert not [p.name for p in (fleet4.node(victim.name).home / "models").iterdir() if p.name.endswith(".incoming")]
     assert v.ok and v.digests_checked >= 3, v.problems
     assert NodeDocker(session).image_id(victim.name, payload.image) == payload.image_id
     # A third run finds every node holding and copies nothing.
