@@ -43,6 +43,7 @@ RECIPE_DIR = "DGX_Spark_Qwen3.5-122B-A10B-AR-INT4"
 BUILD_DIR = "spark-vllm-docker"
 INTEL_REPO = "Intel/Qwen3.5-122B-A10B-int4-AutoRound"
 HYBRID_DIR = "~/models/qwen35-122b-hybrid-int4fp8"
+BASE_MODEL_DIR = INTEL_REPO.replace("/", "--")  # where the pipeline's own download puts it (core/layout.py)
 VLLM_REF = "2a69949bd"
 BASE_TAG = "vllm-sm121"
 IMAGE = "vllm-qwen35-v2"
@@ -133,6 +134,17 @@ INTEL_DIR=$(hf download {INTEL_REPO} --quiet | tail -n 1)
 echo "snapshot: $INTEL_DIR"
 # Steps 1-2: build the hybrid checkpoint, add the MTP weights
 INTEL_DIR="$INTEL_DIR" bash install.sh --no-launch
+"""
+
+
+def base_model_moved_script(snapshot: str) -> str:
+    """The base model moved out of the HF cache into ~/models with a plain copy, as rsync between
+    machines leaves it: the files, none of huggingface_hub's metadata (its revision is unknown)."""
+    return f"""
+mkdir -p ~/models
+cp -rL {shlex.quote(snapshot)} ~/models/{BASE_MODEL_DIR}
+rm -rf ~/.cache/huggingface/hub/models--{INTEL_REPO.replace("/", "--")}
+echo "snapshot: $HOME/models/{BASE_MODEL_DIR}"
 """
 
 
@@ -273,10 +285,12 @@ def wait_healthy(nodes: Iterable[Member], timeout_s: float = 300.0) -> None:
 
 
 def build_by_hand(sim: SimFleet, *, quick_relaunch: Iterable[str] = (), gmu: Mapping[str, float] | None = None,
-                  log: Callable[[str], None] = lambda _: None) -> HandFleet:
+                  base_model_copied: bool = False, log: Callable[[str], None] = lambda _: None) -> HandFleet:
     """Bring an up simulated fleet to the runbook's hand-run state (see the module doc).
     quick_relaunch: nodes launched with the runbook's base64 relaunch script instead of Phase 4's
-    docker run; gmu: {node: value} launched with another --gpu-memory-utilization."""
+    docker run; gmu: {node: value} launched with another --gpu-memory-utilization;
+    base_model_copied: after the build, the base model moved from the HF cache to ~/models by a
+    plain copy (no huggingface_hub metadata: its revision cannot be read off the node)."""
     if not sim.is_up:
         raise SimError("no simulated fleet is up: `spark-pipelines sim up` first")
     gmu = dict(gmu or {})
@@ -300,6 +314,10 @@ def build_by_hand(sim: SimFleet, *, quick_relaunch: Iterable[str] = (), gmu: Map
     out = phase("model", lambda: hand.run(build, model_script(recipe["url"], recipe["commit"]),
                                           "recipe steps 0-2 (hf download, install.sh --no-launch)"))
     snapshot = next((ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("snapshot: ")), "")
+    if base_model_copied:
+        out = phase("base_model_copied", lambda: hand.run(build, base_model_moved_script(snapshot),
+                                                          "base model copied into ~/models (no metadata)"))
+        snapshot = next((ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("snapshot: ")), "")
     base_id = phase("base_image", lambda: hand.run(build, base_image_script(build_repo["url"], build_repo["commit"]),
                                                    "base image (build-and-copy.sh)").strip().splitlines()[-1])
     image_id = phase("serving_image", lambda: hand.run(build, serving_image_script(),

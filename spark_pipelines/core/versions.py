@@ -181,11 +181,18 @@ class SpaceVerdict:
     free_bytes: int | None
 
     def words(self, node: str, where: str, what: str) -> str:
-        gib = 2 ** 30
-        free = "unknown" if self.free_bytes is None else f"{self.free_bytes / gib:.1f} GiB"
-        return (f"{node}: {what} needs {self.needed_bytes / gib:.1f} GiB under {where}, {free} free; "
+        free = "unknown" if self.free_bytes is None else size_text(self.free_bytes)
+        return (f"{node}: {what} needs {size_text(self.needed_bytes)} under {where}, {free} free; "
                 f"remove checkpoint versions no node serves (checkpoint_gc_job, check: false, after reading its "
                 f"check run) or free space there (`df -h {where}`), then rerun: nothing was copied or changed")
+
+
+def size_text(n: int) -> str:
+    """Bytes as a person reads them: GiB for checkpoints, MiB or KiB for the small ones."""
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
+        if n >= scale // 10:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
 
 
 def space_for(write_bytes: int, free_kib: int | None) -> SpaceVerdict:

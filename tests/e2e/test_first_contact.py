@@ -1,8 +1,11 @@
 """First contact with a build host built by hand: a simulated fleet brought to the runbook's
-hand-run state with the runbook's own commands (sim/spark_sim/hand.py), then adoption of the
-build host and of spark2's copy, then build_job through Dagster: nothing heavy runs, no checkpoint
-file is rewritten. Then a recipe pin change rebuilds beside the serving checkpoint while spark1
-serves from it, and a shard damaged in place on the build host is found and rebuilt.
+hand-run state with the runbook's own commands (sim/spark_sim/hand.py), its base model then moved
+into ~/models by a plain copy (no huggingface_hub metadata: its revision cannot be proven), then
+adoption of the build host and of spark2's copy, then build_job through Dagster: nothing heavy
+runs but the base model's proof by content, no checkpoint file is rewritten, no JIT file lost, no
+container restarted; each node's plain checkpoint directory becomes a version by a rename. Then a
+recipe pin change builds a new version beside the serving one while spark1 serves from it, and a
+shard damaged in place on the build host is found and rebuilt.
 
 Its own fleet on a free slot (the session's sim_fleet expects a fleet never deployed); one fleet,
 one instance, one history for the module: order matters.
@@ -55,7 +58,7 @@ def hand(tmp_path_factory):
     try:
         with sim_fleet_of(2, root) as sim, dg.instance_for_test() as instance:
             t0 = time.monotonic()
-            built = build_by_hand(sim)
+            built = build_by_hand(sim, base_model_copied=True)
             built.seconds["total"] = round(time.monotonic() - t0, 1)
             yield {"sim": sim, "built": built, "fleet": str(sim.fleet_file), "instance": instance, "log": log,
                    "root": root}
@@ -72,6 +75,19 @@ def file_states(sim, node: str) -> dict[str, tuple[int, int, int]]:
     d = checkpoint_dir(sim, node)
     return {p.relative_to(d).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size)
             for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def jit_files(sim, node: str) -> dict[str, int]:
+    """(mount/relative path -> inode) of every compiled-kernel file under the node's cache mounts
+    (followed through their links once adoption keyed them)."""
+    home = sim.node(node).home
+    out = {}
+    for mount in (".cache/vllm", ".cache/flashinfer", ".triton"):
+        root = home / mount
+        for f in sorted(root.rglob("*")) if root.exists() else []:
+            if f.is_file() and f.name != ".spark-jit-sealed":
+                out[f"{mount}/{f.relative_to(root).as_posix()}"] = f.stat().st_ino
+    return out
 
 
 def docker_id(sim, node: str, *args: str) -> str:
@@ -122,8 +138,9 @@ def test_the_hand_built_fleet_serves_and_carries_nothing_of_ours(hand):
     sim, built = hand["sim"], hand["built"]
     assert spark_pipelines_traces(sim) == []
     assert set(built.containers) == {"spark1", "spark2"} and built.image_id.startswith("sha256:")
-    assert "/.cache/huggingface/hub/models--Intel--" in built.snapshot and built.snapshot.endswith(
-        load_fleet(hand["fleet"]).pins.base_model.revision)
+    # The base model lies where a plain copy put it, without the metadata that names its revision.
+    assert built.snapshot.endswith("/models/Intel--Qwen3.5-122B-A10B-int4-AutoRound"), built.snapshot
+    assert not (Path(built.snapshot) / ".cache" / "huggingface").exists()
     key = os.environ["LITELLM_MASTER_KEY"]
     r = httpx.post(f"http://{sim.gateway.ip}:4000/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                    json={"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, timeout=60)
@@ -140,6 +157,8 @@ def test_check_mode_writes_nothing_and_would_adopt_everything(hand):
     by, nodes = adopt(hand, check=True)
     seconds = time.monotonic() - t0
     assert {s: f.action for s, f in by.items()} == {s: ADOPT for s in BUILD_STEPS}, {s: f.why for s, f in by.items()}
+    # Adopted although its revision cannot be proven, and said so.
+    assert by["base_model"].facts["provenance"] == "unknown" and "provenance unknown" in by["base_model"].why
     assert nodes["spark2"].action == ADOPT, nodes["spark2"]
     assert spark_pipelines_traces(sim) == []  # no marker, no manifest
     assert {n: file_states(sim, n) for n in ("spark1", "spark2")} == before
@@ -219,6 +238,8 @@ def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
     client request failed, each node once per pool, every step current on the instance."""
     sim, built = hand["sim"], hand["built"]
     states = {n: file_states(sim, n) for n in ("spark1", "spark2")}
+    kernels = {n: jit_files(sim, n) for n in states}
+    assert all(kernels.values()), kernels  # the hand boots compiled kernels into the runbook's mounts
     images = {n: docker_id(sim, n, "image", "inspect", "--format", "{{.Id}}", "vllm-qwen35-v2") for n in states}
     since = commands_so_far(hand)
     with streaming(hand) as traffic:
@@ -241,7 +262,11 @@ def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
         res = run_job(hand, "build_job")
         assert res.success, failures(res)
         mats = materialized(res)
-        assert all(mats[s]["skipped"] is True for s in BUILD_STEPS), {s: mats[s].get("skipped") for s in BUILD_STEPS}
+        # The base model of unknown provenance is proven by content (hf download fetches nothing
+        # that matches); every other step skips.
+        assert mats["base_model"]["provenance"].startswith("proven (by content"), mats["base_model"]
+        rest = [s for s in BUILD_STEPS if s != "base_model"]
+        assert all(mats[s]["skipped"] is True for s in rest), {s: mats[s].get("skipped") for s in rest}
         for node in ("spark1", "spark2"):
             dep = run_job(hand, "deploy_node_job", partition_key=node)
             assert dep.success, failures(dep)
@@ -258,8 +283,16 @@ def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
             assert b["void"] == "no" and b["isolation"].startswith("verified idle"), (b["void"], b["isolation"])
     assert not traffic.failed, traffic.failed
     assert len(traffic.streams.results) > 40 and {s.node for s in traffic.streams.results} == {"spark1", "spark2"}
-    assert not_checkpoint_heavy(hand, since) == []
+    assert [c for c in not_checkpoint_heavy(hand, since) if "hf download" not in c] == []
     after = {n: file_states(sim, n) for n in states}
+    # Each node's checkpoint became a version by a rename: the runbook's path is a link to it.
+    for n in states:
+        link = checkpoint_dir(sim, n)
+        assert link.is_symlink() and ".v-" in os.readlink(link), (n, link)
+    # No compiled kernel lost: every file is there, the same inode (keyed by a rename, not copied).
+    for n, files in kernels.items():
+        now = jit_files(sim, n)
+        assert {f: now.get(f) for f in files} == files, n
     # Every file the hand build wrote is the very same file (inode, mtime, size): nothing rebuilt
     # or re-copied. Adoption's one addition is the manifest it hashed from those files.
     assert {n: {f: st for f, st in files.items() if f in states[n]} for n, files in after.items()} == states
@@ -272,7 +305,9 @@ def test_adoption_then_the_whole_chain_changes_nothing_that_serves(hand):
     assert len(pairs) == len(set(pairs)) == 6  # each node once per pool
     assert "# spark1 entries" in Path(built.gateway_config).read_text()  # the operator's comments kept
     print(f"adopt_job, 2 nodes: {adopt_seconds:.1f} s; client requests {len(traffic.streams.results)}, failed 0, "
-          f"resent before any answer {len(traffic.resent)} {traffic.resent}")
+          f"resent before any answer {len(traffic.resent)} {traffic.resent}; containers restarted 0; checkpoint "
+          f"files rewritten 0 of {sum(len(s) for s in states.values())}; JIT files lost 0 of "
+          f"{sum(len(k) for k in kernels.values())}")
 
 
 def test_a_changed_launch_profile_rolls_out_through_drains_that_empty_the_node(hand):
@@ -350,7 +385,7 @@ def _bump_recipe(hand) -> str:
     return str(path)
 
 
-def test_a_recipe_pin_change_rebuilds_beside_while_spark1_serves_from_it(hand):
+def test_a_recipe_pin_change_builds_a_new_version_beside_while_spark1_serves_from_it(hand):
     sim = hand["sim"]
     serving = checkpoint_dir(sim, "spark1")
     fleet = _bump_recipe(hand)
@@ -372,9 +407,10 @@ def test_a_recipe_pin_change_rebuilds_beside_while_spark1_serves_from_it(hand):
                     seen["health"] += r.status == 200
 
     watcher = threading.Thread(target=watch, daemon=True)
-    inode = serving.stat().st_ino
+    target = os.readlink(serving)
+    files = {p.name: p.stat().st_ino for p in serving.iterdir() if p.is_file()}
     # What serves now (the rollout tests above relaunched the hand containers): the rebuild must
-    # leave exactly it running.
+    # leave exactly it running, on the same files.
     serving_container = docker_id(sim, "spark1", "inspect", "--format", "{{.Id}} {{.State.Running}}", "vllm-qwen35-v2")
     assert serving_container.endswith(" true")
     watcher.start()
@@ -386,11 +422,14 @@ def test_a_recipe_pin_change_rebuilds_beside_while_spark1_serves_from_it(hand):
     assert res.success, failures(res)
     mats = materialized(res)
     assert mats["hybrid_checkpoint"]["skipped"] is False and mats["hybrid_checkpoint"]["staged"] is True
-    assert mats["mtp_weights"]["switched"] is True and mats["mtp_weights"]["atomic_switch"] is True
+    # The rebuild is a version of its own; only a deploy would point the runbook's path at it.
+    assert mats["mtp_weights"]["same_as_held_version"] is False and mats["mtp_weights"]["version"] != target
     assert seen["problems"] == [] and seen["polls"] > 100 and seen["health"] > 0, seen
-    assert serving.stat().st_ino != inode  # a new directory was switched in, the old one removed
-    assert sorted(p.name for p in serving.parent.iterdir()) == [serving.name]
+    assert os.readlink(serving) == target and {p.name: p.stat().st_ino for p in serving.iterdir() if p.is_file()} == files
+    built = serving.parent / mats["mtp_weights"]["version"]
+    assert built.is_dir() and not (serving.parent / f".{serving.name}.staging").exists()
     assert docker_id(sim, "spark1", "inspect", "--format", "{{.Id}} {{.State.Running}}", "vllm-qwen35-v2") == serving_container
+    hand["bumped_version"] = str(built)
 
 
 def test_a_shard_damaged_in_place_on_the_build_host_is_found_and_rebuilt(hand):
@@ -398,7 +437,9 @@ def test_a_shard_damaged_in_place_on_the_build_host_is_found_and_rebuilt(hand):
     file) before a deploy uses it; build_job's mtp_weights finds it on its skip and rebuilds beside."""
     sim = hand["sim"]
     fleet = hand.get("bumped") or _bump_recipe(hand)
-    victim = checkpoint_dir(sim, "spark1") / "model-00003-of-00014.safetensors"
+    # The version mtp_weights built last: the one node_artifacts would copy and a deploy launch.
+    version = Path(hand.get("bumped_version") or checkpoint_dir(sim, "spark1"))
+    victim = version / "model-00003-of-00014.safetensors"
     good = hashlib.sha256(victim.read_bytes()).hexdigest()
     st = victim.stat()
     data = bytearray(victim.read_bytes())

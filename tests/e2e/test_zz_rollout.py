@@ -305,7 +305,7 @@ def build(env, path: str) -> dict:
     return {k: v.value for k, v in res.asset_materializations_for_node("mtp_weights")[-1].metadata.items()}
 
 
-def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_old_weights(env):
+def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_old_weights(env, monkeypatch):
     """Issue 33: new weights (the sim hub's BROKEN revision: same architecture, a tokenizer config
     that makes the engine answer garbage) stop at the canary on the quality gate; the canary's engine
     then reports the old checkpoint, also after its container restarts, and spark2 never mounted
@@ -321,14 +321,28 @@ def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_
     new = built["manifest"]
     assert built["skipped"] is False and new != old["spark1"]
     before = state(env, v2)
+    from spark_pipelines.runbook import rollout as node_rollout
+
+    timed, revert = [], node_rollout.revert
+
+    def timed_revert(*args, **kw):
+        t0 = time.monotonic()
+        try:
+            return revert(*args, **kw)
+        finally:
+            timed.append(time.monotonic() - t0)
+
+    monkeypatch.setattr(node_rollout, "revert", timed_revert)
     with MountWatch(fleet, "spark2") as watch:
-        info = None
         res, sizes = roll_out(env, broken)
     assert not res.success
     failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
     info = failure.step_failure_data.user_failure_data
     assert info.metadata["failed_gate"].value == "quality" and info.metadata["failed_node"].value == "spark1"
-    assert "checkpoint put back" in info.description, info.description
+    # The revert says what it put back, on the canary's node_deployment partition.
+    said = env["instance"].fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey("node_deployment"), asset_partitions=["spark1"]), limit=1).records[0]
+    assert "checkpoint put back" in said.asset_observation.description, said.asset_observation.description
     started = time.monotonic()
     after = state(env, v2)
     assert after["spark1"]["id"] == before["spark1"]["id"] and after["spark1"]["healthy"]
@@ -345,8 +359,9 @@ def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_
         s.run("spark1", ["docker", "restart", "-t", "5", name], log=False, timeout=120)
         assert engine.wait_healthy(fleet, fleet.node("spark1"), 120)
     assert loaded_checkpoint(fleet, "spark1") == old["spark1"]
-    print(f"checkpoint revert: state read {time.monotonic() - started:.1f} s after the rollout; rotation "
-          f"sizes {sorted(set(sizes))}")
+    print(f"checkpoint revert of the canary: {timed[0]:.1f} s (drain, link back, kept container started, "
+          f"/health, back in the gateway); state read {time.monotonic() - started:.1f} s; rotation sizes "
+          f"{sorted(set(sizes))}")
 
 
 def test_a_good_checkpoint_rolls_out_and_leaves_the_previous_version_as_the_way_back(env):

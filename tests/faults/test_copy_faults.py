@@ -25,15 +25,22 @@ def seen_by_sessions(m, path: Path) -> Path:
     return Path(f"/proc/{pid}/root") / str(path).lstrip("/")
 
 
+def received_version(m, models: Path) -> Path:
+    """The checkpoint version a copy left under `models` as the node's sessions see it."""
+    found = [p for p in seen_by_sessions(m, models).iterdir() if ".v-" in p.name and not p.name.startswith(".")]
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_ssh_dropped_mid_copy_loses_nothing_and_rerun_resumes(fleet):
-    """A fresh disk on spark2 (empty tmpfs over its checkpoint dir) gets the checkpoint over a
+    """A fresh disk on spark2 (empty tmpfs over its models folder) gets the checkpoint over a
     slowed link; the sshd child serving the rsync is killed mid-copy."""
     c, sim = fleet, fleet.sim
     m = sim.node("spark2")
     before = deployed_id(sim, "spark2")
     built, _ = fx.artifact_digests(sim, "spark1")
-    dst = fx.hybrid_dir(sim, "spark2")
-    with fx.tmpfs_over(m, dst, 4 * checkpoint_bytes(sim) + (1 << 20)):
+    models = fx.hybrid_dir(sim, "spark2").parent
+    with fx.tmpfs_over(m, models, 4 * checkpoint_bytes(sim) + (1 << 20)):
         with fx.slow_link(sim.node("spark1"), "256kbit"), fx.SessionKiller(m) as killer:
             res = c.run("deploy_node_job", "spark2")
         assert killer.killed, "the copy was never caught in flight: the fault was not injected"
@@ -45,8 +52,10 @@ def test_ssh_dropped_mid_copy_loses_nothing_and_rerun_resumes(fleet):
 
         again = c.run("deploy_node_job", "spark2")
         assert again.success, f"the rerun did not finish the interrupted copy:\n{failure_text(again)}"
-        copied = fx.tree_digests(seen_by_sessions(m, dst))
+        copied = fx.tree_digests(received_version(m, models))
         assert copied == built, "the resumed copy on spark2 differs from the build host's checkpoint"
+        # Resumed in its incoming folder, renamed once verified: nothing half-copied is left.
+        assert not [p.name for p in seen_by_sessions(m, models).iterdir() if p.name.endswith(".incoming")]
         fx.assert_serving(sim, "spark2", before)
     fx.assert_artifacts_intact(sim, "spark2")  # the original copy under the mount is untouched
 
@@ -56,12 +65,16 @@ def test_disk_full_on_the_receiver_fails_cleanly_and_loses_nothing(fleet):
     m = sim.node("spark2")
     before = deployed_id(sim, "spark2")
     built, _ = fx.artifact_digests(sim, "spark1")
-    with fx.tmpfs_over(m, fx.hybrid_dir(sim, "spark2"), max(checkpoint_bytes(sim) // 3, 16 << 10)):
+    models = fx.hybrid_dir(sim, "spark2").parent
+    with fx.tmpfs_over(m, models, max(checkpoint_bytes(sim) // 3, 16 << 10)):
         with fx.RotationWatch(sim) as watch:
             res = c.run("deploy_node_job", "spark2")
         assert not res.success, "a copy onto a full disk reported success"
         why = failure_text(res)
-        assert "spark2" in why and re.search(r"space|disk|full", why, re.I), why
+        # Refused before the copy, with both numbers and what to remove; nothing written.
+        assert "spark2" in why and re.search(r"needs [0-9.]+ [KMG]iB under .*, [0-9.]+ [KMG]iB free", why), why
+        assert "checkpoint_gc_job" in why and "nothing was copied" in why, why
+        assert list(seen_by_sessions(m, models).iterdir()) == []
         fx.assert_serving(sim, "spark2", before)
         fx.assert_gateway_has_backend(sim)
         assert watch.fewest and watch.fewest >= 1

@@ -76,7 +76,13 @@ def env(sim_fleet, tmp_path_factory):
             image = launch_spec(fleet, other).image
             for ref in (image, remote.previous_image_tag(image)):
                 s.run(OTHER, ["docker", "rmi", "-f", ref], check=False, log=False)
-        shutil.rmtree(layout.hybrid_dir(fleet, other), ignore_errors=True)
+        # Its checkpoint versions and the runbook's link to the serving one.
+        models = os.path.dirname(layout.hybrid_dir(fleet, other))
+        for p in glob.glob(glob.escape(models) + "/*") + glob.glob(glob.escape(models) + "/.*"):
+            if os.path.islink(p) or os.path.isfile(p):
+                os.unlink(p)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
         shutil.rmtree(os.path.dirname(layout.marker_path(other, "node_artifacts")), ignore_errors=True)
         forget_jit_caches(fleet)
 
