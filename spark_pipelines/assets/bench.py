@@ -34,8 +34,8 @@ GROUP = "5_bench"
 
 ABOVE_FLOOR_DESCRIPTION = (
     "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor, its GPU "
-    "showed no PD-firmware wedge under load, and (with bench.floor_quality set) its quality phase scored at or "
-    "above the floor with every deterministic check passed (smoke answer, reasoning parser, tool call). A failed gate keeps the node out of the gateway and fails "
+    "showed no PD-firmware wedge under load, and its quality phase ran with every deterministic check passed "
+    "(smoke answer, reasoning parser, tool call) and scored at or above bench.floor_quality when set. A failed gate keeps the node out of the gateway and fails "
     "the bench run for that node only; the check says why and what the runbook does next.")
 
 

@@ -33,7 +33,8 @@ class BenchSettings(Strict):
                                                description="spec-decode accepted/drafted below this: not promoted")
     # The quality phase (core/quality.py, scored /100): a node below the floor, or failing one of its
     # deterministic checks (smoke answer, reasoning parser, tool call), is not promoted. None: the
-    # phase runs and is reported, but gates nothing.
+    # score has no floor, but a failed check, a phase that measured nothing and a rollout's drop
+    # below the fleet's baseline still hold the node.
     floor_quality: Float | None = Field(default=None, ge=0, le=100,
                                         description="quality score (/100) below this, or a failed check: not promoted")
     quality_noise: Float = Field(default=20.0, ge=0, le=100,
