@@ -25,6 +25,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import ModelHub
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.adoption import adopt_fleet
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import markers, records
 
 COLUMNS = (
@@ -110,7 +111,7 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
         return dg.MaterializeResult(metadata=meta)
 
     adopt_job = dg.define_asset_job(
-        steps.ADOPT_JOB, selection=dg.AssetSelection.assets(steps.FLEET_ADOPTION),
+        steps.ADOPT_JOB, selection=dg.AssetSelection.assets(steps.FLEET_ADOPTION), tags=max_runtime(fleet, steps.ADOPT_JOB),
         description="First contact with a fleet built by hand: adopt what serves as the pins say, change nothing "
                     "(config check: true only says what the chain would do). Then run the chain: every step skips.")
     return dg.Definitions(assets=[fleet_adoption], jobs=[adopt_job])

@@ -25,6 +25,7 @@ from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import ledger, records
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError, first_line
@@ -246,7 +247,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         yield from bench_events(context, f, node.name, b)
 
     bench_job = dg.define_asset_job(
-        steps.BENCH_JOB, selection=dg.AssetSelection.assets(steps.BENCH_RESULTS), tags={steps.BENCH_TAG: "bench"},
+        steps.BENCH_JOB, selection=dg.AssetSelection.assets(steps.BENCH_RESULTS), tags={steps.BENCH_TAG: "bench", **max_runtime(fleet, steps.BENCH_JOB)},
         description="Isolated bench of one node (a partition): drain it from the gateway, wait for zero requests in "
                     "flight, run the recipe suite + loaded phase with nvidia-smi sampled, restore it (or keep it out "
                     "below its floor: the above_floor gate fails the run for that node only).")

@@ -120,7 +120,8 @@ class HealthSettings(Strict):
     backoff_s: Int = Field(default=600, ge=0, le=86400, description="wait after a redeploy before the next one, doubled each time")
     backoff_factor: Float = Field(default=2.0, ge=1, le=10)
     failed_sweeps: Int = Field(default=2, ge=1, le=20, description="sweeps in a row a verdict must hold before a policy acts on it")
-    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
+    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back; "
+                                                                          "a bench's speed phases end within it")
 
 
 class StepRetrySettings(Strict):

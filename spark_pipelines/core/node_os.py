@@ -190,6 +190,16 @@ def plan(facts: OsFacts, choices: Choices) -> list[OsChange]:
     return changes
 
 
+def most_commands(choices: Choices) -> int:
+    """The commands Phase 0 can run on one node, changes and undos: its plan for a node out of the
+    box (graphical, every unit enabled, no sysctl file, swap on and in fstab, earlyoom)."""
+    units = wanted_units(choices)
+    fresh = OsFacts("graphical.target", {u: "enabled" for u in units}, frozenset(units), None, {}, ("/swap.img",),
+                    "/swap.img none swap sw 0 0\n", True)
+    changes = plan(fresh, choices) + remask_changes(list(COMES_BACK))
+    return sum(len(c.argvs) + len(c.undo) for c in changes)
+
+
 def needs_reboot(changes: list[OsChange], facts: OsFacts, choices: Choices) -> bool:
     """A mask or a target only holds after a boot; a unit still running though masked needs one too."""
     return any(c.needs_reboot for c in changes) or bool(unwanted_running(facts, choices))

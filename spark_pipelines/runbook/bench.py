@@ -141,6 +141,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                                        concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
                                        reference_mean_tok_s=f.bench.reference_tok_s,
                                        ignore_eos=f.bench.force_output_length,
+                                       max_s=f.health.bench_max_s,  # past it, no bench any more (core.healing)
                                        on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
                 quality = quality_phase(f, node, log)
                 mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
