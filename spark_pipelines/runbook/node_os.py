@@ -22,6 +22,7 @@ from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources import engine
 from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources import lease
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.runbook import quarantine, rotation, wedge
@@ -115,15 +116,23 @@ def undo(s: FleetSession, node: Node, done: list[node_os.OsChange]) -> list[str]
 
 
 def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[str]:
-    """Each change in order; on any failure the made ones are undone and the error names both."""
+    """Each change in order; on any failure the made ones are undone, a change whose first
+    command ran and a later one failed (mask, then stop) included, and the error names both. A
+    run whose lease on the node ended undoes nothing there (another run may hold it now; the next
+    node_os_job reads the node again and changes only what differs)."""
     done: list[node_os.OsChange] = []
     try:
         for c in changes:
-            for argv in c.argvs:
+            for i, argv in enumerate(c.argvs):
+                if i == 1:
+                    done.append(c)  # half-applied from here: its undo puts the setting back as a whole
                 _run_root(s, node, argv, c.stdin)
-            done.append(c)
+            if len(c.argvs) < 2:
+                done.append(c)
             s.log.info(f"[{node.name}] Phase 0: {c.line}")
     except BaseException as e:
+        if lease.lost(s, node.name) is not None:
+            raise
         failed = undo(s, node, done)
         if isinstance(e, RunbookError):
             e.description = (f"{e.description}; the {len(done)} change(s) made before it were undone"
