@@ -5,6 +5,7 @@ node's floor, which keeps the node out of rotation and says why."""
 
 import base64
 import json
+import re
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.retention import prune
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.runbook.run_limits import tags as max_runtime
@@ -32,6 +34,7 @@ from spark_pipelines.core.errors import RunbookError, first_line
 
 
 GROUP = "5_bench"
+CHART_NAME = re.compile(r"bench-history-\d{8}T\d{6}-[A-Za-z0-9._-]+\.png")  # the charts chart_metadata writes
 
 ABOVE_FLOOR_DESCRIPTION = (
     "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor, its GPU "
@@ -113,6 +116,7 @@ def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         path = directory / f"bench-history-{time.strftime('%Y%m%dT%H%M%S')}-{node}.png"
         path.write_bytes(png)
         meta["history_chart_png"] = dg.MetadataValue.path(str(path))
+        prune(directory, CHART_NAME, max_age_days=fleet.retention.max_age_days, max_files=fleet.retention.bench_charts)
     except OSError as e:
         context.log.warning(f"bench history chart not saved to a file: {first_line(e)}")
     return meta

@@ -33,6 +33,7 @@ from spark_pipelines.core.fleet_settings import (
     DistributionSettings,
     HealthSettings,
     PreflightSettings,
+    RetentionSettings,
     RolloutSettings,
     StepRetrySettings,
 )
@@ -450,6 +451,7 @@ class Fleet(Strict):
     distribution: DistributionSettings = DistributionSettings()
     health: HealthSettings = HealthSettings()
     ssh: StepRetrySettings = StepRetrySettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @field_validator("nodes")
     @classmethod

@@ -134,3 +134,16 @@ class StepRetrySettings(Strict):
     connect_retries: Int = Field(default=2, ge=0, le=10, description="retries of a step that could not connect")
     connect_backoff_s: Int = Field(default=20, ge=1, le=3600,
                                    description="wait before the first retry, doubled for each next one")
+
+
+class RetentionSettings(Strict):
+    """Local files written for people, never read back (core/retention.py): each command's whole
+    output (0600, $DAGSTER_HOME/storage/command-output) and the bench-history PNGs
+    ($DAGSTER_HOME/storage/bench-charts). Pruned where they are written: beyond the newest N, or
+    older than max_age_days (the run's own event log keeps what it said)."""
+
+    max_age_days: Int = Field(default=30, ge=1, le=3650, description="files older than this are removed")
+    command_outputs: Int = Field(default=20000, ge=100, le=10_000_000,
+                                 description="command output files kept (a deploy writes ~50, a build ~100)")
+    bench_charts: Int = Field(default=500, ge=1, le=100_000, description="bench-history PNGs kept (one per bench)")
+

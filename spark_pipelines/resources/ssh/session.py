@@ -256,7 +256,7 @@ class FleetSession(NodeFiles):
         if sink:
             sink(f"[{key}] $ {command}")
         out = CommandOutput(key, command, user_argv[0].rsplit("/", 1)[-1], self.output_dir if sink else None,
-                            sink, secret_values, key)
+                            sink, secret_values, key, keep=self.fleet.retention)
 
         started = time.monotonic()
         exit_status: int | None = None
