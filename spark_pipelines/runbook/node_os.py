@@ -90,10 +90,9 @@ def read_facts(s: FleetSession, node: Node) -> node_os.OsFacts:
     )
 
 
-def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...], stdin: str | None) -> None:
+def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
     n = node.name
-    r = s.run(n, list(argv), sudo=True, stdin=stdin if argv[0] == "tee" else None, check=False,
-              log=argv[0] != "tee", timeout=CHANGE_TIMEOUT_S)
+    r = s.run(n, list(argv), sudo=True, check=False, timeout=CHANGE_TIMEOUT_S)
     if r.ok:
         return
     why = first_line(r.stderr or r.tail) or "no output"
@@ -109,7 +108,7 @@ def undo(s: FleetSession, node: Node, done: list[node_os.OsChange]) -> list[str]
     for c in reversed(done):
         for argv in c.undo:
             try:
-                _run_root(s, node, argv, c.undo_stdin)
+                _run_root(s, node, argv)
             except (RunbookError, RemoteError) as e:
                 failed.append(f"{c.setting}: {first_line(e)}")
     return failed
@@ -126,7 +125,7 @@ def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[
             for i, argv in enumerate(c.argvs):
                 if i == 1:
                     done.append(c)  # half-applied from here: its undo puts the setting back as a whole
-                _run_root(s, node, argv, c.stdin)
+                _run_root(s, node, argv)
             if len(c.argvs) < 2:
                 done.append(c)
             s.log.info(f"[{node.name}] Phase 0: {c.line}")
