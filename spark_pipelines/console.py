@@ -28,6 +28,8 @@ from typing import Any
 
 import httpx
 
+from spark_pipelines.core.errors import first_line
+
 # The names `make ui` (workspace.yaml) gives the same code: runs started here match its jobs.
 LOCATION = "spark_pipelines"
 REPOSITORY = "__repository__"
@@ -388,8 +390,8 @@ class Console:
                                  "{ __typename } }", {"n": LOCATION}, timeout=60)
                     return False
                 self._check_alive()
-                raise ConsoleError(f"the code location {LOCATION} does not load: {message.strip().splitlines()[0]}"
-                                   f" (log: {self.logs / 'code-server.log'})")
+                raise ConsoleError(f"the code location {LOCATION} does not load: "
+                                   f"{first_line(message) or 'no error message'} (log: {self.logs / 'code-server.log'})")
             return False
 
         self._until("webserver", "webserver", loaded)

@@ -45,26 +45,39 @@ class FleetCollector(Collector):
     def __init__(self, fleet: Fleet, instance: Callable[[], Any], cache_s: float = CACHE_S) -> None:
         self.fleet, self._instance, self.cache_s = fleet, instance, cache_s
         self._lock = threading.Lock()
-        self._at = 0.0
+        self._at: float | None = None
         self._families: list[fleet_metrics.Family] = []
         self._ok = 0.0
+        self._said = ""  # the last read problem printed (each is said once, not every scrape)
 
     def families(self) -> list[fleet_metrics.Family]:
         from spark_pipelines.state import records  # the Dagster side, only once something is read
 
         with self._lock:
-            now = time.time()
-            if now - self._at >= self.cache_s:
+            now = time.monotonic()  # the cache's age: a wall clock stepped back would freeze it
+            if self._at is None or now - self._at >= self.cache_s:
+                problem = ""
                 try:
+                    instance = self._instance()
+                    recorded = records.fleet_recorded(instance, self.fleet)
                     self._families = fleet_metrics.families(
-                        records.fleet_metric_facts(self._instance(), self.fleet, now))
-                    self._ok = 1.0
+                        records.fleet_metric_facts(instance, self.fleet, time.time()))
+                    if not recorded:
+                        names = ", ".join(n.name for n in self.fleet.serve_nodes)
+                        problem = (f"the Dagster instance holds no record of this fleet's nodes ({names}): "
+                                   "is DAGSTER_HOME the instance the chain records in (make demo: .dagster-home; "
+                                   "the team's: $SPARK_TEAM_ROOT/home)?")
                 except Exception as e:  # the exporter keeps answering: the read failure is a metric
-                    print(f"metrics: the Dagster instance could not be read: {first_line(e)}", file=sys.stderr)
-                    self._families, self._ok = [], 0.0
+                    problem = f"the Dagster instance could not be read: {first_line(e)}"
+                    self._families = []
+                self._ok = 0.0 if problem else 1.0
+                if problem and problem != self._said:
+                    print(f"metrics: {problem}", file=sys.stderr)
+                self._said = problem
                 self._at = now
             read = fleet_metrics.Family("spark_exporter_instance_read_ok", "1 when the last read of the Dagster "
-                                        "instance worked", (fleet_metrics.Sample({}, self._ok),))
+                                        "instance worked and found this fleet in it",
+                                        (fleet_metrics.Sample({}, self._ok),))
             return [*self._families, read]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from spark_pipelines.core import node_os as p0
+from spark_pipelines.core.preflight import EXPORTER_UNITS
 from spark_sim import node_os
 from spark_sim.effects import run, write
 from spark_sim.layout import LITELLM_BIN, LITELLM_MAIN, SSH_PORT, Layout, Member
@@ -128,8 +130,8 @@ class NodeHost:
             "if [ \"$#\" -eq 2 ] && [ \"$1\" = -c ] && [ \"$2\" = 'sync; echo 3 > /proc/sys/vm/drop_caches' ]; then\n"
             f"  echo 3 > {vm}/drop_caches && date -u +%FT%TZ >> {vm}/drop_caches.log && exit 0\n"
             "fi\n"
-            "echo \"sim: only the runbook's drop-caches command runs as root on a simulated node\" >&2\n"
-            "exit 1\n"
+            "# Phase 0's sysctl file (spark_sim/node_os.py writes the node's copy)\n"
+            f"PYTHONPATH={lib.path} exec {lib.python} -s -m spark_sim.node_os {m.dir} sh \"$@\"\n"
         ), 0o755)
         self._make_os_files(m)
         # `sudo poweroff`: the node halts a second later (power.py), until `sim power NODE on`.
@@ -156,7 +158,7 @@ class NodeHost:
         lib = self.lib
         node_os.provision(m.dir)
         run_os = f"PYTHONPATH={lib.path} exec {lib.python} -s -m spark_sim.node_os {m.dir}"
-        for name in ("systemctl", "sysctl", "swapon", "swapoff", "tee", "rm", "apt-get"):
+        for name in ("systemctl", "sysctl", "swapon", "swapoff", "tee", "rm", "cp", "sed", "apt-get"):
             write(m.sbin / name, f"#!/bin/sh\n# sim stand-in for {name} (spark_sim/node_os.py)\n{run_os} {name} \"$@\"\n",
                   0o755)
         for name in ("systemctl", "sysctl", "swapon"):  # their read-only forms need no sudo
@@ -186,14 +188,12 @@ class NodeHost:
         ), 0o755)
 
     def _os_sudoers(self, m: Member) -> list[str]:
-        """Exactly the root argvs of Phase 0 and its undo (a command with "" takes no arguments;
-        `sysctl -w vm.*` restores the node's own live values)."""
-        conf = node_os.SYSCTL_FILE
-        return [
-            f"{m.sbin}/systemctl", f"{m.sbin}/sysctl -p {conf}", f"{m.sbin}/sysctl -w vm.*", f"{m.sbin}/tee {conf}", f"{m.sbin}/tee /etc/fstab",
-            f"{m.sbin}/rm -f {conf}", f"{m.sbin}/swapoff -a", f"{m.sbin}/swapon -a",
-            f"{m.sbin}/apt-get purge -y earlyoom", f"{m.sbin}/apt-get install -y earlyoom", f'{m.sbin}/reboot ""',
-        ]
+        """Exactly the lines `spark-pipelines sudoers` gives an operator for Phase 0 and its undo
+        (the product's own, with this node's stand-in programs), and the deploy's two exporter
+        lines: a command the product runs as root that those lines do not allow fails here too."""
+        programs = {name: f"{m.sbin}/{name}" for name in p0.PROGRAMS}
+        exporter = [f"{m.sbin}/systemctl {verb} {u}" for u in EXPORTER_UNITS for verb in ("stop", "start")]
+        return [*p0.sudoers_commands(p0.Choices(disable_tailscale=True), programs), *exporter]
 
     def _make_gateway_files(self, m: Member) -> None:
         """`litellm-reload` stands in for `docker compose kill -s SIGHUP litellm` (a graceful reload),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Iterator
@@ -52,6 +53,8 @@ RUNBOOK_SYSCTLS = {
 SYSCTL_FILE = "/etc/sysctl.d/90-dgx-spark-memory.conf"
 FSTAB = "/etc/fstab"
 ETC_FILES = (SYSCTL_FILE, FSTAB)
+# The copies Phase 0 keeps for its undo (`cp` between these and the files above).
+BACKUPS = (f"{SYSCTL_FILE}.before-phase0", f"{FSTAB}.before-phase0")
 SWAP_LINE = "/swap.img\tnone\tswap\tsw\t0\t0\n"
 FSTAB_BASE = ("# /etc/fstab: static file system information.\n"
               "/dev/disk/by-uuid/5c1f0e6a-2c4e-4b7b-9c1e-6f0e2d7a9b11 / ext4 defaults 0 1\n"
@@ -450,6 +453,52 @@ def tee(n: NodeOs, argv: list[str], o: Out, stdin: str) -> int:
     return 0
 
 
+def sh_script(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
+    """`sh -c '{ echo K = V; ...; } > FILE'`: the shape Phase 0 writes the sysctl file in (what the
+    node's sudoers allows decides which script runs; this is what the shell does with it)."""
+    m = re.fullmatch(r"\{ ((?:echo [^;{}>]*; )+)\} > (\S+)", argv[1]) if len(argv) == 2 and argv[0] == "-c" else None
+    if m is None or m.group(2) != SYSCTL_FILE:
+        o.e(f"sim: sh runs only `sync; echo 3 > /proc/sys/vm/drop_caches` and `{{ echo ...; }} > {SYSCTL_FILE}` "
+            "on a simulated node")
+        return 1
+    if not root:
+        o.e(f"sh: 1: cannot create {SYSCTL_FILE}: Permission denied")
+        return 2
+    lines = [cmd[len("echo "):] for cmd in m.group(1).split("; ") if cmd]
+    n.write_etc(SYSCTL_FILE, "".join(" ".join(line.split()) + "\n" for line in lines))
+    return 0
+
+
+def cp(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
+    """`cp FILE COPY` between Phase 0's files and their undo copies."""
+    known = (*ETC_FILES, *BACKUPS)
+    if len(argv) != 2 or argv[0] not in known or argv[1] not in known or argv[0] == argv[1]:
+        o.e(f"sim: cp copies only between {', '.join(known)} on a simulated node")
+        return 1
+    if not root:
+        o.e(f"cp: cannot create regular file '{argv[1]}': Permission denied")
+        return 1
+    text = n.read_etc(argv[0])
+    if text is None:
+        o.e(f"cp: cannot stat '{argv[0]}': No such file or directory")
+        return 1
+    n.write_etc(argv[1], text)
+    return 0
+
+
+def sed(n: NodeOs, argv: list[str], o: Out, root: bool) -> int:
+    """The runbook's `sed -i '/swap/d' /etc/fstab`, only."""
+    if argv != ["-i", "/swap/d", FSTAB]:
+        o.e(f"sim: only `sed -i /swap/d {FSTAB}` is simulated")
+        return 1
+    if not root:
+        o.e("sed: couldn't open temporary file /etc/sedXXXXXX: Permission denied")
+        return 4
+    text = n.read_etc(FSTAB) or ""
+    n.write_etc(FSTAB, "".join(line for line in text.splitlines(keepends=True) if "swap" not in line))
+    return 0
+
+
 def rm(n: NodeOs, argv: list[str], o: Out) -> int:
     if argv != ["-f", SYSCTL_FILE]:
         o.e(f"sim: rm removes only {SYSCTL_FILE} (with -f) on a simulated node")
@@ -626,6 +675,12 @@ def run(node_dir: Path, program: str, argv: list[str], stdin: str = "", root: bo
         rc = tee(n, argv, o, stdin)
     elif program == "rm":
         rc = rm(n, argv, o)
+    elif program == "sh":
+        rc = sh_script(n, argv, o, root)
+    elif program == "cp":
+        rc = cp(n, argv, o, root)
+    elif program == "sed":
+        rc = sed(n, argv, o, root)
     elif program == "swapon":
         rc = swapon(n, argv, o, root)
     elif program == "swapoff":

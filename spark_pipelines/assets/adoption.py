@@ -15,7 +15,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import retry_unreachable, step_session
+from spark_pipelines.assets import fail, retry_unreachable, step_session
+from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import adoption as core
 from spark_pipelines.core import steps
@@ -25,6 +26,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import ModelHub
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.adoption import adopt_fleet
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import markers, records
 
 COLUMNS = (
@@ -88,8 +90,11 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
                        litellm: LiteLLMGateway) -> dg.MaterializeResult:
         s = step_session(context, ssh, litellm)
         started = time.monotonic()
-        findings = adopt_fleet(s, cv, check=config.check, nodes=config.nodes or None, hub=hub,
-                               gw=litellm.host(), run_id=context.run.run_id, log=context.log)
+        try:
+            findings = adopt_fleet(s, cv, check=config.check, nodes=config.nodes or None, hub=hub,
+                                   gw=litellm.host(), run_id=context.run.run_id, log=context.log)
+        except RunbookError as e:
+            fail(e)
         recorded = [] if config.check else [f"{f.step}[{f.node}]" for f in findings if record(context, cv, f)]
         gw_found = next((f for f in findings if f.step == steps.GATEWAY), None)
         if not config.check and gw_found is not None and gw_found.action in (core.ADOPT, core.CURRENT):
@@ -110,7 +115,7 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
         return dg.MaterializeResult(metadata=meta)
 
     adopt_job = dg.define_asset_job(
-        steps.ADOPT_JOB, selection=dg.AssetSelection.assets(steps.FLEET_ADOPTION),
+        steps.ADOPT_JOB, selection=dg.AssetSelection.assets(steps.FLEET_ADOPTION), tags=max_runtime(fleet, steps.ADOPT_JOB),
         description="First contact with a fleet built by hand: adopt what serves as the pins say, change nothing "
                     "(config check: true only says what the chain would do). Then run the chain: every step skips.")
     return dg.Definitions(assets=[fleet_adoption], jobs=[adopt_job])

@@ -5,6 +5,7 @@ node's floor, which keeps the node out of rotation and says why."""
 
 import base64
 import json
+import re
 import time
 from pathlib import Path
 
@@ -23,19 +24,22 @@ from spark_pipelines.core import summary
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
+from spark_pipelines.resources.retention import prune
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import ledger, records
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import RunbookError, first_line
 
 
 GROUP = "5_bench"
+CHART_NAME = re.compile(r"bench-history-\d{8}T\d{6}-[A-Za-z0-9._-]+\.png")  # the charts chart_metadata writes
 
 ABOVE_FLOOR_DESCRIPTION = (
     "The promotion gate (blocking): the node's recipe mean tok/s is at or above its bench floor, its GPU "
-    "showed no PD-firmware wedge under load, and (with bench.floor_quality set) its quality phase scored at or "
-    "above the floor with every deterministic check passed (smoke answer, reasoning parser, tool call). A failed gate keeps the node out of the gateway and fails "
+    "showed no PD-firmware wedge under load, and its quality phase ran with every deterministic check passed "
+    "(smoke answer, reasoning parser, tool call) and scored at or above bench.floor_quality when set. A failed gate keeps the node out of the gateway and fails "
     "the bench run for that node only; the check says why and what the runbook does next.")
 
 
@@ -112,6 +116,7 @@ def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         path = directory / f"bench-history-{time.strftime('%Y%m%dT%H%M%S')}-{node}.png"
         path.write_bytes(png)
         meta["history_chart_png"] = dg.MetadataValue.path(str(path))
+        prune(directory, CHART_NAME, max_age_days=fleet.retention.max_age_days, max_files=fleet.retention.bench_charts)
     except OSError as e:
         context.log.warning(f"bench history chart not saved to a file: {first_line(e)}")
     return meta
@@ -246,7 +251,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         yield from bench_events(context, f, node.name, b)
 
     bench_job = dg.define_asset_job(
-        steps.BENCH_JOB, selection=dg.AssetSelection.assets(steps.BENCH_RESULTS), tags={steps.BENCH_TAG: "bench"},
+        steps.BENCH_JOB, selection=dg.AssetSelection.assets(steps.BENCH_RESULTS), tags={steps.BENCH_TAG: "bench", **max_runtime(fleet, steps.BENCH_JOB)},
         description="Isolated bench of one node (a partition): drain it from the gateway, wait for zero requests in "
                     "flight, run the recipe suite + loaded phase with nvidia-smi sampled, restore it (or keep it out "
                     "below its floor: the above_floor gate fails the run for that node only).")

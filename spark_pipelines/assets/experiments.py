@@ -12,6 +12,7 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook.experiment import run_experiment
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import records
 
 
@@ -63,7 +64,8 @@ def ab_job(fleet: Fleet | None = None) -> dg.JobDefinition:
         config = dg.RunConfig(ops={steps.AB_OP: ABConfig(node=names[0])})
         description += f" Nodes: {', '.join(names)} (config ops.ab_experiment.config.node)."
 
-    @dg.job(name=steps.AB_JOB, description=description, config=config)
+    @dg.job(name=steps.AB_JOB, description=description, config=config,
+            tags=max_runtime(fleet, steps.AB_JOB) if fleet is not None else None)
     def ab_experiment_job():
         ab_experiment()
 

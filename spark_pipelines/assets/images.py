@@ -15,6 +15,7 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import images as images_runbook
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 
 
 
@@ -93,5 +94,5 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         description="Steps 0-4 on the build host: base model, hybrid checkpoint, MTP weights, base and serving "
                     "images. Each step re-verifies its output and skips the heavy work when nothing changed.",
         # The instance's run queue lets one run with this tag go at a time (team/dagster.yaml).
-        tags={steps.BUILD_TAG: "build-host"})
+        tags={steps.BUILD_TAG: "build-host", **max_runtime(fleet, steps.BUILD_JOB)})
     return dg.Definitions(assets=[base_image, serving_image], jobs=[build_job])

@@ -28,6 +28,7 @@ from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import node_os
 from spark_pipelines.runbook.bench import bench_node, gate_of
 from spark_pipelines.runbook.distribution import DistributionFailed, distribute
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import records
 
 
@@ -113,7 +114,7 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
 
     job = dg.define_asset_job(
         steps.ADD_NODE_JOB, selection=dg.AssetSelection.assets(steps.NODE_JOIN),
-        tags={steps.BENCH_TAG: "add_node"},
+        tags={steps.BENCH_TAG: "add_node", **max_runtime(fleet, steps.ADD_NODE_JOB)},
         description="Bring one node added to the fleet file (a partition) from nothing to benched and in the "
                     "gateway: Phase 0, artifacts from the nearest holder, deploy, bench, gateway. Reload the code "
                     "location after editing the fleet file so the new node is a partition.")

@@ -18,6 +18,7 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import node_os
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 
 
 class NodeOsConfig(dg.Config):
@@ -75,7 +76,7 @@ def node_os_definitions(fleet: Fleet) -> dg.Definitions:
         return dg.MaterializeResult(metadata=metadata(done))
 
     job = dg.define_asset_job(
-        steps.NODE_OS_JOB, selection=dg.AssetSelection.assets(steps.NODE_OS),
+        steps.NODE_OS_JOB, selection=dg.AssetSelection.assets(steps.NODE_OS), tags=max_runtime(fleet, steps.NODE_OS_JOB),
         description="Phase 0 of one node (a partition): what differs from the runbook changes, a reboot follows "
                     "when needed (drained, bounded: a node that does not come back is quarantined). Config "
                     "`check: true` only lists the changes.")

@@ -31,6 +31,7 @@ from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_pipelines.runbook.deploy import deploy, diagnosis_md, serving_mismatch
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state.markers import DeployMarker
 from spark_pipelines.resources.engine import api_root, healthy
 from spark_pipelines.core.errors import RunbookError
@@ -298,11 +299,13 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
 
     deploy_node_job = dg.define_asset_job(
         steps.DEPLOY_JOB, selection=dg.AssetSelection.assets(steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.JIT_CACHE),
+        tags=max_runtime(fleet, steps.DEPLOY_JOB),
         description="Artifacts and deployment on one node (a partition): copy, preflight, launch, verify, "
                     "or roll back to the previous deployment; after a healthy boot, the node's compiled kernels "
                     "are archived on the build host (jit_cache).")
     distribute_job = dg.define_asset_job(
         steps.DISTRIBUTE_JOB, selection=dg.AssetSelection.assets(steps.ARTIFACT_DISTRIBUTION),
+        tags=max_runtime(fleet, steps.DISTRIBUTE_JOB),
         description="Fan the checkpoint and image out to every serve node along a tree (run before deploy_node_job).")
     return dg.Definitions(assets=[node_artifacts, artifact_distribution, node_deployment],
                           jobs=[deploy_node_job, distribute_job])

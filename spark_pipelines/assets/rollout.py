@@ -31,6 +31,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook.bench import bench_node, gate_of
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import records
 
@@ -113,7 +114,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
 
     rollout_job = dg.define_asset_job(
         steps.ROLLOUT_JOB, selection=dg.AssetSelection.assets(steps.FLEET_ROLLOUT),
-        tags={steps.ROLLOUT_TAG: "fleet", steps.BENCH_TAG: "rollout"},
+        tags={steps.ROLLOUT_TAG: "fleet", steps.BENCH_TAG: "rollout", **max_runtime(fleet, steps.ROLLOUT_JOB)},
         description="Roll the build host's checkpoint and image out to the fleet: fan-out, canary, then waves "
                     "gated by health and bench; a failed gate stops it and puts the node back "
                     "(`spark-pipelines plan` shows the waves first).")

@@ -15,6 +15,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
 from spark_pipelines.runbook import wedge
+from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 
 MANIFEST_SCHEMA = dg.TableSchema(columns=[dg.TableColumn("file", "string"), dg.TableColumn("bytes", "int"),
@@ -113,7 +114,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         description="Quarantine a node suspected of the PD-firmware wedge and capture the runbook's pre-drain "
                     "evidence to the build host (requested by wedge_watch; safe to launch by hand).")
     drain_job = dg.define_asset_job(
-        steps.COLD_DRAIN_JOB, selection=[cold_drain],
+        steps.COLD_DRAIN_JOB, selection=[cold_drain], tags=max_runtime(fleet, steps.COLD_DRAIN_JOB),
         description="APPROVAL: launching this run for a node IS the operator's approval of its AC cold drain "
                     "(docker stop, sudo poweroff, AC off 90-120 s by the fleet's smart plug or by you at the wall, "
                     "boot, docker start), then the post-drain validation: WEDGE RESOLVED or WEDGE PERSISTS. "

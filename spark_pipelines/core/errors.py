@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 
-def first_line(e: BaseException) -> str:
-    """An exception as one line for a log or a message: its type and the first line of its text."""
+def first_line(e: BaseException | str) -> str:
+    """An exception as one line for a log or a message: its type and the first line of its text.
+    A message (str): its first line, "" when it has none."""
     text = str(e).strip().splitlines()
+    if isinstance(e, str):
+        return text[0][:300] if text else ""
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 

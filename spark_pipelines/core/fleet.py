@@ -25,7 +25,7 @@ from pydantic import (
 
 from spark_pipelines.core import names
 from spark_pipelines.core.fleet_errors import explain, one_line, render_path
-from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, load_yaml
+from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, HugeNumber, load_yaml
 from spark_pipelines.core.fleet_settings import (
     BenchSettings,
     ColdDrainSettings,
@@ -34,11 +34,13 @@ from spark_pipelines.core.fleet_settings import (
     VersionSettings,
     HealthSettings,
     PreflightSettings,
+    RetentionSettings,
     RolloutSettings,
     StepRetrySettings,
 )
 from spark_pipelines.core.fleet_types import (
     AbsPath,
+    CacheDir,
     ContainerName,
     Float,
     GitRef,
@@ -220,7 +222,7 @@ class Pins(Strict):
 
 
 class Mount(Strict):
-    host: NodePath
+    host: CacheDir
     container: Annotated[str, _path("container path", "absolute")]
 
 
@@ -298,7 +300,7 @@ class LaunchOverrides(Strict):
 class LaunchProfile(Strict):
     image: ImageRef
     container_name: ContainerName
-    models_dir: NodePath = "~/models"
+    models_dir: CacheDir = "~/models"
     model_dir: Annotated[str, _path("model directory name (relative to models_dir)", "relative")]
     served_model_name: Annotated[str, _shape(names.CONTAINER_NAME, "served model name")]
     port: Port = 8000
@@ -313,7 +315,7 @@ class LaunchProfile(Strict):
     health_timeout_s: Int = Field(default=1500, ge=10, le=6 * 3600, description="install.sh waits 1500 s for a cold start")
     # Runbook: "Backup JIT caches after successful first boot ... Restoring these skips the 30-45
     # min compilation entirely on fresh deploys." One folder per cache key, on the build host.
-    jit_cache_store: NodePath = "~/backups/jit-cache"
+    jit_cache_store: CacheDir = "~/backups/jit-cache"
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -452,6 +454,7 @@ class Fleet(Strict):
     versions: VersionSettings = VersionSettings()
     health: HealthSettings = HealthSettings()
     ssh: StepRetrySettings = StepRetrySettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @field_validator("nodes")
     @classmethod
@@ -665,6 +668,9 @@ def load_fleet_text(text: str, path: str | os.PathLike[str] = "<fleet>") -> Flee
         if "constructor for the tag" in problem:
             problem += "; remove the tag: only plain YAML values are read"
         raise FleetError(one_line(f"fleet file {p} is not valid YAML{where}: {problem}")) from None
+    except HugeNumber as e:
+        raise FleetError(one_line(f"{p}: {render_path(e.loc)} = a number of {e.chars} characters (line {e.line}): "
+                                  "write a number in range")) from None
     except (ValueError, RecursionError, MemoryError, OverflowError, TypeError) as e:
         # e.g. an integer of 5000 digits (int() refuses it), an alias bomb, a recursive alias
         why = ("it holds a number with thousands of digits; write a number in range"

@@ -23,7 +23,8 @@ class PreflightSettings(Strict):
 
 class BenchSettings(Strict):
     suite: Literal["recipe", "loaded", "all"] = "all"
-    reference_tok_s: Float = Field(default=REFERENCE_MEAN_TOK_S, gt=0, le=1e5, description="albond's published mean (GX10, 0.90 GMU)")
+    # ge=1: every figure is divided by it (vs_reference); 1e-320 would make each ratio infinite.
+    reference_tok_s: Float = Field(default=REFERENCE_MEAN_TOK_S, ge=1, le=1e5, description="albond's published mean (GX10, 0.90 GMU)")
     loaded_concurrency: Int = Field(default=8, ge=1, le=512)
     repeats: Int = Field(default=2, ge=1, le=20, description="runs per phase; with 2+ the first is a warm-up")
     floor_tok_s: Float = Field(default=40.0, ge=0, le=1e5, description="below this a node is not promoted to the gateway")
@@ -33,7 +34,8 @@ class BenchSettings(Strict):
                                                description="spec-decode accepted/drafted below this: not promoted")
     # The quality phase (core/quality.py, scored /100): a node below the floor, or failing one of its
     # deterministic checks (smoke answer, reasoning parser, tool call), is not promoted. None: the
-    # phase runs and is reported, but gates nothing.
+    # score has no floor, but a failed check, a phase that measured nothing and a rollout's drop
+    # below the fleet's baseline still hold the node.
     floor_quality: Float | None = Field(default=None, ge=0, le=100,
                                         description="quality score (/100) below this, or a failed check: not promoted")
     quality_noise: Float = Field(default=20.0, ge=0, le=100,
@@ -128,7 +130,8 @@ class HealthSettings(Strict):
     backoff_s: Int = Field(default=600, ge=0, le=86400, description="wait after a redeploy before the next one, doubled each time")
     backoff_factor: Float = Field(default=2.0, ge=1, le=10)
     failed_sweeps: Int = Field(default=2, ge=1, le=20, description="sweeps in a row a verdict must hold before a policy acts on it")
-    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back")
+    bench_max_s: Int = Field(default=1800, ge=60, le=86400, description="a drain older than this is no bench any more: a healthy node is put back; "
+                                                                          "a bench's speed phases end within it")
 
 
 class StepRetrySettings(Strict):
@@ -141,3 +144,16 @@ class StepRetrySettings(Strict):
     connect_retries: Int = Field(default=2, ge=0, le=10, description="retries of a step that could not connect")
     connect_backoff_s: Int = Field(default=20, ge=1, le=3600,
                                    description="wait before the first retry, doubled for each next one")
+
+
+class RetentionSettings(Strict):
+    """Local files written for people, never read back (core/retention.py): each command's whole
+    output (0600, $DAGSTER_HOME/storage/command-output) and the bench-history PNGs
+    ($DAGSTER_HOME/storage/bench-charts). Pruned where they are written: beyond the newest N, or
+    older than max_age_days (the run's own event log keeps what it said)."""
+
+    max_age_days: Int = Field(default=30, ge=1, le=3650, description="files older than this are removed")
+    command_outputs: Int = Field(default=20000, ge=100, le=10_000_000,
+                                 description="command output files kept (a deploy writes ~50, a build ~100)")
+    bench_charts: Int = Field(default=500, ge=1, le=100_000, description="bench-history PNGs kept (one per bench)")
+

@@ -18,7 +18,7 @@ def _shape(pattern: re.Pattern[str], what: str):
 
 NodeName = Annotated[str, _shape(names.NODE_NAME, "node name (lower-case letters, digits, '-')")]
 UserName = Annotated[str, _shape(names.USER_NAME, "user name")]
-Host = Annotated[str, _shape(names.HOST, "host name or IP address")]
+Host = Annotated[str, AfterValidator(lambda v: names.check_host(v))]
 ContainerName = Annotated[str, _shape(names.CONTAINER_NAME, "container name")]
 ImageRef = Annotated[str, _shape(names.IMAGE_REF, "image reference (repo[:tag], lower-case)")]
 def _path(what: str, form: str = "node"):
@@ -26,6 +26,8 @@ def _path(what: str, form: str = "node"):
 
 
 NodePath = Annotated[str, _path("path (absolute or ~/..., no spaces or shell characters)")]
+# A directory the deploy, the rollout and the rebuild set aside, relink and wipe: never the OS's.
+CacheDir = Annotated[NodePath, AfterValidator(lambda v: names.check_cache_dir(v))]
 AbsPath = Annotated[str, _path("absolute path (no spaces or shell characters)", "absolute")]
 RepoPath = Annotated[str, _path("path inside a repository", "relative")]
 GitRef = Annotated[str, _shape(names.GIT_REF, "git revision")]

@@ -17,6 +17,18 @@ from spark_pipelines.core import names
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
+# No fleet number needs more digits than this; Python refuses to read an integer of over 4300
+# digits at all (a ValueError that names no field), so such a scalar is refused by its place.
+MAX_INT_CHARS = 100
+INT_TAG = "tag:yaml.org,2002:int"
+
+
+class HugeNumber(ValueError):
+    """An integer with more digits than any fleet setting takes, named by where it is."""
+
+    def __init__(self, loc: tuple[Any, ...], chars: int, line: int) -> None:
+        super().__init__(f"a number of {chars} characters at line {line}")
+        self.loc, self.chars, self.line = loc, chars, line
 
 
 class _FleetLoader(yaml.SafeLoader):
@@ -76,6 +88,27 @@ def _expanded_size(root: Any) -> int:
     return sizes[id(root)]
 
 
+def _huge_int(root: Any) -> HugeNumber | None:
+    """The first integer scalar too long to be any setting, with its key path (aliases were sized
+    already: this walk visits each node once)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(root, ())]
+    seen: set[int] = set()
+    while stack:
+        node, loc = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == INT_TAG and len(node.value) > MAX_INT_CHARS:
+                return HugeNumber(loc, len(node.value), node.start_mark.line + 1)
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in reversed(node.value):
+                stack += [(v, (*loc, k.value if isinstance(k, yaml.ScalarNode) else "?")), (k, loc)]
+        else:
+            stack += [(v, (*loc, i)) for i, v in reversed(list(enumerate(node.value)))]
+    return None
+
+
 def load_yaml(text: str) -> Any:
     loader = _FleetLoader(text)
     try:
@@ -84,6 +117,9 @@ def load_yaml(text: str) -> Any:
             return None
         if _expanded_size(node) > MAX_VALUES:
             raise ValueError(f"YAML anchors/aliases expand to more than {MAX_VALUES} values; write the file out plainly")
+        huge = _huge_int(node)
+        if huge is not None:
+            raise huge
         return loader.construct_document(node)
     finally:
         loader.dispose()

@@ -7,6 +7,7 @@ typo or an attack, so we refuse it at load time with a message that names the fi
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 # A node or pool name: also used in container names, file names and LiteLLM model ids.
@@ -57,6 +58,61 @@ def check(pattern: re.Pattern[str], value: str, what: str) -> str:
     fullmatch (and `\\Z` in the patterns): with `$`, a value ending in a newline would pass."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ValueError(f"{shown(value)} is not a valid {what}")
+    return value
+
+
+def check_host(value: str, what: str = "host name or IP address") -> str:
+    """A DNS name or an IP address, and nothing that only looks like one: `256.1.1.1`, `1.2.3`,
+    `2130706433` or `0x7f.1` would reach the resolver as some other address (inet_aton reads them),
+    `::::` as no address at all."""
+    check(HOST, value, what)
+    bare = value[1:-1] if value.startswith("[") else value
+    if ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            raise ValueError(f"{shown(value)} is not a valid {what}: not an IPv6 address; write it as the "
+                             "node's IPv6 address (e.g. fd00::12) or its name") from None
+        return value
+    if len(value) > 253:
+        raise ValueError(f"{shown(value)} is not a valid {what}: a DNS name has at most 253 characters")
+    if re.fullmatch(r"\d+|0[xX][0-9A-Fa-f]*", value.rsplit(".", 1)[-1]):
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(f"{shown(value)} is not a valid {what}: it reads as an IPv4 address but is not "
+                             "one; write four numbers 0-255 without leading zeros (e.g. 10.0.0.12), or a "
+                             "name whose last label is not a number") from None
+    return value
+
+
+# The OS's own directories: a cache or model directory there would be set aside, relinked or wiped
+# by the deploy's cache switch, the rollout's finish and the checkpoint's rebuild. Refused with
+# everything under them; the shared roots below are refused as themselves.
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev", "/proc", "/sys",
+               "/run", "/snap", "/var/run", "/var/lib/docker", "/var/lib/containerd", "/var/lib/dpkg", "/var/lib/apt")
+SHARED_ROOTS = ("/", "/home", "/root", "/var", "/var/lib", "/var/log", "/tmp", "/var/tmp", "/opt", "/srv", "/mnt",
+                "/media", "~", "~/.cache", "~/.config", "~/.local")
+HOME_PRIVATE = ("~/.ssh", "~/.cache/spark-pipelines")  # keys; this tool's own markers, journal and leases
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def check_cache_dir(value: str, what: str = "cache or model directory") -> str:
+    """A directory of its own for caches, models or kernel archives (see SYSTEM_DIRS)."""
+    path = value.rstrip("/") or "/"
+    fix = "give a directory of its own, e.g. ~/.cache/vllm or ~/models"
+    top = next((d for d in SYSTEM_DIRS if _under(path, d)), None)
+    if top is not None:
+        raise ValueError(f"{shown(value)} is not a place for a {what}: {top} is the system's; {fix}")
+    if path in SHARED_ROOTS or re.fullmatch(r"/home/[^/]+", path):
+        raise ValueError(f"{shown(value)} is not a place for a {what}: it is a shared directory or a home itself, "
+                         f"which the deploy would set aside and relink; {fix}")
+    private = next((d for d in HOME_PRIVATE if _under(path, d) or _under(d, path)), None)
+    if private is not None:
+        raise ValueError(f"{shown(value)} is not a place for a {what}: it holds or is inside {private}; {fix}")
     return value
 
 

@@ -51,6 +51,10 @@ SYSCTLS: dict[str, str] = {
     "vm.overcommit_memory": "1",
 }
 FSTAB = "/etc/fstab"
+# The copies a change keeps for its undo (root's, beside the file; sysctl reads only *.conf): the
+# undo is then `cp` between two fixed paths, never a root write of content the caller chooses.
+SYSCTL_BACKUP = f"{SYSCTL_PATH}.before-phase0"
+FSTAB_BACKUP = f"{FSTAB}.before-phase0"
 # Hazard (1): "earlyoom (if installed) SIGKILLs EngineCore during warmup memory spike - apt purge earlyoom".
 EARLYOOM = "earlyoom"
 # Troubleshooting table: "nvidia_gpu_exporter panic (invalid metric name): GB10 has non-standard
@@ -82,6 +86,17 @@ def unit_name(unit: str) -> str:
 
 def sysctl_file_text() -> str:
     return "".join(f"{k} = {v}\n" for k, v in SYSCTLS.items())
+
+
+def write_sysctl_file() -> Argv:
+    """The file's nine values written by one fixed script: its sudoers line allows exactly this
+    content (a `tee` of the file would let its caller set any sysctl at boot, kernel.modprobe too)."""
+    echoes = "; ".join(f"echo {k} = {v}" for k, v in SYSCTLS.items())
+    return sudo("sh", "-c", f"{{ {echoes}; }} > {SYSCTL_PATH}")
+
+
+# The runbook's `sudo sed -i '/swap/d' /etc/fstab`, as its argv.
+STRIP_SWAP = ("sed", "-i", "/swap/d", FSTAB)
 
 
 def fstab_without_swap(fstab: str) -> str:
@@ -121,8 +136,6 @@ class OsChange:
     wanted: str
     argvs: tuple[Argv, ...]
     undo: tuple[Argv, ...]
-    stdin: str | None = None  # for a file written through `sudo tee`
-    undo_stdin: str | None = None
     needs_reboot: bool = False  # takes full effect only at the next boot
 
     @property
@@ -164,30 +177,44 @@ def plan(facts: OsFacts, choices: Choices) -> list[OsChange]:
         else:
             do, undo = [sudo("systemctl", "disable", unit)], [sudo("systemctl", "enable", unit)]
         changes.append(OsChange(f"service {unit}", have, wanted, tuple(do), tuple(undo), needs_reboot=True))
-    text = sysctl_file_text()
-    if facts.sysctl_file != text:
-        undo = (sudo("rm", "-f", SYSCTL_PATH),) if facts.sysctl_file is None else (sudo("tee", SYSCTL_PATH),)
+    if facts.sysctl_file != sysctl_file_text():
+        if facts.sysctl_file is None:
+            do, undo = (write_sysctl_file(),), (sudo("rm", "-f", SYSCTL_PATH),)
+        else:  # the operator's file kept aside, put back by the undo
+            do = (sudo("cp", SYSCTL_PATH, SYSCTL_BACKUP), write_sysctl_file())
+            undo = (sudo("cp", SYSCTL_BACKUP, SYSCTL_PATH),)
         changes.append(OsChange(
             f"file {SYSCTL_PATH}", "absent" if facts.sysctl_file is None else "differs", "the runbook's nine values",
-            (sudo("tee", SYSCTL_PATH),), undo, stdin=text, undo_stdin=facts.sysctl_file))
+            do, undo))
     live = {k: facts.sysctl_live.get(k, "?") for k in SYSCTLS if facts.sysctl_live.get(k) != SYSCTLS[k]}
     if live:
+        # The undo sets each key back alone: one `sysctl -w vm.KEY=NUMBER` each, as sudoers allows.
         changes.append(OsChange(
             "live sysctls", ", ".join(f"{k}={v}" for k, v in live.items()),
             ", ".join(f"{k}={SYSCTLS[k]}" for k in live),
             (sudo("sysctl", "-p", SYSCTL_PATH),),
-            (sudo("sysctl", "-w", *(f"{k}={v}" for k, v in live.items() if v != "?")),)))
+            tuple(sudo("sysctl", "-w", f"{k}={v}") for k, v in live.items() if v.isdigit())))
     if facts.swap_active:
         changes.append(OsChange("swap", "on (" + ", ".join(facts.swap_active) + ")", "off",
                                 (sudo("swapoff", "-a"),), (sudo("swapon", "-a"),)))
-    kept = fstab_without_swap(facts.fstab)
-    if kept != facts.fstab:
-        changes.append(OsChange(f"file {FSTAB}", "has swap lines", "no swap line", (sudo("tee", FSTAB),),
-                                (sudo("tee", FSTAB),), stdin=kept, undo_stdin=facts.fstab))
+    if fstab_without_swap(facts.fstab) != facts.fstab:
+        changes.append(OsChange(f"file {FSTAB}", "has swap lines", "no swap line",
+                                (sudo("cp", FSTAB, FSTAB_BACKUP), sudo(*STRIP_SWAP)),
+                                (sudo("cp", FSTAB_BACKUP, FSTAB),)))
     if facts.earlyoom_installed:
         changes.append(OsChange("package earlyoom", "installed", "purged", (sudo("apt-get", "purge", "-y", EARLYOOM),),
                                 (sudo("apt-get", "install", "-y", EARLYOOM),)))
     return changes
+
+
+def most_commands(choices: Choices) -> int:
+    """The commands Phase 0 can run on one node, changes and undos: its plan for a node out of the
+    box (graphical, every unit enabled, no sysctl file, swap on and in fstab, earlyoom)."""
+    units = wanted_units(choices)
+    fresh = OsFacts("graphical.target", {u: "enabled" for u in units}, frozenset(units), None, {}, ("/swap.img",),
+                    "/swap.img none swap sw 0 0\n", True)
+    changes = plan(fresh, choices) + remask_changes(list(COMES_BACK))
+    return sum(len(c.argvs) + len(c.undo) for c in changes)
 
 
 def needs_reboot(changes: list[OsChange], facts: OsFacts, choices: Choices) -> bool:
@@ -247,30 +274,50 @@ def remask_changes(units: list[str]) -> list[OsChange]:
 
 # Where DGX OS 7 (Ubuntu 24.04) keeps the programs Phase 0 runs as root: sudoers wants absolute paths.
 PROGRAMS: dict[str, str] = {
-    "systemctl": "/usr/bin/systemctl", "tee": "/usr/bin/tee", "rm": "/usr/bin/rm", "sysctl": "/usr/sbin/sysctl",
-    "swapoff": "/usr/sbin/swapoff", "swapon": "/usr/sbin/swapon", "apt-get": "/usr/bin/apt-get",
-    "reboot": "/usr/sbin/reboot",
+    "systemctl": "/usr/bin/systemctl", "rm": "/usr/bin/rm", "sysctl": "/usr/sbin/sysctl", "sh": "/usr/bin/sh",
+    "cp": "/usr/bin/cp", "sed": "/usr/bin/sed", "swapoff": "/usr/sbin/swapoff", "swapon": "/usr/sbin/swapon",
+    "apt-get": "/usr/bin/apt-get", "reboot": "/usr/sbin/reboot",
 }
 
 
 def root_argvs(choices: Choices) -> list[Argv]:
-    """Every argv Phase 0 and its undo can run as root, each exact (the sysctl undo's values are the
-    node's own, hence `sysctl -w vm.*`)."""
+    """Every argv Phase 0 and its undo can run as root with a value known before it reads a node,
+    each exact; the live sysctls' undo (the node's own values) is `sysctl_undo_patterns`."""
     out: list[Argv] = [("systemctl", "set-default", HEADLESS_TARGET), ("systemctl", "set-default", "graphical.target")]
     for unit, wanted in wanted_units(choices).items():
         verbs = ("mask", "unmask", "enable", "stop") if wanted == "masked" else ("disable", "enable")
         out += [("systemctl", v, unit) for v in verbs]
-    out += [("tee", SYSCTL_PATH), ("rm", "-f", SYSCTL_PATH), ("sysctl", "-p", SYSCTL_PATH), ("sysctl", "-w", "vm.*"),
-            ("swapoff", "-a"), ("swapon", "-a"), ("tee", FSTAB),
+    out += [write_sysctl_file(), ("cp", SYSCTL_PATH, SYSCTL_BACKUP), ("cp", SYSCTL_BACKUP, SYSCTL_PATH),
+            ("rm", "-f", SYSCTL_PATH), ("sysctl", "-p", SYSCTL_PATH),
+            ("swapoff", "-a"), ("swapon", "-a"), ("cp", FSTAB, FSTAB_BACKUP), STRIP_SWAP, ("cp", FSTAB_BACKUP, FSTAB),
             ("apt-get", "purge", "-y", EARLYOOM), ("apt-get", "install", "-y", EARLYOOM), ("reboot",)]
     return out
 
 
+def sysctl_undo_patterns() -> list[str]:
+    """The live sysctls' undo sets one of the nine keys back to the node's own number, known only
+    once the node is read: one sudoers regular expression per key (sudo >= 1.9.10, DGX OS 7 has
+    1.9.15), `-w` and that key with digits and nothing else (a glob's `*` would match any sysctl)."""
+    return [f"^-w {k.replace('.', chr(92) + '.')}\\=[0-9]+$" for k in SYSCTLS]
+
+
+def sudoers_arg(arg: str) -> str:
+    """One argument as sudoers reads it: its special characters and glob characters escaped."""
+    return "".join("\\" + c if c in "\\,:=*?[]!#" else c for c in arg)
+
+
+def sudoers_commands(choices: Choices, programs: dict[str, str] | None = None) -> list[str]:
+    """Each command of the Phase 0 sudoers file (`programs`: where the node keeps each program)."""
+    where = programs or PROGRAMS
+    exact = [" ".join((where[a[0]], *map(sudoers_arg, a[1:])) if len(a) > 1 else (where[a[0]], '""'))
+             for a in root_argvs(choices)]
+    return exact + [f"{where['sysctl']} {p}" for p in sysctl_undo_patterns()]
+
+
 def sudoers_text(user: str, choices: Choices) -> str:
     """The sudoers file for `user` that Phase 0 needs, nothing more (visudo -f /etc/sudoers.d/spark-phase0)."""
-    cmds = [" ".join((PROGRAMS[a[0]], *a[1:])) for a in root_argvs(choices)]
-    body = ", \\\n    ".join(cmds)
-    return (f"# spark-pipelines Phase 0 (node_os_job): each command exact\n"
+    body = ", \\\n    ".join(sudoers_commands(choices))
+    return (f"# spark-pipelines Phase 0 (node_os_job): each command exact; the live sysctls' undo one regex a key\n"
             f"Cmnd_Alias SPARK_PHASE0 = \\\n    {body}\n{user} ALL=(root) NOPASSWD: SPARK_PHASE0\n")
 
 

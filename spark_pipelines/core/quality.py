@@ -284,18 +284,25 @@ def render_markdown(q: QualityReport) -> str:
 
 def quality_gate(q: QualityReport | None, floor: float | None) -> tuple[bool, str]:
     """(passes, why) against the fleet's floor. A failed deterministic check fails whatever the
-    score; with a floor set, a phase that did not run fails (a gate that cannot read its figure
-    does not open)."""
-    if floor is None:
-        return True, "no quality floor set" + (f" ({q.text()})" if q is not None else "")
-    if q is None or q.score is None:
-        why = q.skipped if q is not None else "the quality phase did not run"
-        return False, f"quality not measured ({why}) and the fleet sets a floor of {floor:g}/100"
+    score, floor or none; a phase that was run but measured nothing fails too (a gate that cannot
+    read its checks does not open). With no floor set, the score alone gates nothing; with no
+    phase run at all (q None: the caller benched without one), only a set floor fails."""
+    if q is None:
+        if floor is None:
+            return True, "no quality phase and no quality floor set"
+        return False, f"quality not measured (the quality phase did not run) and the fleet sets a floor of {floor:g}/100"
+    if q.score is None:
+        floor_txt = f" and the fleet sets a floor of {floor:g}/100" if floor is not None else ""
+        return False, (f"quality not judged: {q.skipped or 'the quality phase measured nothing'}{floor_txt}; its "
+                       "deterministic checks (smoke answer, reasoning parser, tool call) could not run, so the node "
+                       "is not promoted: bench it again once its server answers the quality suite")
     failed = q.failed_checks()
     if failed:
         return False, ("quality check failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
                        + ". Runbook troubleshooting, Garbage output: ensure the patched image, not vanilla vLLM; "
                          "check the launch's --reasoning-parser and tool-call parser")
+    if floor is None:
+        return True, f"no quality floor set; deterministic checks passed ({q.text()})"
     if q.score < floor:
         return False, f"quality {q.score:g}/100 < floor {floor:g} ({q.text()})"
     return True, f"quality {q.score:g}/100 >= floor {floor:g}"

@@ -285,7 +285,7 @@ def known_hosts_name(host: str, port: int) -> str:
 
 
 def known_hosts_line(host: str, port: int, key_type: str, key_base64: str) -> str:
-    names.check(names.HOST, host, "host name or IP address")
+    names.check_host(host)
     if not re.match(r"^[a-z0-9@.-]+$", key_type) or not re.match(r"^[A-Za-z0-9+/=]+$", key_base64):
         raise ValueError(f"not a public key: type {key_type!r}")
     return f"{known_hosts_name(host, port)} {key_type} {key_base64}"

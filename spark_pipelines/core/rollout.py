@@ -112,9 +112,9 @@ def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float |
           quality_noise: float = 0.0, protocol_key: str | None = None) -> GateResult:
     """The gates of one node in a wave, in order; the first that fails decides. A void bench
     (wedged GPU, foreign requests: core.baseline) proves nothing either way, so it does not pass.
-    Quality (with a floor set): the floor and its deterministic checks, then no drop below the
-    baseline's beyond `quality_noise`. A baseline made under another bench protocol is not
-    compared with (core.protocol)."""
+    Quality: its deterministic checks and the floor (when set), then no drop below the baseline's
+    beyond `quality_noise`. A baseline made under another bench protocol cannot be compared with
+    (core.protocol): the gate cannot judge, so it fails, saying what to do."""
     if not healthy:
         return GateResult(node, False, "health", health_why or f"{node} did not become healthy on the new version")
     if not benched:
@@ -133,10 +133,9 @@ def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float |
     if not ok:
         return GateResult(node, False, "quality", q_why)
     acc_why = f"{acc_why}; {q_why}"
-    if baseline is not None and protocol_key is not None and protocol_key != baseline.protocol:
-        _, p_why = bench_protocol.comparable(protocol_key, baseline.protocol)
-        return GateResult(node, True, "passed", f"{why}; {acc_why}; fleet baseline not compared: {p_why}")
-    if baseline is not None and floor_quality is not None and quality is not None:
+    if baseline is not None and protocol_key != baseline.protocol:
+        return GateResult(node, False, "baseline", protocol_mismatch(protocol_key, baseline))
+    if baseline is not None and quality is not None:
         ok, qb_why = quality_core.quality_vs_baseline(quality.score, quality.suite, baseline.quality,
                                                       baseline.quality_suite, quality_noise)
         if not ok:
@@ -151,6 +150,21 @@ def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float |
         return GateResult(node, True, "passed", f"{why}; {acc_why}; vs baseline {baseline.tok_s:.1f} tok/s: "
                                                 f"{mean_tok_s / baseline.tok_s:.2f}x")
     return GateResult(node, True, "passed", f"{why}; {acc_why}; no fleet baseline to compare with")
+
+
+def protocol_mismatch(protocol_key: str | None, baseline: Baseline) -> str:
+    """Why the baseline gate cannot judge a bench made under another protocol, and what to do: a
+    gate that cannot compare holds the node (it never passes unjudged)."""
+    _, p_why = bench_protocol.comparable(protocol_key, baseline.protocol)
+    if protocol_key is not None and "not honoured" in protocol_key:
+        todo = ("this version ignored the forced output length (vLLM's ignore_eos + min_tokens): its figure "
+                "cannot be compared; serve a version that honours them, or set bench.force_output_length: "
+                "false in the fleet file and bench every serving node again before the rollout")
+    else:
+        todo = ("bench every serving node again (bench_job) so the fleet's baseline is made under this "
+                "protocol, then run the rollout again")
+    return (f"the baseline gate cannot judge: {p_why} (this bench {protocol_key or 'unrecorded'}, the fleet's "
+            f"baseline over {', '.join(baseline.nodes)} {baseline.protocol or 'unrecorded'}); {todo}")
 
 
 # -- executing a plan --------------------------------------------------------------------------

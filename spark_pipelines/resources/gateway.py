@@ -53,6 +53,16 @@ HTTP_TIMEOUT_S = 5.0
 SIDECAR_LOCK_WAIT_S = 60.0  # a sidecar write waits this long for a config change (and its reload)
 # A graceful reload serves the new config within a few hundred ms: a drain is confirmed that soon.
 SERVING_POLL_S = 0.2
+READY_TIMEOUT_S = 90.0  # a reloaded proxy until ready
+LOCK_WAIT_S = 600.0  # a change waits this long for another run's change
+RELOAD_TIMEOUT_S = 300.0
+ROTATION_WAIT_S = 1200.0  # a drain waits this long for other nodes to be back before it is refused
+
+
+def change_limit_s(lock_wait_s: float = LOCK_WAIT_S, reload_timeout_s: float = RELOAD_TIMEOUT_S) -> float:
+    """How long one config change may take on the gateway host: the lock, the reload and the
+    reload of the config put back when the first fails."""
+    return lock_wait_s + 2 * (reload_timeout_s + 10) + 60
 
 EXIT_CHANGED, EXIT_LOCK, EXIT_WRITE, EXIT_RELOAD, EXIT_RELOAD_ROLLED_BACK = 75, 76, 70, 73, 72
 
@@ -171,9 +181,9 @@ def _said(pools: dict[str, frozenset[str]]) -> str:
 
 
 class GatewayHost:
-    def __init__(self, session: FleetSession, ready_timeout_s: float = 90.0, master_key: str | None = None,
-                 lock_wait_s: float = 600.0, reload_timeout_s: float = 300.0, rotation_wait_s: float = 1200.0,
-                 poll_s: float = 5.0) -> None:
+    def __init__(self, session: FleetSession, ready_timeout_s: float = READY_TIMEOUT_S, master_key: str | None = None,
+                 lock_wait_s: float = LOCK_WAIT_S, reload_timeout_s: float = RELOAD_TIMEOUT_S,
+                 rotation_wait_s: float = ROTATION_WAIT_S, poll_s: float = 5.0) -> None:
         self.session = session
         self.fleet = session.fleet
         self.gw = session.fleet.gateway
@@ -288,7 +298,7 @@ class GatewayHost:
                 expand_home(self.gw.reload_dir, self.gw.home_dir) if self.gw.reload_dir else "",
                 str(int(self.reload_timeout_s)), *self.gw.reload_command]
         stdin = (self._master_key or "") + "\n" + text
-        timeout = self.lock_wait_s + 2 * (self.reload_timeout_s + 10) + 60
+        timeout = change_limit_s(self.lock_wait_s, self.reload_timeout_s)
         # The script itself is not worth a log line per run; what it did is.
         how = ("graceful reload: streams in flight finish" if self.gw.reload == "graceful" else
                "proxy restart: every stream in flight is dropped (gateway.reload: graceful avoids it)")
@@ -644,10 +654,10 @@ class LiteLLMGateway(dg.ConfigurableResource):
     ssh: FleetSSH
     master_key: str | None = Field(
         default=None, description="the proxy's master key: bind it with dg.EnvVar (the fleet's master_key_env)")
-    ready_timeout_s: float = Field(default=90.0, description="how long a reloaded proxy may take to be ready")
-    lock_wait_s: float = Field(default=600.0, description="how long a change waits for another run's change")
+    ready_timeout_s: float = Field(default=READY_TIMEOUT_S, description="how long a reloaded proxy may take to be ready")
+    lock_wait_s: float = Field(default=LOCK_WAIT_S, description="how long a change waits for another run's change")
     rotation_wait_s: float = Field(
-        default=1200.0, description="how long a drain waits for other nodes to be back before it is refused")
+        default=ROTATION_WAIT_S, description="how long a drain waits for other nodes to be back before it is refused")
 
     def host(self) -> GatewayHost:
         return GatewayHost(self.ssh.session, self.ready_timeout_s, master_key=self.master_key,

@@ -9,6 +9,14 @@ be cleaned up by hand. Whoever holds it is written next to the lock file, for th
 
 Re-entrant within one session and thread: the A/B experiment holds its node's lease while the
 deploys it runs take it again.
+
+A lease can end under its run: the connection drops (the session would reconnect for the next
+command) or the node's side of it ends. Another run may hold the node from then on (the health
+sweep sees a dead run's journal with the lease free and requests the repair), so a run whose
+lease ended stops touching the node: every later command or file operation of its session on
+that node raises LeaseLost (FleetSession.guards) until the lease's block ends, and its undo is
+left to the next holder (a deploy's journal stays on the node for it; `lost` tells a procedure
+not to put the node back in the gateway either).
 """
 
 from __future__ import annotations
@@ -41,6 +49,10 @@ class NodeBusy(RunbookError, RemoteError):
     the asset shows it as one line, not a traceback)."""
 
 
+class LeaseLost(RunbookError, RemoteError):
+    """This run's lease on a node ended under it: it changes nothing more there."""
+
+
 @dataclass
 class Lease:
     target: str
@@ -53,12 +65,52 @@ class Lease:
     @property
     def lost(self) -> bool:
         """The channel ended under us (connection dropped): the node no longer holds the lock."""
-        return self.channel is None or self.channel.closed or self.channel.exit_status_ready()
+        chan = self.channel
+        if chan is None or chan.closed or chan.exit_status_ready():
+            return True
+        transport = chan.get_transport()
+        return transport is None or not transport.is_active()
+
+    def error(self) -> LeaseLost:
+        return LeaseLost(
+            f"node {self.target}: this run's lease for {self.purpose} ended under it (its SSH connection dropped or "
+            f"the node's side of {self.lock_path} ended), so another run may hold {self.target} now: this run "
+            f"changes nothing more there. The next run that takes {self.target}'s lease finishes what this one "
+            f"left (a deploy's journal); the health sweep requests that run by itself")
 
 
 # session -> {(thread id, target key): Lease}: what this session's threads hold right now.
 _held: weakref.WeakKeyDictionary[FleetSession, dict[tuple[int, str], Lease]] = weakref.WeakKeyDictionary()
 _held_lock = threading.Lock()
+
+
+def lost(s: FleetSession, target: str) -> Lease | None:
+    """A lease this session holds on `target` (any thread) that ended under it, or None."""
+    with _held_lock:
+        try:
+            mine = list(_held.get(s, {}).items())
+        except TypeError:  # no session that can hold a lease (a stand-in)
+            return None
+    if not mine:
+        return None
+    key, _ = s.target(target)
+    return next((lease for (_, k), lease in mine if k == key and lease.lost), None)
+
+
+def check(s: FleetSession, target: str) -> None:
+    """At a step boundary: raise LeaseLost when this session's lease on `target` ended."""
+    gone = lost(s, target)
+    if gone is not None:
+        raise gone.error()
+
+
+def _guard(s: FleetSession, key: str) -> None:
+    """FleetSession's guard: no command on a node whose lease this session lost."""
+    with _held_lock:
+        leases = [lease for (_, k), lease in _held.get(s, {}).items() if k == key]
+    for lease in leases:
+        if lease.lost:
+            raise lease.error()
 
 
 def lock_paths(s: FleetSession, target: str, name: str = "run") -> tuple[str, str]:
@@ -106,6 +158,8 @@ def node_lease(s: FleetSession, target: str, purpose: str, *, run_id: str = "",
                 outer.depth -= 1
         return
 
+    if _guard not in s.guards:
+        s.guards.append(_guard)
     lock_path, holder_path = lock_paths(s, target)
     holder = {"purpose": purpose, "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
               "started": round(time.time(), 1)}
@@ -121,7 +175,8 @@ def node_lease(s: FleetSession, target: str, purpose: str, *, run_id: str = "",
         with _held_lock:
             _held.get(s, {}).pop(slot, None)
         if lease.lost:
-            s.log.warning(f"[{key}] the lease for {purpose} ended before the block did (connection dropped?)")
+            s.log.warning(f"[{key}] the lease for {purpose} ended before the block did (connection dropped?); "
+                          "its next command there raised LeaseLost")
         lease.channel.close()  # cat sees EOF, flock exits, the lock is free
 
 

@@ -22,6 +22,7 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.runbook.deploy import finish_interrupted
+from spark_pipelines.resources import lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
@@ -142,6 +143,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                                        concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
                                        reference_mean_tok_s=f.bench.reference_tok_s,
                                        ignore_eos=f.bench.force_output_length,
+                                       max_s=f.health.bench_max_s,  # past it, no bench any more (core.healing)
                                        on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
                 quality = quality_phase(f, node, log)
                 mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
@@ -163,6 +165,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     quality_suite=quality.suite if quality is not None else None)
                 benched = Benched(report, mean, loaded, verdict, acceptance, rec, False, "", waited,
                                   len(sampler.readings), quality)  # promoted and reason: the gate's, below
+                lease.check(s, node.name)  # a run whose lease ended records no verdict on the node
                 # A bench made void by somebody else's requests judged nothing: never promoted, the
                 # node goes back where it was with its hold-outs as they were. One that saw the
                 # wedge judged the GPU: the gate holds the node out.

@@ -57,6 +57,7 @@ from spark_pipelines.core.launch import (CHECKPOINT_LABEL, CHECKPOINT_VERSION_LA
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources import lease
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import jit_cache, preflight, quarantine, versions
@@ -681,6 +682,15 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     except BaseException as e:
         if txn.committed:
             raise
+        gone = lease.lost(s, node.name)
+        if gone is not None:
+            # Another run may hold the node now: the rollback is the journal's, finished by the
+            # next run that takes the lease; from here it would fight that run.
+            txn.prepared = None  # nor the exporters: that run starts them again with the rollback
+            phase = journal.phase if journal is not None else "unknown"
+            raise DeployFailed(f"deploy on {node.name} stopped in phase {phase}: {first_line(gone.error())}; "
+                               f"this run rolled nothing back on {node.name}: the next run there finishes it "
+                               f"from the deploy journal") from e
         why = e.description if isinstance(e, _NotServing) else f"deploy on {node.name} failed: {first_line(e)}"
         log.warning(f"[{node.name}] {why}; rolling back")
         if journal is not None and journal.phase != "draining":

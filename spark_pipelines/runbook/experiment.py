@@ -119,7 +119,8 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
                 wait_idle(vf, vnode)
                 reports[vname] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
                                            suite=suite, concurrency=fleet.bench.loaded_concurrency,
-                                           repeats=repeats + 1, ignore_eos=fleet.bench.force_output_length)
+                                           repeats=repeats + 1, ignore_eos=fleet.bench.force_output_length,
+                                           max_s=fleet.health.bench_max_s)
         finally:
             log.info(f"restoring the production launch on {node.name}")
             deploy(s, node, launch_spec(fleet, node), log, run_id=run_id)

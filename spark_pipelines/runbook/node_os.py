@@ -22,6 +22,7 @@ from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources import engine
 from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources import lease
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.runbook import quarantine, rotation, wedge
@@ -89,10 +90,9 @@ def read_facts(s: FleetSession, node: Node) -> node_os.OsFacts:
     )
 
 
-def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...], stdin: str | None) -> None:
+def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
     n = node.name
-    r = s.run(n, list(argv), sudo=True, stdin=stdin if argv[0] == "tee" else None, check=False,
-              log=argv[0] != "tee", timeout=CHANGE_TIMEOUT_S)
+    r = s.run(n, list(argv), sudo=True, check=False, timeout=CHANGE_TIMEOUT_S)
     if r.ok:
         return
     why = first_line(r.stderr or r.tail) or "no output"
@@ -108,22 +108,30 @@ def undo(s: FleetSession, node: Node, done: list[node_os.OsChange]) -> list[str]
     for c in reversed(done):
         for argv in c.undo:
             try:
-                _run_root(s, node, argv, c.undo_stdin)
+                _run_root(s, node, argv)
             except (RunbookError, RemoteError) as e:
                 failed.append(f"{c.setting}: {first_line(e)}")
     return failed
 
 
 def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[str]:
-    """Each change in order; on any failure the made ones are undone and the error names both."""
+    """Each change in order; on any failure the made ones are undone, a change whose first
+    command ran and a later one failed (mask, then stop) included, and the error names both. A
+    run whose lease on the node ended undoes nothing there (another run may hold it now; the next
+    node_os_job reads the node again and changes only what differs)."""
     done: list[node_os.OsChange] = []
     try:
         for c in changes:
-            for argv in c.argvs:
-                _run_root(s, node, argv, c.stdin)
-            done.append(c)
+            for i, argv in enumerate(c.argvs):
+                if i == 1:
+                    done.append(c)  # half-applied from here: its undo puts the setting back as a whole
+                _run_root(s, node, argv)
+            if len(c.argvs) < 2:
+                done.append(c)
             s.log.info(f"[{node.name}] Phase 0: {c.line}")
     except BaseException as e:
+        if lease.lost(s, node.name) is not None:
+            raise
         failed = undo(s, node, done)
         if isinstance(e, RunbookError):
             e.description = (f"{e.description}; the {len(done)} change(s) made before it were undone"

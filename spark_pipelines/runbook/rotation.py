@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.resources import lease
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
@@ -76,7 +77,15 @@ def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float |
 
 def put_back(gw: GatewayHost, node: str) -> None:
     """Restore, unless the node was quarantined while it was out (a health sweep's policy acted
-    meanwhile): the quarantine keeps it out until an operator or a healthy deploy releases it."""
+    meanwhile): the quarantine keeps it out until an operator or a healthy deploy releases it.
+    Nor when this run's lease on the node ended under it: the run that holds the node now (or
+    the next one) decides where it goes, and a restore from here could route to a node it is
+    changing."""
+    session = getattr(gw, "session", None)
+    gone = lease.lost(session, node) if session is not None else None
+    if gone is not None:
+        session.log.warning(f"{node} is not put back in the gateway by this run: {gone.error()}")
+        return
     try:
         held = ledger.quarantined(gw.session).get(node)
     except Exception:  # an unreadable record decides nothing: the drain's promise is the restore

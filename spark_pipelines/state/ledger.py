@@ -127,9 +127,14 @@ class Ledger(_Model):
 def _parse(text: str, legacy: str | None) -> dict[str, NodeEntry]:
     if text:
         data = json.loads(text)
-        return {n: NodeEntry.model_validate(e) for n, e in (data.get("nodes") or {}).items()}
+        nodes = data.get("nodes") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(nodes, (dict, type(None))):
+            raise ValueError("not a ledger object")  # valid JSON, but no {"nodes": {...}}
+        return {n: NodeEntry.model_validate(e) for n, e in (nodes or {}).items()}
     if legacy:  # node -> {verdict, reason, since, by}
         data = json.loads(legacy)
+        if not isinstance(data, dict):
+            raise ValueError("not a quarantine record object")
         return {n: NodeEntry(quarantine=Quarantine(node=n, **{k: str(v) for k, v in rec.items()
                                                                 if k in ("verdict", "reason", "since", "by")}))
                 for n, rec in data.items() if isinstance(rec, dict)}

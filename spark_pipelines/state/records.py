@@ -295,15 +295,32 @@ def newest_materialization_id(instance: dg.DagsterInstance, asset: str) -> int |
     return recs[0].storage_id if recs else None
 
 
+# The job that materializes an asset when a run is requested by its name (a sensor's RunRequest,
+# a schedule, the launchpad): such a run carries no asset_selection, only the job's name.
+JOB_OF = {steps.FLEET_ROLLOUT: steps.ROLLOUT_JOB, steps.FLEET_SUMMARY: steps.SUMMARY_JOB}
+
+
 def run_in_progress_for(instance: dg.DagsterInstance, asset: str) -> str | None:
-    """The id of a queued or running run that will materialize `asset` (None: none)."""
+    """The id of a queued or running run that will materialize `asset` (None: none): a run whose
+    asset selection names it, or a run of the job that materializes it (JOB_OF)."""
     waiting = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
                dg.DagsterRunStatus.STARTED]
     key = dg.AssetKey(asset)
     for run in instance.get_runs(dg.RunsFilter(statuses=waiting), limit=50):
         if run.asset_selection and key in run.asset_selection:
             return run.run_id
+        if not run.asset_selection and run.job_name == JOB_OF.get(asset):
+            return run.run_id
     return None
+
+
+def fleet_recorded(instance: dg.DagsterInstance, fleet: Fleet) -> bool:
+    """Whether the instance holds any record of this fleet's serve nodes (a deploy, an adoption, a
+    health sweep's observation): an empty instance, or another fleet's, holds none."""
+    nodes = [n.name for n in fleet.serve_nodes]
+    flt = dg.AssetRecordsFilter(asset_key=dg.AssetKey(steps.NODE_DEPLOYMENT), asset_partitions=nodes)
+    return bool(instance.fetch_materializations(flt, limit=1).records
+                or instance.fetch_observations(flt, limit=1).records)
 
 
 def newest_observation_id(instance: dg.DagsterInstance, after: int | None) -> int | None:

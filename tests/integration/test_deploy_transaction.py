@@ -439,6 +439,69 @@ def test_rollback_that_cannot_serve_drains_the_node_with_the_reason(env, s, sim_
     assert NODE in GatewayHost(s).rotation()
 
 
+def test_a_deploy_whose_lease_ended_changes_nothing_more_and_the_next_holder_finishes_it(env, s, monkeypatch):
+    """Issue 34 item 7: the deploy's connection drops right after its `docker run` (so its lease
+    on the node ends) and another run takes the node (the sweep's repair). Before, the session
+    reconnected silently and the old run rolled back and put the node back in the gateway beside
+    the new owner. Now its next command raises LeaseLost: no command on the node after the loss,
+    no restore in the gateway, the journal left for the new owner, who finishes it and deploys."""
+    from contextlib import ExitStack
+
+    from spark_pipelines.resources.lease import LeaseLost
+
+    fleet = env["fleet"]
+    node = fleet.node(NODE)
+    spec = launch_spec(fleet, node)
+    before = snapshot(s)
+    assert before["in_gateway"] and before["healthy"]
+    owner = ExitStack()
+    new_owner = FleetSession(fleet, SshSettings(connect_retries=1))
+    seen: dict = {}
+    original = NodeDocker.run_container
+
+    def run_then_drop(self, n, argv):
+        out = original(self, n, argv)
+        if n == NODE and "lost" not in seen:
+            seen["lost"] = len(self.session.commands)
+            self.session._conns[NODE].close()  # the connection drops: the lease's channel with it
+            deadline = time.monotonic() + 15
+            while True:  # the node's flock is free once sshd sees the channel gone
+                try:
+                    owner.enter_context(node_lease(new_owner, NODE, "repair", run_id="new-owner"))
+                    break
+                except NodeBusy:
+                    assert time.monotonic() < deadline, "the lost lease was still held on the node after 15 s"
+                    time.sleep(0.2)
+        return out
+
+    monkeypatch.setattr(NodeDocker, "run_container", run_then_drop)
+    lost_run = FleetSession(fleet, SshSettings(connect_retries=1))
+    try:
+        with pytest.raises(RunbookError) as err:
+            deploy(lost_run, node, spec, LOG, run_id="lost-run")
+        assert "lost" in seen
+        assert "ended under it" in str(err.value) and "rolled nothing back" in str(err.value), str(err.value)
+        assert isinstance(err.value.__cause__, LeaseLost) or "LeaseLost" in repr(err.value.__cause__)
+        after_loss = [c for c in lost_run.commands[seen["lost"]:] if c.node == NODE]
+        assert after_loss == [], [c.argv for c in after_loss]  # nothing more on the node, no rollback
+        assert NODE not in GatewayHost(s).rotation()  # not put back beside the new owner
+        journal = markers.read_journal(s, node)
+        assert journal is not None and journal.run_id == "lost-run"
+    finally:
+        monkeypatch.undo()
+        owner.close()
+        lost_run.close()
+    # The new owner (a repair run) finishes the dead deploy from its journal, then deploys.
+    try:
+        done = deploy(new_owner, node, spec, LOG, run_id="new-owner")
+        assert done.container_id
+    finally:
+        new_owner.close()
+    after = snapshot(s)
+    assert after["running"] and after["healthy"] and after["in_gateway"]
+    assert markers.read_journal(s, node) is None and after["previous"] is None
+
+
 def test_deploy_of_a_node_held_by_another_run_is_one_clear_line(env, s):
     node = s.fleet.node(NODE)
     with node_lease(s, NODE, "bench", run_id="other-run"), FleetSession(s.fleet) as other:

@@ -210,7 +210,10 @@ def test_sudo_allows_exactly_the_runbook_root_steps(sim_fleet: SimFleet) -> None
     out = ok(sim_fleet, spark1, ["sudo", "-n", "nvidia-smi", "-pm", "1"])
     assert "Enabled" in out
     ok(sim_fleet, spark1, ["sudo", "-n", "nvidia-smi", "-rgc"])
-    assert ok(sim_fleet, spark1, ["sudo", "-n", "systemctl", "get-default"]).strip() == "multi-user.target"
+    # systemctl as root only as the product runs it (each Phase 0 and exporter argv exact)
+    ok(sim_fleet, spark1, ["sudo", "-n", "systemctl", "stop", "prometheus-node-exporter"])  # the deploy's
+    rc, _, err = ssh(sim_fleet, spark1, ["sudo", "-n", "systemctl", "get-default"])
+    assert rc != 0 and "password is required" in err
     rc, _, err = ssh(sim_fleet, spark1, ["sudo", "-n", "id"])
     assert rc != 0 and "password is required" in err
     rc, _, err = ssh(sim_fleet, spark1, ["sudo", "-n", "sh", "-c", "id"])

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import paramiko
 import pytest
 
+from spark_pipelines.core import node_os as p0
 from spark_sim import gpu_states, node_os, power
 from spark_sim.effects import ssh_banner
 from spark_sim.fleet import Member, SimFleet
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 BOOT_DELAY_S = 2.0
 CONF = node_os.SYSCTL_FILE
+UNITS = sorted({p0.unit_name(u) for u in (*p0.DISABLE, *p0.MASK)} | {p0.TAILSCALE})
 
 
 def ssh(fleet: SimFleet, node: Member, argv: list[str], stdin: str = "") -> tuple[int, str, str]:
@@ -95,22 +97,31 @@ def test_phase0_argvs_reboot_and_boot_over_ssh(sim_fleet: SimFleet, fresh_node: 
     used_desktop = int(ok(f, m, ["free", "-g"]).splitlines()[1].split()[2])
     with_desktop = memcheck_free_gib(f, m)
 
-    # Phase 0, the product's argvs, rpcbind left disabled but not masked.
-    ok(f, m, ["sudo", "-n", "systemctl", "set-default", "multi-user.target"])
-    ok(f, m, ["sudo", "-n", "systemctl", "disable", *node_os.DISABLE_LIST])
-    ok(f, m, ["sudo", "-n", "systemctl", "mask", *[u for u in node_os.MASK_LIST if u != "rpcbind"]])
+    # Phase 0, exactly the product's plan for this node and its argvs (rpcbind left disabled, not
+    # masked, for the reboot below), each through the node's sudoers: the lines `spark-pipelines
+    # sudoers` prints.
+    facts = p0.OsFacts("graphical.target", {u: "enabled" for u in UNITS}, frozenset(), None,
+                       dict(node_os.KERNEL_SYSCTLS), ("/swap.img",), ok(f, m, ["cat", "/etc/fstab"]), True)
+    changes = [c for c in p0.plan(facts, p0.Choices()) if c.setting != "service rpcbind"]
+    assert node_os.run(m.dir, "systemctl", ["disable", "rpcbind"], root=True)[0] == 0  # by hand, not Phase 0's
+    for c in changes:
+        for argv in c.argvs:
+            ok(f, m, ["sudo", "-n", *argv])
     assert ok(f, m, ["systemctl", "is-active", "gdm3"]) == "active\n"  # mask does not stop
-    text = "".join(f"{k} = {v}\n" for k, v in node_os.RUNBOOK_SYSCTLS.items())
-    assert ok(f, m, ["sudo", "-n", "tee", CONF], stdin=text) == text
-    assert ok(f, m, ["cat", CONF]) == text
-    assert ok(f, m, ["sudo", "-n", "sysctl", "-p", CONF]) == text
-    assert ok(f, m, ["sudo", "-n", "sysctl", "-w", "vm.swappiness=60"]) == "vm.swappiness = 60\n"  # the undo
-    ok(f, m, ["sudo", "-n", "swapoff", "-a"])
-    fstab = ok(f, m, ["cat", "/etc/fstab"])
-    ok(f, m, ["sudo", "-n", "tee", "/etc/fstab"], stdin="".join(x + "\n" for x in fstab.splitlines() if "swap" not in x))
-    ok(f, m, ["sudo", "-n", "apt-get", "purge", "-y", "earlyoom"])
-    rc, _, err = ssh(f, m, ["sudo", "-n", "tee", "/etc/passwd"], stdin="x")
-    assert rc != 0 and "password is required" in err
+    assert ok(f, m, ["cat", CONF]) == p0.sysctl_file_text()
+    assert "swap" not in ok(f, m, ["cat", "/etc/fstab"])
+    live = next(c for c in changes if c.setting == "live sysctls")
+    for argv in live.undo:  # the undo, one key each through its sudoers regex
+        ok(f, m, ["sudo", "-n", *argv])
+    assert ok(f, m, ["sysctl", "-n", "vm.swappiness"]) == "60\n"
+    ok(f, m, ["sudo", "-n", "sysctl", "-p", CONF])
+    # What the old lines let through is refused now: a root tee (root itself), any other sysctl.
+    for argv, stdin in ((["tee", "/etc/fstab"], "x"), (["tee", "/etc/passwd"], "x"),
+                        (["sysctl", "-w", "vm.swappiness=60", "kernel.modprobe=/tmp/x"], ""),
+                        (["sysctl", "-w", "kernel.modprobe=/tmp/x"], ""), (["sh", "-c", "id"], ""),
+                        (["systemctl", "disable", "cups", "ssh"], ""), (["reboot", "--force"], "")):
+        rc, _, err = ssh(f, m, ["sudo", "-n", *argv], stdin=stdin)
+        assert rc != 0 and "password is required" in err, argv
     assert ok(f, m, ["cat", "/etc/os-release"])  # any other file is the real cat's
 
     took = reboot(f, m)

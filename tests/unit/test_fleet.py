@@ -1,11 +1,12 @@
 """The fleet file's validation carries the runbook's rules, each refusal naming field, value and fix."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
 
-from spark_pipelines.core.fleet import FIX_ENV_VARS, FleetError, load_fleet, parse_fleet
+from spark_pipelines.core.fleet import FIX_ENV_VARS, FleetError, load_fleet, load_fleet_text, parse_fleet
 
 
 def refused(data, *needles):
@@ -199,7 +200,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         (b"x: !!python/object/apply:os.system [id]\n", "remove the tag"),
         (b"- 1\n- 2\n", "expected a mapping"),
         (b"", "the file is empty"),
-        (("a: " + "1" * 5000).encode(), "thousands of digits"),
+        (("a: " + "1" * 5000).encode(), "a = a number of 5000 characters (line 1): write a number in range"),
         (b"a: " + b"x" * (2 << 20), "over 1024 KiB"),
     ],
 )
@@ -253,3 +254,77 @@ def test_an_empty_file_and_a_misspelt_top_level_key_say_what_to_do(seed_data):
     seed_data["nodes"] = seed_data.pop("nodess")
     seed_data["gateway"]["colour"] = "blue"  # nothing close: the plain advice
     refused(seed_data, "gateway.colour: unknown key (typo?); remove it or check the spelling")
+
+
+# -- issue 34, item 13: the hostile classes a hold-out of bad fleet files found ------------------
+
+@pytest.mark.parametrize("host,needle", [
+    ("256.1.1.1", "reads as an IPv4 address but is not one"),
+    ("1.2.3", "reads as an IPv4 address"),  # inet_aton would read 1.2.0.3
+    ("2130706433", "reads as an IPv4 address"),  # 127.0.0.1 to the resolver
+    ("0x7f.1", "reads as an IPv4 address"),
+    ("010.0.0.1", "without leading zeros"),  # octal to inet_aton: 8.0.0.1
+    ("::::", "not an IPv6 address"),
+    ("1:2:3:4:5:6:7:8:9", "not an IPv6 address"),
+    (".".join(["a" * 60] * 5), "at most 253 characters"),
+])
+@pytest.mark.parametrize("field", [("nodes", 1, "host"), ("gateway", "host")])
+def test_a_host_that_is_no_name_or_address_is_refused_by_field(seed_data, host, needle, field):
+    data = copy.deepcopy(seed_data)
+    target = data
+    for k in field[:-1]:
+        target = target[k]
+    target[field[-1]] = host
+    where = "nodes[1] (spark2).host" if field[0] == "nodes" else "gateway.host"
+    refused(data, where, needle)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.12", "spark2", "spark2.lab.example", "fd00::12", "[fd00::12]", "gx10-a1"])
+def test_real_names_and_addresses_still_load(seed_data, host):
+    seed_data["nodes"][1]["host"] = host
+    assert parse_fleet(seed_data).nodes[1].host == host
+
+
+@pytest.mark.parametrize("where,value,needle", [
+    (("launch", "cache_mounts", 0, "host"), "/", "shared directory"),
+    (("launch", "cache_mounts", 0, "host"), "/etc", "/etc is the system's"),
+    (("launch", "cache_mounts", 1, "host"), "/usr/lib/vllm", "/usr is the system's"),
+    (("launch", "cache_mounts", 2, "host"), "/var/lib/docker", "/var/lib/docker is the system's"),
+    (("launch", "cache_mounts", 0, "host"), "/proc/self", "/proc is the system's"),
+    (("launch", "cache_mounts", 0, "host"), "~", "a home itself"),
+    (("launch", "cache_mounts", 0, "host"), "~/.ssh", "~/.ssh"),
+    (("launch", "cache_mounts", 0, "host"), "~/.cache", "shared directory"),  # holds this tool's markers
+    (("launch", "models_dir"), "/boot", "/boot is the system's"),
+    (("launch", "models_dir"), "/home/operator", "a home itself"),
+    (("launch", "jit_cache_store"), "/dev/shm", "/dev is the system's"),
+    (("launch", "jit_cache_store"), "/", "shared directory"),
+])
+def test_a_system_directory_named_as_a_cache_is_refused_by_field(seed_data, where, value, needle):
+    target = seed_data
+    for k in where[:-1]:
+        target = target[k]
+    target[where[-1]] = value
+    field = ".".join(f"[{k}]" if isinstance(k, int) else k for k in where).replace(".[", "[")
+    refused(seed_data, field, needle, "give a directory of its own")
+
+
+def test_caches_of_their_own_still_load(seed_data):
+    seed_data["launch"]["cache_mounts"][0]["host"] = "/data/cache/vllm"
+    seed_data["launch"]["models_dir"] = "/srv/models/qwen"
+    seed_data["launch"]["jit_cache_store"] = "/var/lib/spark-jit"
+    f = parse_fleet(seed_data)
+    assert f.launch.models_dir == "/srv/models/qwen"
+
+
+@pytest.mark.parametrize("key,field", [("  port: 8000", "launch.port"), ("  repeats: 2 ", "bench.repeats"),
+                                       ("  restart_budget: 3 ", "health.restart_budget")])
+def test_a_number_of_thousands_of_digits_names_its_field(key, field):
+    text = Path("fleets/seed.yaml").read_text()
+    assert key in text
+    name = key.split(":")[0]
+    bad = text.replace(key, f"{name}: {'9' * 5000} ", 1)
+    with pytest.raises(FleetError) as err:
+        load_fleet_text(bad, "f.yaml")
+    msg = str(err.value)
+    assert msg.startswith(f"f.yaml: {field} = a number of 5000 characters") and "write a number in range" in msg
+    assert "\n" not in msg

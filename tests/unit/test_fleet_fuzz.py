@@ -16,8 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_pipelines.core import layout, remote
-from spark_pipelines.core.fleet import FleetError, load_fleet, parse_fleet
+from spark_pipelines.core import layout, names, remote
+from spark_pipelines.core.fleet import FleetError, load_fleet, load_fleet_text, parse_fleet
 from spark_pipelines.core.launch import launch_spec
 
 SEED = yaml.safe_load(Path("fleets/seed.yaml").read_text())
@@ -43,6 +43,10 @@ HOSTILE = [
     "ü", "\u202egnp.exe", "zero\u200bwidth", "x" * 5000, "1e400", "nan", ".nan", "inf",
     float("nan"), float("inf"), float("-inf"), 1e308, -1.0, 0.0, 10**30, -1, 0, 2**63, True, False, None,
     [], {}, ["x\n"], {"k": "v"}, {"BAD KEY": "x"}, [float("nan")],
+    # issue 34's hold-out classes: no name or address, a system directory as a cache, giant numbers
+    "256.1.1.1", "1.2.3", "2130706433", "0x7f.1", "010.0.0.1", "::::", "1:2:3:4:5:6:7:8:9",
+    "/", "/etc", "/usr/lib", "/var/lib/docker", "/boot", "/proc/1", "~", "~/.ssh", "~/.cache", "/home/operator",
+    10**400, -(10**400),
 ]
 
 hostile = st.one_of(
@@ -83,6 +87,10 @@ def assert_safe(fleet):
             assert not any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in v), repr(v)
         elif isinstance(v, float):
             assert math.isfinite(v), v
+    for target in (*fleet.nodes, fleet.gateway):  # a name or an address, nothing the resolver reads otherwise
+        names.check_host(target.host)
+    for cache in (fleet.launch.models_dir, fleet.launch.jit_cache_store, *(m.host for m in fleet.launch.cache_mounts)):
+        names.check_cache_dir(cache)
     for node in fleet.serve_nodes:
         spec = launch_spec(fleet, node)
         argv = spec.docker_run_argv()
@@ -156,9 +164,29 @@ def test_truncated_or_spliced_seed_file(cut, junk):
 
 
 @pytest.mark.parametrize("loc", [("nodes", 0, "name"), ("launch", "image"), ("launch", "models_dir"),
-                                 ("launch", "env", "MAX_JOBS"), ("gateway", "host"), ("pins", "vllm_ref")])
+                                 ("launch", "env", "MAX_JOBS"), ("gateway", "host"), ("pins", "vllm_ref"),
+                                 ("nodes", 1, "host"), ("launch", "cache_mounts", 0, "host"),
+                                 ("launch", "jit_cache_store"), ("launch", "port"), ("bench", "repeats")])
 def test_every_hostile_string_on_named_fields(loc):
     for value in HOSTILE:
         data = copy.deepcopy(SEED)
         _set(data, loc, value)
         check_one(data, loc, value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(loc=st.sampled_from([loc for loc in FIELDS if type(loc[-1]) is str]),
+       digits=st.integers(min_value=101, max_value=6000))
+def test_a_giant_integer_anywhere_in_the_file_names_its_field(loc, digits):
+    """Python refuses to read an integer of over 4300 digits (a ValueError naming nothing); no
+    setting takes over 100: either way the message names where it is."""
+    data = copy.deepcopy(SEED)
+    _set(data, loc, 987654321)  # a sentinel no seed value has
+    text = yaml.safe_dump(data, sort_keys=False).replace("987654321", "9" * digits, 1)
+    try:
+        load_fleet_text(text, "f.yaml")
+    except FleetError as e:
+        msg = str(e)
+        assert "\n" not in msg and _named(loc, msg), f"{loc}: {msg}"
+        return
+    raise AssertionError(f"{loc}: a {digits}-digit number was accepted")

@@ -1,6 +1,8 @@
 """Phase 0's diff (core/node_os.py): a fresh DGX OS node gets every change with its undo, a
 provisioned one none, and the clean-boot verify names what came back."""
 
+import re
+
 from spark_pipelines.core import node_os as p0
 from spark_pipelines.core import preflight
 
@@ -43,11 +45,15 @@ def test_a_fresh_node_gets_every_change_each_with_its_undo():
     assert by["service gdm3"].undo == (("systemctl", "unmask", "gdm3"), ("systemctl", "enable", "gdm3"))
     assert by["service cups"].argvs == (("systemctl", "disable", "cups"),)  # disable list only
     assert "service tailscaled" not in by  # kept unless the fleet says so
-    assert by[f"file {p0.SYSCTL_PATH}"].stdin == p0.sysctl_file_text()
+    assert by[f"file {p0.SYSCTL_PATH}"].argvs == (p0.write_sysctl_file(),)
     assert by[f"file {p0.SYSCTL_PATH}"].undo == (("rm", "-f", p0.SYSCTL_PATH),)
+    assert by["live sysctls"].undo[:2] == (("sysctl", "-w", "vm.min_free_kbytes=67584"),
+                                           ("sysctl", "-w", "vm.vfs_cache_pressure=100"))  # one key each
     assert by["swap"].argvs == (("swapoff", "-a"),) and by["swap"].undo == (("swapon", "-a"),)
-    assert by[f"file {p0.FSTAB}"].stdin == "UUID=abc / ext4 defaults 0 1\n"
-    assert by[f"file {p0.FSTAB}"].undo_stdin == FRESH_FSTAB
+    # the runbook's sed, the operator's fstab kept aside by root for the undo (no content we send)
+    assert by[f"file {p0.FSTAB}"].argvs == (("cp", "/etc/fstab", "/etc/fstab.before-phase0"),
+                                            ("sed", "-i", "/swap/d", "/etc/fstab"))
+    assert by[f"file {p0.FSTAB}"].undo == (("cp", "/etc/fstab.before-phase0", "/etc/fstab"),)
     assert by["package earlyoom"].argvs == (("apt-get", "purge", "-y", "earlyoom"),)
     assert all(c.undo for c in changes)
     assert p0.needs_reboot(changes, fresh(), p0.Choices())
@@ -128,16 +134,34 @@ def test_a_drop_below_the_measured_clean_boot_is_a_verdict():
 def test_the_sudoers_file_lists_each_root_argv_exactly_and_nothing_else():
     text = p0.sudoers_text("operator", p0.Choices())
     lines = [ln.strip().rstrip(", \\") for ln in text.splitlines()[2:-1]]
-    assert "/usr/bin/systemctl mask gdm3" in lines and "/usr/sbin/reboot" in lines
-    assert "/usr/bin/apt-get purge -y earlyoom" in lines and f"/usr/bin/tee {p0.SYSCTL_PATH}" in lines
-    assert not any(ln.endswith(" *") for ln in lines)  # no open argv
+    assert "/usr/bin/systemctl mask gdm3" in lines and '/usr/sbin/reboot ""' in lines  # "": no arguments
+    assert "/usr/bin/apt-get purge -y earlyoom" in lines and "/usr/bin/sed -i /swap/d /etc/fstab" in lines
+    assert not any("tee" in ln for ln in lines)  # a root tee of /etc/fstab or sysctl.d is root itself
+    assert not any("*" in ln for ln in lines)  # no glob: sudoers' * matches across spaces
+    assert "/usr/sbin/sysctl ^-w vm\\.swappiness\\=[0-9]+$" in lines  # one regex per key, digits only
+    assert sum(ln.startswith("/usr/sbin/sysctl ^") for ln in lines) == 9
+    write = next(ln for ln in lines if ln.startswith("/usr/bin/sh -c "))
+    assert write.endswith(f"> {p0.SYSCTL_PATH}") and "vm.swappiness \\= 1;" in write  # = escaped for sudoers
     assert text.splitlines()[-1] == "operator ALL=(root) NOPASSWD: SPARK_PHASE0"
     # every change and undo a fresh node's plan runs is covered, argv for argv
     allowed = {" ".join(a) for a in p0.root_argvs(p0.Choices())}
+    undo = [re.compile(p.replace("\\=", "=")) for p in p0.sysctl_undo_patterns()]
     for c in p0.plan(fresh(), p0.Choices()):
         for argv in (*c.argvs, *c.undo):
             shown = " ".join(argv)
-            assert shown in allowed or (argv[:2] == ("sysctl", "-w") and all(a.startswith("vm.") for a in argv[2:])), shown
+            assert shown in allowed or any(r.fullmatch(" ".join(argv[1:])) for r in undo), shown
+
+
+def test_the_sysctl_undo_patterns_admit_one_of_the_nine_keys_with_a_number_only():
+    undo = [re.compile(p.replace("\\=", "=")) for p in p0.sysctl_undo_patterns()]
+
+    def admitted(args: str) -> bool:
+        return any(r.fullmatch(args) for r in undo)
+
+    assert admitted("-w vm.swappiness=60") and admitted("-w vm.max_map_count=65530")
+    for bad in ("-w kernel.modprobe=/tmp/x", "-w vm.swappiness=60 kernel.modprobe=/tmp/x", "-w vm.swappiness=1x",
+                "-w vm.swappinessX=1", "-p /tmp/evil.conf", "-w vm.swappiness=60 vm.dirty_ratio=5"):
+        assert not admitted(bad), bad
 
 
 def test_the_gb10_exporter_panic_fix_is_said_not_applied():

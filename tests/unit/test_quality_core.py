@@ -101,7 +101,6 @@ def test_the_lower_run_is_the_score_and_a_missing_phase_fails_a_set_floor():
     assert half.score == 70 and rep.score == 70
     assert not q.quality_gate(rep, 75)[0] and "70/100 < floor 75" in q.quality_gate(rep, 75)[1]
     skipped = q.QualityReport(q.SUITE_VERSION, (), skipped="server has no tool-call parser")
-    assert q.quality_gate(skipped, None)[0]
     ok, why = q.quality_gate(skipped, 60)
     assert not ok and "no tool-call parser" in why
     assert "not measured" in q.render_markdown(skipped)
@@ -179,7 +178,6 @@ def test_fast_garbage_fails_the_rollout_quality_gate_that_speed_alone_passes():
     garbage = report_of([q.Reply(content=" the a of")] * len(q.SUITE))
     g = judged(garbage, base_of(100.0))
     assert not g.passed and g.gate == "quality" and "smoke answer" in g.why
-    assert judged(garbage, floor=None).passed  # no floor set: reported, gates nothing
     good = judged(report_of([good_reply(s) for s in q.SUITE]), base_of(100.0))
     assert good.passed and "quality 100/100" in good.why and "vs baseline" in good.why
 
@@ -193,13 +191,19 @@ def test_a_quality_drop_beyond_the_noise_fails_within_it_passes():
     assert judged(worse, base_of(85.0)).passed  # 15 below: within the noise
 
 
-def test_a_baseline_under_another_protocol_is_never_compared():
+def test_a_baseline_under_another_protocol_is_never_compared_and_the_gate_holds():
     natural = "v1|natural (stops at EOS)|server usage|stream"
     base = base_of(100.0, protocol_key=natural)
     assert base.protocol == natural and base.quality == 100.0
     g = rollout.judge("spark1", healthy=True, mean_tok_s=20.0, gpu_verdict=HEALTHY, floor_tok_s=10,
                       baseline=base, protocol_key=FORCED)  # far below the baseline's 52 tok/s
-    assert g.passed and "not compared: different bench protocols" in g.why
+    # The gate cannot compare, so it cannot pass: it says so and what to do (was: passed unjudged).
+    assert not g.passed and g.gate == "baseline", g
+    assert "cannot judge" in g.why and "different bench protocols" in g.why and "bench every serving node" in g.why
+    ignored = "v1|forced, not honoured|server usage|stream"  # a version that ignores ignore_eos
+    g = rollout.judge("spark1", healthy=True, mean_tok_s=60.0, gpu_verdict=HEALTHY, floor_tok_s=10,
+                      baseline=base_of(100.0), protocol_key=ignored)
+    assert not g.passed and g.gate == "baseline" and "ignored the forced output length" in g.why
     # the fleet's baseline pools one protocol: the newest comparable bench's
     ident = bl.BenchIdentity("sha256:a", "c", "l")
     cond = bl.LoadConditions(gpu_state="healthy", isolation_verified=True, counters_match=True)
@@ -209,3 +213,32 @@ def test_a_baseline_under_another_protocol_is_never_compared():
     assert pooled.nodes == ("spark2",) and pooled.tok_s == 52.0 and pooled.protocol == FORCED
     again = bl.BenchRecord.from_dict(recs[1].to_dict())
     assert again.protocol == FORCED and again.quality is None
+
+
+# -- gates that cannot judge hold (issue 34, item 5) ---------------------------------------------
+
+def test_without_a_quality_floor_a_failed_check_still_holds_the_node():
+    garbage = report_of([q.Reply(content=" the a of")] * len(q.SUITE))
+    ok, why = q.quality_gate(garbage, None)  # the schema's default: no floor
+    assert not ok and "smoke answer" in why and "patched image" in why
+    g = judged(garbage, floor=None)
+    assert not g.passed and g.gate == "quality" and "smoke answer" in g.why
+    good = report_of([good_reply(s) for s in q.SUITE])
+    ok, why = q.quality_gate(good, None)
+    assert ok and "no quality floor set" in why and "checks passed" in why
+
+
+def test_a_quality_phase_that_measured_nothing_holds_even_without_a_floor():
+    skipped = q.QualityReport(q.SUITE_VERSION, (), skipped="HTTP 503 from /v1/chat/completions")
+    ok, why = q.quality_gate(skipped, None)
+    assert not ok and "quality not judged: HTTP 503" in why and "bench it again" in why
+    g = judged(skipped, floor=None)
+    assert not g.passed and g.gate == "quality"
+    assert q.quality_gate(None, None)[0]  # no phase asked for, no floor: nothing to judge, nothing held
+
+
+def test_without_a_floor_a_quality_drop_below_the_baseline_still_fails_the_rollout():
+    worse = report_of([good_reply(s) if s.points == 10 or s.deterministic else q.Reply(content="?")
+                       for s in q.SUITE])
+    g = judged(worse, base_of(100.0), floor=None)
+    assert not g.passed and g.gate == "quality" and "measured noise" in g.why

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_pipelines.core import node_os as p0
 from spark_sim import gpu_hook, gpu_states, node_os
 from spark_sim.cli import sim_command
 from spark_sim.node_os import SYSCTL_FILE
@@ -43,12 +44,11 @@ def phase0(d: Path) -> None:
     sh(d, "systemctl", "stop", "prometheus-node-exporter")
     assert sh(d, "systemctl", "disable", "tailscaled")[0] == 0
     assert sh(d, "systemctl", "stop", "tailscaled")[0] == 0
-    text = "".join(f"{k} = {v}\n" for k, v in node_os.RUNBOOK_SYSCTLS.items())
-    assert sh(d, "tee", SYSCTL_FILE, stdin=text) == (0, text, "")
+    assert sh(d, *p0.write_sysctl_file())[0] == 0
     assert sh(d, "sysctl", "-p", SYSCTL_FILE)[0] == 0
     assert sh(d, "swapoff", "-a")[0] == 0
-    fstab = node_os.NodeOs(d).read_etc("/etc/fstab") or ""  # what `cat /etc/fstab` shows
-    assert sh(d, "tee", "/etc/fstab", stdin="".join(line + "\n" for line in fstab.splitlines() if "swap" not in line))[0] == 0
+    assert sh(d, "cp", "/etc/fstab", "/etc/fstab.before-phase0")[0] == 0
+    assert sh(d, *p0.STRIP_SWAP)[0] == 0
     assert sh(d, "apt-get", "purge", "-y", "earlyoom")[0] == 0
 
 
@@ -174,6 +174,26 @@ def test_swap_follows_fstab_at_boot_and_swapon_a(fresh: Path) -> None:
     sh(fresh, "tee", "/etc/fstab", stdin=no_swap + node_os.SWAP_LINE)
     node_os.boot(fresh)
     assert sh(fresh, "swapon", "--show=NAME", "--noheadings")[1] == "/swap.img\n"
+
+
+def test_the_sysctl_file_script_cp_and_sed_do_what_phase0_runs_and_nothing_else(fresh: Path) -> None:
+    n = node_os.NodeOs(fresh)
+    assert sh(fresh, *p0.write_sysctl_file()) == (0, "", "")
+    assert n.read_etc(SYSCTL_FILE) == p0.sysctl_file_text()  # the shell's output of the product's script
+    assert sh(fresh, "sh", "-c", "{ echo kernel.modprobe = /tmp/x; } > /etc/sysctl.d/99-evil.conf")[0] == 1
+    assert sh(fresh, "sh", "-c", "id")[0] == 1
+    assert sh(fresh, *p0.write_sysctl_file(), root=False)[0] == 2
+    before = n.read_etc("/etc/fstab")
+    assert "swap" in before
+    assert sh(fresh, "cp", "/etc/fstab", "/etc/fstab.before-phase0")[0] == 0
+    assert sh(fresh, "sed", "-i", "/swap/d", "/etc/fstab")[0] == 0
+    assert n.read_etc("/etc/fstab") == p0.fstab_without_swap(before)
+    assert sh(fresh, "cp", "/etc/fstab.before-phase0", "/etc/fstab")[0] == 0  # the undo
+    assert n.read_etc("/etc/fstab") == before
+    assert sh(fresh, "cp", "/etc/passwd", "/etc/fstab")[0] == 1
+    assert sh(fresh, "sed", "-i", "/swap/d", "/etc/passwd")[0] == 1
+    assert sh(fresh, "cp", "/etc/sysctl.d/90-dgx-spark-memory.conf.before-phase0", SYSCTL_FILE) == \
+        (1, "", "cp: cannot stat '/etc/sysctl.d/90-dgx-spark-memory.conf.before-phase0': No such file or directory\n")
 
 
 def test_tee_rm_and_apt_get_take_only_their_argvs(fresh: Path) -> None:

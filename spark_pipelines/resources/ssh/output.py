@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import IO
 
 from spark_pipelines.core import remote
+from spark_pipelines.core.fleet_settings import RetentionSettings
+from spark_pipelines.resources.retention import prune
 
 # Keep at most this much text per stream in a result; the output file and the tail carry the rest.
 STDOUT_CAPTURE_BYTES = 8 * 1024 * 1024
+# The files CommandOutput writes (and only those are ever pruned): <stamp>-<node>-<program>-<hex>.log
+OUTPUT_NAME = re.compile(r"\d{8}T\d{6}-[A-Za-z0-9._-]+\.log")
+PRUNE_EVERY_S = 3600.0  # a long-lived process (the CLI, a console) prunes again after this
+_pruned: dict[Path, float] = {}  # directory -> when this process last pruned it (monotonic)
 
 LineSink = Callable[[str], None]
 
@@ -42,7 +48,8 @@ class CommandOutput:
     """Everything one command printed, as it arrives: capture, tail, file and batched log events."""
 
     def __init__(self, node: str, command: str, program: str, directory: Path | None,
-                 sink: LineSink | None, secrets: list[str], prefix: str) -> None:
+                 sink: LineSink | None, secrets: list[str], prefix: str,
+                 keep: RetentionSettings | None = None) -> None:
         self.node, self.sink, self.secrets, self.prefix = node, sink, secrets, prefix
         self.tail = remote.OutputTail()
         self.batcher = remote.LogBatcher()
@@ -53,6 +60,8 @@ class CommandOutput:
         self._fh: IO[str] | None = None
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if keep is not None:
+                _prune_once(directory, keep)
             stamp = time.strftime("%Y%m%dT%H%M%S")
             self.path = directory / f"{stamp}-{_slug(node)}-{_slug(program)}-{pysecrets.token_hex(3)}.log"
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -96,3 +105,15 @@ class CommandOutput:
             self._fh = None
         if self.sink is not None:
             self._emit(self.batcher.finish(time.monotonic(), str(self.path or "the command's output")))
+
+
+def _prune_once(directory: Path, keep: RetentionSettings) -> None:
+    """The fleet's retention on the output directory, when this process first writes there (and
+    hourly after): every run prunes what the runs before it left."""
+    now = time.monotonic()
+    last = _pruned.get(directory)
+    if last is not None and now - last < PRUNE_EVERY_S:
+        return
+    _pruned[directory] = now
+    prune(directory, OUTPUT_NAME, max_age_days=keep.max_age_days, max_files=keep.command_outputs)
+

@@ -92,6 +92,10 @@ class FleetSession(NodeFiles):
         self._sftp: dict[str, paramiko.SFTPClient] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        # Asked before any use of a target's connection, with (session, key): one that raises stops
+        # the command there (resources.lease: a run whose lease on the node ended under it must not
+        # reconnect and go on changing the node another run may hold now).
+        self.guards: list[Callable[[FleetSession, str], None]] = []
         if self.settings.trust_unknown_host_keys:
             self.log.warning(
                 "trust_unknown_host_keys is on: unknown SSH host keys will be accepted and pinned "
@@ -149,11 +153,15 @@ class FleetSession(NodeFiles):
         key, target = self.target(node)
         with self._node_lock(key):
             c = self._conns.get(key)
-            if c is not None:
-                if c.is_active():
-                    return c
+            if c is not None and not c.is_active():
                 c.close()  # the node went away (reboot) or stopped answering: reconnect, nothing is replayed
                 self._sftp.pop(key, None)
+                del self._conns[key]
+                c = None
+            for guard in self.guards:  # after a dead connection closed: a lease on it is gone too
+                guard(self, key)
+            if c is not None:
+                return c
             c = connect(key, target, self.settings, self.log)
             self._conns[key] = c
             return c
@@ -248,7 +256,7 @@ class FleetSession(NodeFiles):
         if sink:
             sink(f"[{key}] $ {command}")
         out = CommandOutput(key, command, user_argv[0].rsplit("/", 1)[-1], self.output_dir if sink else None,
-                            sink, secret_values, key)
+                            sink, secret_values, key, keep=self.fleet.retention)
 
         started = time.monotonic()
         exit_status: int | None = None
