@@ -138,7 +138,7 @@ def test_gc_check_removes_nothing_and_gc_spares_what_serves_a_revert_and_the_las
 
 
 def test_a_copy_is_refused_for_disk_space_before_anything_is_written(node):
-    s, n, models, uid = node["s"], node["node"], node["models"], node["uid"]
+    s, n, models = node["s"], node["node"], node["models"]
     files = {"w.safetensors": {"size": 64 << 20, "sha256": "1" * 64}, "config.json": {"size": 2, "sha256": "2" * 64}}
     text = json.dumps(checkpoint_core.make_manifest(files))
     digest = checkpoint_core.manifest_digest(checkpoint_core.make_manifest(files))
