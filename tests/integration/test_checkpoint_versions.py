@@ -81,14 +81,15 @@ def test_a_plain_directory_becomes_a_version_and_the_path_moves_between_versions
             except OSError as e:
                 reads.append(repr(e).encode())
 
+    name = versions.make_version(s, n)
+    assert name == core.version_name(serving.name, d1)
+    assert serving.is_symlink() and os.readlink(serving) == name
+    assert (models / name / "model-00001-of-00001.safetensors").stat().st_ino == inode  # renamed, not copied
+    assert held.read() == b"one" * 100
+    assert versions.make_version(s, n) is None  # a link is converted once
     t = threading.Thread(target=reader, daemon=True)
     t.start()
     try:
-        name = versions.make_version(s, n)
-        assert name == core.version_name(serving.name, d1)
-        assert serving.is_symlink() and os.readlink(serving) == name
-        assert (models / name / "model-00001-of-00001.safetensors").stat().st_ino == inode  # renamed, not copied
-        assert held.read() == b"one" * 100
         d2 = write_version(models / core.version_name(serving.name, hashlib.sha256(b"x").hexdigest()),
                            {"config.json": b"{}", "model-00001-of-00001.safetensors": b"two" * 100}, uid)
         # write_version named it by a fake digest; the real one is in its manifest: name it so.
