@@ -13,7 +13,9 @@
 - verify: /health, the smoke test, the container runs the image we meant.
 - commit: the kept deployment is dropped; in a rollout (`keep_previous`) it stays, stopped, and
   the node's ROLLOUT_POINT marker says what to put back (`runbook.rollout.revert`) until the
-  rollout finishes with it (`runbook.rollout.finish`).
+  rollout finishes with it (`runbook.rollout.finish`). A version that must pass a gate first (a
+  rollout's, a newcomer's: `gated`) stays out of the gateway after its commit, its drain kept and
+  a bench hold-out in the ledger, until its bench promotes it: it serves no request before.
 
 Every other way out, a blocked preflight, an unhealthy launch, a `docker run` that exits 125, an
 SSH drop, a dockerd error, a timeout, and a BaseException such as KeyboardInterrupt or a Dagster
@@ -160,11 +162,11 @@ class _Journal:
 
     @classmethod
     def begin(cls, s: FleetSession, node: Node, spec: LaunchSpec, run_id: str, *, keep_previous: bool,
-              drain_reason: str | None) -> _Journal:
+              drain_reason: str | None, gated: bool = False) -> _Journal:
         entry = markers.DeployJournal(
             run_id=run_id, token=secrets.token_hex(8), owner=f"pid {os.getpid()} on {socket.gethostname()}",
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), phase="draining",
-            container_name=spec.container_name, image=spec.image, keep_previous=keep_previous,
+            container_name=spec.container_name, image=spec.image, keep_previous=keep_previous, gated=gated,
             drain_reason=drain_reason)
         j = cls(s, node, entry)
         _LIVE.add(entry.token)
@@ -206,9 +208,10 @@ class _Transaction:
     """The state one deploy keeps for its rollback."""
 
     def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None,
-                 keep_previous: bool = False) -> None:
+                 keep_previous: bool = False, gated: bool = False) -> None:
         self.s, self.node, self.spec, self.log = s, node, spec, log
         self.keep_previous = keep_previous  # a rollout's deploy: the rollback point outlives the commit
+        self.gated = gated  # the new version stays out of the gateway until its bench promotes it
         self.drain = drain  # the deploy's own drain: a node that cannot serve is kept out by it
         self.docker = NodeDocker(s)
         self.before: dict[str, Any] | None = None  # the live container before anything changed
@@ -229,7 +232,7 @@ class _Transaction:
         as it ran them, not as the fleet file says now)."""
         spec = launch_spec(s.fleet, node)
         spec = replace(spec, container_name=j.container_name or spec.container_name, image=j.image or spec.image)
-        txn = cls(s, node, spec, log, keep_previous=j.keep_previous)
+        txn = cls(s, node, spec, log, keep_previous=j.keep_previous, gated=j.gated)
         txn.before = {"Id": j.before_container_id} if j.before_container_id else None
         if j.kept_container_id:
             txn.kept = PreviousDeploy(remote.previous_container_name(spec.container_name), j.kept_image_id or "",
@@ -295,6 +298,9 @@ class _Transaction:
             # (SSH dropped here) is a failed deploy, rolled back, never a committed node no
             # revert could find.
             self._keep_rollout_point()
+        if self.gated:  # after the point: it keeps the hold-outs from before this deploy
+            self._hold_until_benched()
+        if self.keep_previous:
             self.committed = True
             return
         self.committed = True
@@ -338,6 +344,16 @@ class _Transaction:
             jit_set_aside=list(self.jit.set_aside if self.jit else []), deploy_marker=self.marker,
             holds_before={by: h.model_dump() for by, h in holds.items() if by not in ledger.LIFTED_BY_DEPLOY}))
         self._clear_deploy_gate()
+
+    def _hold_until_benched(self) -> None:
+        """The new version is held out by its bench until a bench promotes it (the gate's, or a
+        later bench_job judged against the fleet's baseline): also when this run dies before its
+        gate, no gateway_job or reconcile routes an unjudged version. Written before the deploy
+        counts as committed: a version that could not be held out is rolled back."""
+        run = self.journal.entry.run_id[:8] if self.journal is not None else "-"
+        ledger.hold(self.s, self.node.name, ledger.BY_BENCH,
+                    f"not benched yet on the version deployed by run {run or '-'}: out of the gateway until its "
+                    "bench promotes it", **{ledger.AGAINST_BASELINE: True})
 
     def roll_back(self) -> tuple[bool, str]:
         """Put the previous deployment back; (healthy again, what happened). Never raises an
@@ -429,7 +445,7 @@ class _Transaction:
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
            jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None,
-           keep_previous: bool = False) -> Deployed:
+           keep_previous: bool = False, gated: bool = False) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
     DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
     the node, and re-raises a BaseException after the rollback. `jit_key` (core.jit_cache): the
@@ -437,6 +453,8 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix);
     `checkpoint` (the index digest) is labelled on the container, for the benches' identity.
     `keep_previous`: a rollout's deploy; the commit keeps the rollback point (ROLLOUT_POINT).
+    `gated`: the new version stays out of the gateway after the commit (its drain kept, a bench
+    hold-out in the ledger) until its bench promotes it (runbook.bench.bench_node).
     A deploy a dead run left on the node is finished first (`finish_interrupted`); when what
     serves after that is already this launch spec, it is not launched again."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
@@ -448,18 +466,20 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
         gw = _gateway(s, node)
         reason = f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})"
         journal = _Journal.begin(s, node, spec, run_id, keep_previous=keep_previous,
-                                 drain_reason=reason if gw is not None else None)
+                                 drain_reason=reason if gw is not None else None, gated=gated)
         try:
             if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
                 return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
-                               keep_previous=keep_previous, journal=journal)
+                               keep_previous=keep_previous, journal=journal, gated=gated)
             # Out of the gateway before the old container stops, back after the commit or the
             # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
             dead = not engine.healthy(s.fleet, node)
             with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
                          deploying=not dead) as drain:
-                return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
-                               keep_previous=keep_previous, journal=journal)
+                done = _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
+                               keep_previous=keep_previous, journal=journal, gated=gated)
+                drain.keep_out = drain.keep_out or gated  # its drain stays until its bench promotes it
+                return done
         finally:
             journal.end()
 
@@ -514,7 +534,10 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
             if not serving:
                 outcome += "; " + txn.take_out_of_gateway(f"the {who} was interrupted; {outcome}")
         txn.restore_exporters()
-        if ours and serving:
+        committed = outcome.startswith("committed")
+        if ours and serving and j.gated and committed:
+            outcome += f"; {n} stays out of the gateway until its bench promotes the new version"
+        elif ours and serving:
             put_back(gw, n)
             outcome += f"; its drain undone: {n} is back in the gateway"
     except Exception as e:
@@ -577,7 +600,7 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
             fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None,
-            keep_previous: bool = False, journal: _Journal | None = None) -> Deployed:
+            keep_previous: bool = False, journal: _Journal | None = None, gated: bool = False) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
@@ -585,7 +608,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
     spec = _labelled(spec, image_id, checkpoint)
-    txn = _Transaction(s, node, spec, log, drain, keep_previous)
+    txn = _Transaction(s, node, spec, log, drain, keep_previous, gated)
     txn.journal = journal
     if journal is not None:
         journal.update(new_fingerprint=spec.fingerprint, new_image_id=image_id)
