@@ -163,8 +163,8 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                         if not judged.passed:
                             promoted, reason = False, (f"{reason}, but the {judged.gate} gate failed: {judged.why}: "
                                                        "kept out of the gateway")
-                    if promoted:
-                        ledger.lift(s, node.name, ledger.BY_BENCH)
+                    if promoted:  # its gate too: a version deployed to await this bench
+                        ledger.lift(s, node.name, ledger.BY_BENCH, ledger.BY_GATE)
                     else:
                         ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
                                     **({ledger.AGAINST_BASELINE: True} if against is not None else {}))

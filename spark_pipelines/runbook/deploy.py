@@ -15,7 +15,7 @@
   the node's ROLLOUT_POINT marker says what to put back (`runbook.rollout.revert`) until the
   rollout finishes with it (`runbook.rollout.finish`). A version that must pass a gate first (a
   rollout's, a newcomer's: `gated`) stays out of the gateway after its commit, its drain kept and
-  a bench hold-out in the ledger, until its bench promotes it: it serves no request before.
+  a `gate` hold-out in the ledger, until its bench promotes it: it serves no request before.
 
 Every other way out, a blocked preflight, an unhealthy launch, a `docker run` that exits 125, an
 SSH drop, a dockerd error, a timeout, and a BaseException such as KeyboardInterrupt or a Dagster
@@ -298,12 +298,13 @@ class _Transaction:
             # (SSH dropped here) is a failed deploy, rolled back, never a committed node no
             # revert could find.
             self._keep_rollout_point()
-        if self.gated:  # after the point: it keeps the hold-outs from before this deploy
+        if self.gated:  # after the point, which keeps the hold-outs from before this deploy
             self._hold_until_benched()
-        if self.keep_previous:
-            self.committed = True
-            return
         self.committed = True
+        if self.gated and self.drain is not None:
+            self.drain.keep_out = True  # out until its bench promotes it, whatever happens next
+        if self.keep_previous:
+            return
         if self.jit is not None:
             self._seal()
             try:
@@ -346,12 +347,12 @@ class _Transaction:
         self._clear_deploy_gate()
 
     def _hold_until_benched(self) -> None:
-        """The new version is held out by its bench until a bench promotes it (the gate's, or a
-        later bench_job judged against the fleet's baseline): also when this run dies before its
-        gate, no gateway_job or reconcile routes an unjudged version. Written before the deploy
-        counts as committed: a version that could not be held out is rolled back."""
+        """The new version is held out (`gate`) until a bench promotes it (the gate's, or a later
+        bench_job judged against the fleet's baseline): also when this run dies before its gate,
+        no gateway_job or reconcile routes an unjudged version. Written before the deploy counts
+        as committed: a version that could not be held out is rolled back."""
         run = self.journal.entry.run_id[:8] if self.journal is not None else "-"
-        ledger.hold(self.s, self.node.name, ledger.BY_BENCH,
+        ledger.hold(self.s, self.node.name, ledger.BY_GATE,
                     f"not benched yet on the version deployed by run {run or '-'}: out of the gateway until its "
                     "bench promotes it", **{ledger.AGAINST_BASELINE: True})
 
@@ -360,6 +361,11 @@ class _Transaction:
         Exception: each failure is part of the answer (a BaseException still propagates)."""
         n, name, f = self.node.name, self.spec.container_name, self.s.fleet
         restored: str | None = None
+        if self.gated:  # the version awaiting its gate is gone with this rollback
+            try:
+                ledger.lift(self.s, n, ledger.BY_GATE)
+            except Exception as e:
+                self.s.log.warning(f"[{n}] its gate hold-out was not lifted: {first_line(e)}; bench_job lifts it")
         if self.keep_previous:  # a point written just before a failure describes nothing now
             try:
                 markers.clear(self.s, self.node, ROLLOUT_POINT)
@@ -436,8 +442,10 @@ class _Transaction:
     def _clear_deploy_gate(self) -> None:
         """The hold-outs a failed deploy or a rollout's revert recorded end with a healthy deploy
         (a bench's stays: only a bench lifts it)."""
+        # A gated deploy's own `gate` hold-out stays: only its bench lifts it.
+        lifted = [by for by in ledger.LIFTED_BY_DEPLOY if not (self.gated and by == ledger.BY_GATE)]
         try:
-            ledger.lift(self.s, self.node.name, *ledger.LIFTED_BY_DEPLOY)
+            ledger.lift(self.s, self.node.name, *lifted)
         except Exception as e:
             self.s.log.warning(f"[{self.node.name}] a failed deploy's hold-out was not lifted: {first_line(e)}; "
                                f"the gateway keeps the node out until its next deploy or a release")
@@ -453,7 +461,7 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     `fresh_jit_cache` sets that key's cache aside first (the runbook's stale-cache fix);
     `checkpoint` (the index digest) is labelled on the container, for the benches' identity.
     `keep_previous`: a rollout's deploy; the commit keeps the rollback point (ROLLOUT_POINT).
-    `gated`: the new version stays out of the gateway after the commit (its drain kept, a bench
+    `gated`: the new version stays out of the gateway after the commit (its drain kept, a `gate`
     hold-out in the ledger) until its bench promotes it (runbook.bench.bench_node).
     A deploy a dead run left on the node is finished first (`finish_interrupted`); when what
     serves after that is already this launch spec, it is not launched again."""
@@ -476,10 +484,8 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
             dead = not engine.healthy(s.fleet, node)
             with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
                          deploying=not dead) as drain:
-                done = _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
+                return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
                                keep_previous=keep_previous, journal=journal, gated=gated)
-                drain.keep_out = drain.keep_out or gated  # its drain stays until its bench promotes it
-                return done
         finally:
             journal.end()
 
