@@ -1,21 +1,23 @@
 """Client requests through the gateway while rollout_job rolls a new launch spec out to 4 nodes.
 
-    .venv/bin/python benchmarks/rollout_traffic.py [--rollouts 3] [--nodes 4] [--keep]
+    .venv/bin/python benchmarks/rollout_traffic.py [--rollouts 3] [--nodes 4] [--tokens 64] [--keep]
 
 Brings up a simulated fleet (SPARK_SIM_SLOT / SPARK_SIM_ROOT, default slot 22,
 /var/lib/spark-sim-bench-rollout; the stand-in at 1000 tok/s so that a bench takes seconds), runs
 the chain on a throwaway Dagster instance (build, deploy each node, gateway, bench each node: the
 fleet's baseline), then `--rollouts` rollouts of a new launch spec each (VLLM_LOGGING_LEVEL
-changes), one after another. During each rollout clients send streaming requests back to back
+changes), one after another. During each rollout clients send streaming requests (--tokens long,
+0.2 s apart) back to back
 through the gateway (the front, then LiteLLM): 2 on pooled keep-alive connections that never
 resend (httpx), 2 on a fresh connection each, and 2 through the OpenAI SDK's default client when it
 is installed (`.[test]`).
 
 Figures per rollout and in all: requests sent and failed per client kind (and the SDK's own
 resends); requests served by a node's new version before its gate promoted it (the client saw the
-node's address in `x-litellm-model-api-base`, sent after the new container started and before its
-bench logged "restore <node>: <verdict>"); and samples of the running proxy's routes
-(/model/info, every 0.1 s) listing a node in that same interval. Goal: 0 and 0.
+node's address in `x-litellm-model-api-base`, and the response head arrived after the new container
+started and before its bench logged "restore <node>: <verdict>"; a request sent earlier that waited
+in LiteLLM's queue and was routed after the verdict is not one); and samples of the running proxy's
+routes (/model/info, every 0.1 s) listing a node in that same interval. Goal: 0 and 0.
 The audit before these changes (issue 34): 15 of 556 requests failed in one 4-node rollout, and
 every node's new version was routed for 1.5-6.5 s before its gate.
 """
@@ -104,14 +106,14 @@ def gate_promoted(instance: dg.DagsterInstance, run_id: str) -> dict[str, float]
 
 
 def one_rollout(i: int, sim: SimFleet, base: str, work: Path, instance: dg.DagsterInstance, key: str,
-                kinds: dict[str, int]) -> dict[str, int]:
+                kinds: dict[str, int], tokens: int) -> dict[str, int]:
     doc = yaml.safe_load(Path(base).read_text())
     doc["launch"]["env"] = {**doc["launch"]["env"], "VLLM_LOGGING_LEVEL": LEVELS[i % len(LEVELS)]}
     path = work / f"fleet-rollout-{i + 1}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     fleet = load_fleet(path)
     t0 = time.monotonic()
-    with Routes(fleet) as routes, Traffic.through(sim, key, kinds, max_tokens=600, pause_s=0.2) as traffic:
+    with Routes(fleet) as routes, Traffic.through(sim, key, kinds, max_tokens=tokens, pause_s=0.2) as traffic:
         time.sleep(2)
         res = run(build_definitions(str(path)), instance, "rollout_job")
     took = time.monotonic() - t0
@@ -124,7 +126,11 @@ def one_rollout(i: int, sim: SimFleet, base: str, work: Path, instance: dg.Dagst
         if until is None:
             print(f"  {n.name}: its bench never promoted it in run {res.run_id[:8]} ({outcome})")
             continue
-        early_requests += sum(1 for s in traffic.results() if s.node == n.name and new_since <= s.at < until)
+        early = [s for s in traffic.results() if s.node == n.name and new_since <= s.head_at < until]
+        for s in early:
+            print(f"  {n.name} served a request before its gate: sent {s.at - new_since:+.2f} s after its new "
+                  f"container started, answered {until - s.head_at:.2f} s before its verdict ({s.kind})")
+        early_requests += len(early)
         early_samples += sum(1 for t, nodes in routes.seen if n.name in nodes and new_since <= t < until)
     figures = {f"{k} sent": len(traffic.results(k)) for k in kinds}
     figures.update({f"{k} failed": len(traffic.failed(k)) for k in kinds})
@@ -142,6 +148,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per client request (streamed)")
     ap.add_argument("--keep", action="store_true", help="leave the simulated fleet up afterwards")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_SIM_SLOT", "22")
@@ -180,7 +187,7 @@ def main() -> int:
                 print(f"chain (build, {len(nodes)} deploys, gateway, {len(nodes)} benches): "
                       f"{time.monotonic() - t0:.0f} s", flush=True)
                 for i in range(args.rollouts):
-                    for k, v in one_rollout(i, sim, path, work, instance, key, kinds).items():
+                    for k, v in one_rollout(i, sim, path, work, instance, key, kinds, args.tokens).items():
                         totals[k] = totals.get(k, 0) + v
             finally:
                 instance.dispose()

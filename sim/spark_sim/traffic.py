@@ -74,6 +74,7 @@ class Stream:
     ended: float = 0.0
     resent: list[str] = field(default_factory=list)  # connection errors before any answer, then sent again
     at: float = 0.0  # wall clock at the start (to set beside a run's event times)
+    head_at: float = 0.0  # wall clock when the response head arrived: the node had taken the request
     kind: str = ""  # the client that sent it (Traffic)
 
     @property
@@ -237,6 +238,7 @@ _BODY_TEXT = "Count slowly, one word per line."
 
 
 def _read_stream(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None:
+    out.head_at = time.time()
     base = r.headers.get(API_BASE_HEADER, "")
     out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
     if r.status_code != 200:
@@ -337,6 +339,7 @@ class ClientLoop:
             raw = sdk.chat.completions.with_raw_response.create(
                 model=self.pool, stream=True, max_tokens=self.max_tokens,
                 messages=[{"role": "user", "content": _BODY_TEXT}])
+            out.head_at = time.time()
             base = raw.headers.get(API_BASE_HEADER, "")
             out.node = next((n for b, n in self.node_of.items() if base.startswith(b)), None)
             finish = None
