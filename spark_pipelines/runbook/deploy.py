@@ -347,14 +347,11 @@ class _Transaction:
         self._clear_deploy_gate()
 
     def _hold_until_benched(self) -> None:
-        """The new version is held out (`gate`) until a bench promotes it (the gate's, or a later
-        bench_job judged against the fleet's baseline): also when this run dies before its gate,
-        no gateway_job or reconcile routes an unjudged version. Written before the deploy counts
-        as committed: a version that could not be held out is rolled back."""
-        run = self.journal.entry.run_id[:8] if self.journal is not None else "-"
-        ledger.hold(self.s, self.node.name, ledger.BY_GATE,
-                    f"not benched yet on the version deployed by run {run or '-'}: out of the gateway until its "
-                    "bench promotes it", **{ledger.AGAINST_BASELINE: True})
+        """Held out (`gate`) until a bench promotes it, also if this run dies first: no gateway_job
+        or reconcile routes an unjudged version. Before the commit counts: else it is rolled back."""
+        run = (self.journal.entry.run_id[:8] if self.journal is not None else "") or "-"
+        ledger.hold(self.s, self.node.name, ledger.BY_GATE, f"not benched yet on the version deployed by run {run}: "
+                    "out of the gateway until its bench promotes it", **{ledger.AGAINST_BASELINE: True})
 
     def roll_back(self) -> tuple[bool, str]:
         """Put the previous deployment back; (healthy again, what happened). Never raises an
@@ -540,8 +537,7 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
             if not serving:
                 outcome += "; " + txn.take_out_of_gateway(f"the {who} was interrupted; {outcome}")
         txn.restore_exporters()
-        committed = outcome.startswith("committed")
-        if ours and serving and j.gated and committed:
+        if ours and serving and j.gated and outcome.startswith("committed"):
             outcome += f"; {n} stays out of the gateway until its bench promotes the new version"
         elif ours and serving:
             put_back(gw, n)
