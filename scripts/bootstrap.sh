@@ -22,21 +22,27 @@ TEAM_APT_PACKAGES=(postgresql)
 # The alert rules' tests (promtool) and the metrics e2e test start their own prometheus and
 # alertmanager on loopback (own config, data dir, free ports): the packages' services stay off.
 PROMETHEUS_APT_PACKAGES=(prometheus prometheus-alertmanager)
+# The gateway's front (nginx before LiteLLM, spark_pipelines/core/gateway_front.py): the
+# simulated gateway host runs it as production does.
+FRONT_APT_PACKAGES=(nginx)
 
-prometheus_packages() {
-  [[ $(dpkg-query -W -f='${Status}\n' "${PROMETHEUS_APT_PACKAGES[@]}" 2>/dev/null | grep -c "ok installed") == "${#PROMETHEUS_APT_PACKAGES[@]}" ]] && return
-  echo "bootstrap: apt-get install ${PROMETHEUS_APT_PACKAGES[*]} (their services not started: the tests run their own)"
+# Packages whose Debian service must stay off (the sim and the tests run their own instances):
+# installed with policy-rc.d 101, so the maintainer scripts start nothing, and disabled after.
+quiet_packages() {
+  [[ $(dpkg-query -W -f='${Status}\n' "$@" 2>/dev/null | grep -c "ok installed") == "$#" ]] && return
+  echo "bootstrap: apt-get install $* (their services not started: the sim and the tests run their own)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # policy-rc.d 101: the maintainer scripts may not start the services (removed again after).
   local policy=/usr/sbin/policy-rc.d own=0
   if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy && own=1; fi
-  apt-get install -y -qq --no-install-recommends "${PROMETHEUS_APT_PACKAGES[@]}" >/dev/null || { ((own)) && rm -f $policy; exit 1; }
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null || { ((own)) && rm -f $policy; exit 1; }
   ((own)) && rm -f $policy
   if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
-    systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
+    systemctl disable --now "$@" >/dev/null 2>&1 || true
   fi
 }
+
+prometheus_packages() { quiet_packages "${PROMETHEUS_APT_PACKAGES[@]}"; }
 
 team_packages() {
   dpkg-query -W -f='${Status}' "${TEAM_APT_PACKAGES[@]}" 2>/dev/null | grep -q "ok installed" && return
@@ -119,7 +125,7 @@ ansible_venv() { tool_venv "${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}"
 
 for part in "${@:-base}"; do
   case "$part" in
-    base) apt_packages; project_venv ;;
+    base) apt_packages; quiet_packages "${FRONT_APT_PACKAGES[@]}"; project_venv ;;
     litellm) litellm_venv ;;
     vllm) vllm_venv ;;
     test) apt_packages "${TEST_APT_PACKAGES[@]}" ;;

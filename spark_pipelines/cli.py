@@ -9,6 +9,7 @@ bench  the benchmark harness against any OpenAI-compatible endpoint
 demo   sim up + materialize the whole chain through Dagster + per-node bench table
 doctor the health sweep: one verdict per node with its evidence and the runbook's advice (read-only)
 sudoers the exact sudoers lines Phase 0 (node_os_job) needs on each node
+gateway-front the nginx site of the gateway's front before LiteLLM (fleet file gateway.front)
 metrics the fleet exporter for Prometheus (serve | show) and its targets + alert rules (scrape-config)
 team   the team instance here: PostgreSQL, Dagster daemon + UI, each run in a container (up | down | status)
 
@@ -235,6 +236,13 @@ def parser() -> Parser:
                              description=node_os_command.__doc__)
     node_os_command.add_sudoers_arguments(sudoers)
     sudoers.set_defaults(run=node_os_command.sudoers_run)
+    front = sub.add_parser("gateway-front", help="the nginx site of the gateway's front (gateway.front)",
+                           description="Print the nginx site of the gateway's front: clients on gateway.proxy_port, "
+                                       "LiteLLM behind it on 127.0.0.1:gateway.front.litellm_port (put it in "
+                                       "/etc/nginx/conf.d/ on the gateway host; core/gateway_front.py says why).")
+    front.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
+                       help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    front.set_defaults(run=cmd_gateway_front)
     met = sub.add_parser("metrics", help="the fleet exporter for Prometheus, its scrape config and alert rules",
                          description=metrics_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     metrics_command.add_arguments(met)
@@ -246,6 +254,19 @@ def parser() -> Parser:
     for name in DELEGATED:
         sub.add_parser(name, help="see `spark-pipelines sim --help`", add_help=False)
     return ap
+
+
+def cmd_gateway_front(args: argparse.Namespace) -> int:
+    from spark_pipelines.core.gateway_front import nginx_site
+
+    fleet = load_fleet(args.fleet)
+    gw = fleet.gateway
+    if gw.front is None:
+        raise UsageError(f"{args.fleet}: gateway.front is not set (LiteLLM itself on port {gw.proxy_port}); add "
+                         "`front: {litellm_port: 4001}` under gateway and move LiteLLM to 127.0.0.1:4001")
+    print(nginx_site(proxy_port=gw.proxy_port, litellm_port=gw.front.litellm_port,
+                     idle_timeout_s=gw.front.idle_timeout_s, source=args.fleet), end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

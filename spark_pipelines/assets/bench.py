@@ -210,8 +210,9 @@ def held_against(context: dg.AssetExecutionContext, s: FleetSession, fleet: Flee
     """The fleet's baseline when the node's bench hold-out was judged against it (a newcomer, a
     rollout's canary): its next bench is too, so a nightly bench never promotes it on its floors
     alone. None otherwise (the floors, the GPU and the quality floor judge it)."""
-    held = ledger.read(s).entry(node).holds.get(ledger.BY_BENCH)
-    if held is None or not held.against_baseline:
+    holds = ledger.read(s).entry(node).holds
+    # Its bench's hold-out, or the gate a rollout's or newcomer's version awaits.
+    if not any(h.against_baseline for by, h in holds.items() if by in (ledger.BY_BENCH, ledger.BY_GATE)):
         return None
     base = records.baseline_of_others(context.instance, fleet, node)
     context.log.info(f"{node} is held out by a bench judged against the fleet's baseline: judged against it "

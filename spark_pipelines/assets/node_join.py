@@ -81,7 +81,9 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
                 inputs={steps.MTP_WEIGHTS: None, steps.SERVING_IMAGE: None})
             done.append("artifacts: " + ("; ".join(copied.lines()) or "already held"))
 
-            d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id)
+            # gated: held out by its bench until the bench below promotes it (no reconcile or
+            # gateway_job routes it before).
+            d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id, gated=True)
             records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata)
             if d.mismatch:
                 raise RunbookError(d.mismatch)

@@ -85,15 +85,17 @@ class Recorded:
 
 
 def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str, log: Any, *,
-                    run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False) -> Recorded:
+                    run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False,
+                    gated: bool = False) -> Recorded:
     """runbook.deploy of the fleet's launch spec, then the step marker node_deployment skips on
-    (only when what runs is what was meant) and the materialization's fields. Raises RunbookError."""
+    (only when what runs is what was meant) and the materialization's fields. `gated`: the node
+    stays out of the gateway until its bench promotes it. Raises RunbookError."""
     f = s.fleet
     spec = launch_spec(f, node)
     sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
     done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_cache_key(artifacts, spec),
                   fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
-                  version=artifacts.path)
+                  version=artifacts.path, gated=gated)
     running = NodeDocker(s).inspect_container(node.name, spec.container_name)
     mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint,
                                 checkpoint=artifacts.manifest)

@@ -141,8 +141,10 @@ class _Steps:
         artifacts = NodeArtifacts(node=node, path=checkpoint_version_path(f, n, self.mtp_weights),
                                   image=self.image.ref, image_id=self.image.image_id, index=self.mtp_weights.index,
                                   manifest=self.mtp_weights.manifest, architecture=self.mtp_weights.architecture)
+        # gated: out of the gateway from its deploy until its bench gate promotes it (no request
+        # reaches a version before its gate); without the bench gate, back after the commit.
         d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
-                            run_id=self.run_id, keep_previous=True)
+                            run_id=self.run_id, keep_previous=True, gated=self.config.bench_gate)
         # With its code and data versions, as node_deployment's own output: the pins sensor and
         # the UI's staleness see the rollout's deploy as current.
         records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,

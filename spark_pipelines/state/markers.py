@@ -162,6 +162,7 @@ class DeployJournal(Marker):
     kept_image_id: str | None = None
     kept_fingerprint: str | None = None
     keep_previous: bool = False  # a rollout's deploy: its commit keeps the previous deployment
+    gated: bool = False  # the new version stays out of the gateway until its bench promotes it
     drain_reason: str | None = None  # the drain note's reason this deploy writes (its run named in it)
     exporters: list[str] = []  # the exporters running before preflight stopped them
     exporter_units: list[str] = []  # the exporter systemd units active before preflight stopped them

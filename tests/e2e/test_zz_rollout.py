@@ -4,7 +4,8 @@ node deployed, benched (speed and quality) against the fleet's baseline and fini
 version (no FLASHINFER), one without MTP and one that answers fast but wrong (the unpatched
 image) each stop at the canary on their gate (baseline, MTP acceptance, quality), the canary goes
 back to its previous container while the other node is never touched; the gateway keeps a node
-throughout; a last rollout brings the fleet back."""
+throughout, and no node's new version is in the running proxy's routes before its gate passed;
+a last rollout brings the fleet back."""
 
 from __future__ import annotations
 
@@ -68,20 +69,26 @@ def env(sim_fleet, tmp_path_factory):
 
 
 class RotationWatch:
-    """Samples the proxy's rotation (its config, as the gateway host holds it) while a rollout runs."""
+    """Samples the proxy's rotation while a rollout runs: its config as the gateway host holds it
+    (`sizes`, every 0.5 s) and what the running proxy routes to (`serving`: wall clock, nodes;
+    its /model/info every 0.1 s)."""
 
     def __init__(self, fleet):
-        self.fleet, self.sizes, self._stop = fleet, [], threading.Event()
+        self.fleet, self.sizes, self.serving, self._stop = fleet, [], [], threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
         with FleetSession(self.fleet) as s:
             gw = GatewayHost(s)
-            while not self._stop.wait(0.5):
+            i = 0
+            while not self._stop.wait(0.1):
                 try:
-                    self.sizes.append(len(gw.rotation()))
+                    self.serving.append((time.time(), tuple(gw.serving_nodes())))
+                    if i % 5 == 0:
+                        self.sizes.append(len(gw.rotation()))
                 except Exception:
                     pass
+                i += 1
 
     def __enter__(self):
         self._t.start()
@@ -96,7 +103,34 @@ def roll_out(env, path: str) -> tuple[dg.ExecuteInProcessResult, list[int]]:
     defs = build_definitions(path)
     with RotationWatch(env["fleet"]) as watch:
         res = defs.resolve_job_def("rollout_job").execute_in_process(instance=env["instance"], raise_on_error=False)
+    env["serving"] = watch.serving
     return res, watch.sizes
+
+
+def routed_before_its_gate(env, run_id: str) -> dict[str, str]:
+    """Per node of the rollout run: how the running proxy's routes to it went from the event
+    "deploying <node>" to its gate's verdict ("<node> passed" / "failed" / "rolled back"). The
+    node must leave the routes once (its deploy's drain) and come back only after its gate: a
+    second time out means it was routed in between, its new version serving before its gate
+    (issue 34.3: back for 1.5-6.5 s after each deploy). Returns node -> the sequence, for those
+    that came back early."""
+    recs = env["instance"].fetch_observations(dg.AssetKey("fleet_rollout"), limit=400).records
+    events = sorted((r.timestamp, r.asset_observation.metadata["event"].value) for r in recs if r.run_id == run_id)
+    early: dict[str, str] = {}
+    for t0, said in events:
+        if ": deploying " not in said:
+            continue
+        node = said.rsplit(" ", 1)[1]
+        ends = [t for t, e in events if t > t0 and e.split(": ", 1)[-1].startswith(f"{node} ")
+                and e.split(": ", 1)[-1].split(" ")[1] in ("passed", "failed", "rolled")]
+        if not ends:
+            continue
+        seen = [node in nodes for t, nodes in env["serving"] if t0 <= t <= ends[0]]
+        runs = "".join("i" if x else "o" for i, x in enumerate(seen) if i == 0 or seen[i - 1] != x)
+        assert "o" in runs, f"{node} never left the routes between its deploy and its gate: {runs}"
+        if runs.count("o") > 1:
+            early[node] = runs
+    return early
 
 
 def state(env, path: str) -> dict:
@@ -132,6 +166,8 @@ def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
         assert after[n]["previous_left"] == [] and after[n]["point"] is None  # finished: nothing kept
     assert sorted(after["rotation"]) == ["spark1", "spark2"]
     assert sizes and min(sizes) >= 1, sizes  # max_unavailable 1 of 2: the gateway always kept one
+    # Out from its deploy until its gate passed: no request reached a version before its gate.
+    assert routed_before_its_gate(env, res.run_id) == {}
     mat = res.asset_materializations_for_node("fleet_rollout")[-1].metadata
     rows = {r.data["node"]: r.data for r in mat["nodes"].value.records}
     assert rows["spark1"]["wave"] == "canary" and rows["spark2"]["wave"] == "wave 1"
@@ -173,6 +209,8 @@ def stopped_at_the_canary(env, path: str, gate: str) -> dict:
     assert after["spark2"]["id"] == before["spark2"]["id"]
     assert sorted(after["rotation"]) == ["spark1", "spark2"]
     assert sizes and min(sizes) >= 1, sizes
+    # The version that failed its gate was never in the proxy's routes (the canary's is the one deployed).
+    assert routed_before_its_gate(env, res.run_id) == {}
     rows = {r.data["node"]: r.data for r in info.metadata["nodes"].value.records}
     assert rows["spark1"]["state"] == "rolled back" and rows["spark2"]["state"] == "not started"
     return {k: v.value for k, v in info.metadata.items() if k != "nodes"}
