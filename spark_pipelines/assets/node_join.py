@@ -82,7 +82,8 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
             done.append("artifacts: " + ("; ".join(copied.lines()) or "already held"))
 
             d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id)
-            records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata)
+            records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata,
+                                  launch=d.value.fingerprint)
             if d.mismatch:
                 raise RunbookError(d.mismatch)
             done.append("deployed: " + d.check_text)
