@@ -84,7 +84,8 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
             # gated: held out by its bench until the bench below promotes it (no reconcile or
             # gateway_job routes it before).
             d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id, gated=True)
-            records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata)
+            records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata,
+                                  launch=d.value.fingerprint)
             if d.mismatch:
                 raise RunbookError(d.mismatch)
             done.append("deployed: " + d.check_text)

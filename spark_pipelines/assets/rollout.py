@@ -25,11 +25,13 @@ from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
 from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import rollout as node_rollout
+from spark_pipelines.runbook.adoption import deploy_signature
 from spark_pipelines.runbook.bench import bench_node, gate_of
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
@@ -70,14 +72,18 @@ def rollout_definitions(fleet) -> dg.Definitions:
             sv = node_rollout.survey(s, gw, distribution_payload(cv, mtp_weights, serving_image), log, run_id=run_id)
         except RunbookError as e:
             fail(e)
+        _record_serving(context, f, cv, sv, mtp_weights, serving_image)
         if sv.nothing_to_do:
             log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in sv.skip.items()))
             return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
                                                   "nodes": table(core.STEP_COLUMNS, _rows(sv.before, sv.skip))})
+        # A canary that serves the new version already has nothing to prove (one node's launch
+        # changed): the first node that changes goes alone instead.
+        canary = None if sv.skip.get(f.rollout.canary or "") == node_rollout.ALREADY_SERVES else f.rollout.canary
         try:
             plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=sv.rotation,
                                    max_unavailable=f.rollout.max_unavailable,
-                                   min_in_rotation=f.gateway.min_in_rotation, canary=f.rollout.canary, skip=sv.skip)
+                                   min_in_rotation=f.gateway.min_in_rotation, canary=canary, skip=sv.skip)
         except core.RolloutRefused as e:
             fail(RunbookError(f"rollout refused, nothing changed: {e}"))
         log.info("rollout plan:\n" + plan.text())
@@ -121,6 +127,30 @@ def rollout_definitions(fleet) -> dg.Definitions:
     return dg.Definitions(assets=[fleet_rollout], jobs=[rollout_job])
 
 
+def _record_serving(context: dg.AssetExecutionContext, f: Fleet, cv: dict[str, str], sv: node_rollout.Survey,
+                    mtp_weights: Checkpoint, serving_image: BuiltImage) -> None:
+    """Each node the rollout leaves as it is because it serves the new version already, recorded on
+    node_deployment at the loaded code version and launch when its record says otherwise (a record
+    from before node_launch existed, or a procedure revision): recorded nothing, it would stay stale
+    in the UI and the pins sensor would ask again for a rollout that changes nothing."""
+    nd = steps.NODE_DEPLOYMENT
+    for name in [n for n, why in sv.skip.items() if why == node_rollout.ALREADY_SERVES]:
+        spec = launch_spec(f, f.node(name))
+        if (records.recorded_code_version(context.instance, nd, name) == cv[nd]
+                and records.recorded_launch(context.instance, name) == spec.fingerprint):
+            continue
+        # What the deploy that made it recorded (its KV cache, startup, preflight figures) stays.
+        prev = records.latest(context.instance, nd, name)
+        made = dict(prev.asset_materialization.metadata) if prev and prev.asset_materialization else {}
+        records.record_deploy(
+            context, name, cv[nd], deploy_signature(cv[nd], spec.fingerprint, serving_image.image_id, mtp_weights.index),
+            {**made, "skipped": True, keys.IMAGE_ID: serving_image.image_id, "container": spec.container_name,
+             keys.ROLLOUT_RUN: context.run.run_id},
+            description=f"{name} serves this version already ({sv.new[name]}), healthy: recorded by the rollout "
+                        "at the loaded code version and launch, not redeployed",
+            launch=spec.fingerprint)
+
+
 def _rows(before: dict[str, str], skipped: dict[str, str]) -> list[dict[str, str]]:
     return [{"node": n, "wave": "-", "before": before[n], "now": before[n], "state": "skipped",
              "gate": "", "why": skipped.get(n, "")} for n in before]
@@ -148,7 +178,7 @@ class _Steps:
         # With its code and data versions, as node_deployment's own output: the pins sensor and
         # the UI's staleness see the rollout's deploy as current.
         records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,
-                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id})
+                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id}, launch=d.value.fingerprint)
         if d.mismatch:  # committed, but not what was meant: back to the previous version
             said = self.revert(node, d.mismatch)
             raise RunbookError(f"{d.mismatch}; {said}")

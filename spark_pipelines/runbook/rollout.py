@@ -46,6 +46,7 @@ def version(image_id: str | None, fingerprint: str | None, checkpoint: str | Non
 
 
 NO_COPY = "no verified copy of the new version"
+ALREADY_SERVES = "already serves the new version"  # its image, launch spec and checkpoint, healthy
 
 
 @dataclass
@@ -88,7 +89,7 @@ def survey(s: FleetSession, gw: GatewayHost, payload: Payload, log: Any, *, run_
             running[n.name] = baseline.identity_of(c, labels, [], launch_label=KERNELS_LABEL,
                                                    checkpoint_label=CHECKPOINT_LABEL)
         if before[n.name] == new[n.name] and engine.healthy(f, n):
-            skip.setdefault(n.name, "already serves the new version")
+            skip.setdefault(n.name, ALREADY_SERVES)
     for name, rec in quarantined(s).items():
         skip.setdefault(name, f"quarantined: {rec.summary()}")
     try:

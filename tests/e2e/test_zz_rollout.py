@@ -20,6 +20,8 @@ import httpx
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.definitions.data_version import CachingStaleStatusResolver
+from dagster._core.loader import LoadingContextForTest
 
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
@@ -149,9 +151,65 @@ def state(env, path: str) -> dict:
     return out
 
 
-def observations(env) -> list[dict]:
+def observations(env, run_id: str) -> list[dict]:
+    """fleet_rollout's progress observations of one rollout run, oldest first."""
     recs = env["instance"].fetch_observations(dg.AssetKey("fleet_rollout"), limit=200).records
-    return [r.asset_observation.metadata for r in reversed(recs)]
+    return [r.asset_observation.metadata for r in reversed(recs) if r.run_id == run_id]
+
+
+def stale(env, path: str) -> dict[str, str]:
+    """node -> node_deployment's stale status as Dagster's UI computes it for the fleet at `path`."""
+    graph = build_definitions(path).get_repository_def().asset_graph
+    resolver = CachingStaleStatusResolver(env["instance"], graph, LoadingContextForTest(env["instance"]))
+    return {n: resolver.get_status(dg.AssetKey("node_deployment"), n).value for n in ("spark1", "spark2")}
+
+
+def pins_tick(env, path: str):
+    """One pins_changed evaluation on the definitions of `path`; its observations stored as the daemon does."""
+    defs = build_definitions(path)
+    res = defs.get_repository_def().get_sensor_def("pins_changed")(
+        dg.build_sensor_context(instance=env["instance"], definitions=defs))
+    for event in res.asset_events:
+        env["instance"].report_runless_asset_event(event)
+    return res
+
+
+def test_an_override_on_spark2_rolls_out_spark2_alone_and_spark1_stays_fresh(env):
+    """A node's launch is its data: the real node_deployment runs recorded each node's launch, so
+    the sensor's first tick marks nothing stale; spark2's override alone makes spark2 stale and
+    asks a rollout for it; the rollout (its configured canary spark1 already on its version) deploys
+    spark2 alone; spark1 keeps its container and its skip marker, and its next deploy skips."""
+    assert stale(env, env["path"]) == {"spark1": "FRESH", "spark2": "FRESH"}
+    first = pins_tick(env, env["path"])
+    assert not first.run_requests and not first.asset_events
+    with FleetSession(env["fleet"]) as s:
+        marker1 = markers.read_deploy(s, env["fleet"].node("spark1"))
+    before = state(env, env["path"])
+
+    doc = yaml.safe_load(Path(env["path"]).read_text())
+    doc["nodes"][[n["name"] for n in doc["nodes"]].index("spark2")]["overrides"] = {"env": {"SPARK_LAUNCH_NOTE": "spark2-only"}}
+    doc.setdefault("rollout", {})["canary"] = "spark1"
+    path = str(env["root"] / "fleet-spark2.yaml")
+    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    [req] = pins_tick(env, path).run_requests
+    assert req.job_name == "rollout_job" and req.tags["nodes"] == "spark2"
+    assert stale(env, path) == {"spark1": "FRESH", "spark2": "STALE"}
+
+    res, sizes = roll_out(env, path)
+    assert res.success, res.all_events
+    after = state(env, path)
+    assert after["spark1"]["id"] == before["spark1"]["id"]  # left as it is
+    assert after["spark2"]["id"] != before["spark2"]["id"] and after["spark2"]["label"] == after["spark2"]["wanted"]
+    rows = {r.data["node"]: r.data for r in res.asset_materializations_for_node("fleet_rollout")[-1]
+            .metadata["nodes"].value.records}
+    assert rows["spark2"]["wave"] == "canary" and rows["spark2"]["state"] == "passed", rows
+    assert stale(env, path) == {"spark1": "FRESH", "spark2": "FRESH"}
+    assert not pins_tick(env, path).run_requests
+    with FleetSession(env["fleet"]) as s:
+        assert markers.read_deploy(s, env["fleet"].node("spark1")).signature == marker1.signature
+    dep = build_definitions(path).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key="spark1")
+    assert dep.success and dep.asset_materializations_for_node("node_deployment")[0].metadata["skipped"].value is True
 
 
 def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
@@ -174,7 +232,7 @@ def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
     assert {r["state"] for r in rows.values()} == {"passed"}
     assert all("vs baseline" in r["why"] for r in rows.values()), rows  # judged against the fleet's benches
     assert all("quality 100/100" in r["why"] for r in rows.values()), rows  # the quality gate passed too
-    events = [o["event"].value for o in observations(env)]
+    events = [o["event"].value for o in observations(env, res.run_id)]
     assert events[0].startswith("canary starts: spark1") and "wave 1: deploying spark2" in events
     assert events.index("canary: spark1 passed") < events.index("wave 1: deploying spark2")
     # each node's deploy and bench are on its own partitions too
