@@ -21,7 +21,7 @@ plan:
 # The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
 test:
 	@scripts/bootstrap.sh base litellm vllm test team prometheus
-	.venv/bin/python -m pytest
+	scripts/test-suite.sh
 
 test-fast:
 	@scripts/bootstrap.sh base
