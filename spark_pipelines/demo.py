@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ from spark_pipelines.console import Console, ConsoleError, stop_leftovers
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
-from spark_pipelines.team.instance import TEMPLATE
+
+UI_PORT = 3000  # `make ui`'s default port (PORT= to change)
 
 def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> str:
     from spark_pipelines.state.records import latest_metadata
@@ -114,6 +117,8 @@ def instance_config() -> str:
     the local launcher that tells the monitoring whether a run's process still lives
     (spark_pipelines/console_launcher.py): a run whose process died is failed within about
     MONITOR_POLL_S and the node's next run leaves the queue."""
+    from spark_pipelines.team.instance import TEMPLATE  # imports dagster: not for every command's --help
+
     cfg = yaml.safe_load(TEMPLATE.read_text())
     out = {k: cfg[k] for k in ("telemetry", "run_queue")}
     out["run_launcher"] = {"module": "spark_pipelines.console_launcher", "class": "LocalRunLauncher"}
@@ -130,6 +135,8 @@ def _ours(text: str) -> bool:
         old = yaml.safe_load(text)
     except yaml.YAMLError:
         return False
+    from spark_pipelines.team.instance import TEMPLATE
+
     cfg = yaml.safe_load(TEMPLATE.read_text())
     return old == {k: cfg[k] for k in ("telemetry", "run_queue")}
 
@@ -147,41 +154,158 @@ def prepare_instance_home(home: Path | None = None) -> Path:
     return home
 
 
-# The fleet file the demo's runs were made with, kept on the instance: `make ui` opens that
-# file, or says loudly that it cannot.
+# What the demo leaves on its instance for the commands after it (plan, doctor, adopt, metrics,
+# `make ui`): the fleet file its runs were made with, and where the simulator keeps the gateway's
+# master key (the path, never the key).
 DEMO_FLEET_RECORD = "demo-fleet-file"
+DEMO_KEY_RECORD = "demo-gateway-key-file"
+DEMO_HOME = ".dagster-home"  # the demo's instance when DAGSTER_HOME is not set (the Makefile's too)
+FLEET_HELP = (f"fleet file (default: $SPARK_FLEET, else the one `make demo` recorded in {DEMO_HOME}/"
+              f"{DEMO_FLEET_RECORD} while it exists, else {SEED_FLEET})")
+
+
+@dataclass(frozen=True)
+class FleetChoice:
+    """The fleet file a command reads and why that one; `warning` when it is not the file the
+    demo's recorded runs were made with."""
+
+    path: str
+    how: str
+    warning: str | None = None
+
+    def named(self) -> str:
+        return f"{self.path} ({self.how})"
+
+
+def read_hint(choice: FleetChoice) -> str:
+    """The end of a "could not read the fleet" line: which file was read, and where the demo's is."""
+    hint = f"fleet file {choice.named()}"
+    if choice.how.startswith("the default"):
+        hint += ("; for the simulated fleet run `make demo` first (later commands find its fleet file), "
+                 "or give --fleet FILE")
+    return hint
+
+
+def demo_home(environ: Mapping[str, str] | None = None) -> Path:
+    """The instance the demo records in: $DAGSTER_HOME, else ./.dagster-home."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("DAGSTER_HOME") or DEMO_HOME).resolve()
+
+
+def _recorded(home: Path, name: str) -> str:
+    record = home / name
+    try:
+        return record.read_text().strip() if record.is_file() else ""
+    except OSError:
+        return ""
+
+
+def find_fleet(given: str | None = None, environ: Mapping[str, str] | None = None,
+               home: Path | None = None) -> FleetChoice:
+    """The one order every command finds its fleet file in: --fleet, $SPARK_FLEET, the demo's own
+    file while it exists, a simulated fleet's file here, the seed. After `make sim-down` the demo's
+    file is gone: the seed then, with a warning (its hosts are real nodes, not the recorded demo's)."""
+    env = os.environ if environ is None else environ
+    if given:
+        return FleetChoice(given, "--fleet")
+    if env.get("SPARK_FLEET"):
+        return FleetChoice(env["SPARK_FLEET"], "$SPARK_FLEET")
+    home = demo_home(env) if home is None else home
+    recorded = _recorded(home, DEMO_FLEET_RECORD)
+    if recorded and Path(recorded).is_file():
+        return FleetChoice(recorded, f"the demo's, recorded in {home / DEMO_FLEET_RECORD}")
+    if Path("sim-fleet.yaml").is_file():
+        return FleetChoice("sim-fleet.yaml", "the simulated fleet's, in this directory")
+    if not recorded:
+        return FleetChoice(SEED_FLEET, "the default: no --fleet, $SPARK_FLEET or demo record")
+    return FleetChoice(SEED_FLEET, "the default: the demo's file is gone", warning=(
+        f"the demo's fleet file {recorded} is gone (make sim-down): {SEED_FLEET} is read instead, whose hosts "
+        f"are the runbook's real nodes, not the simulated ones the recorded runs used. To see the demo's fleet "
+        f"again: make demo; to choose a file: --fleet FILE or SPARK_FLEET=FILE"))
+
+
+def demo_gateway_key(fleet_path: str, key_env: str, environ: MutableMapping[str, str] | None = None,
+                     home: Path | None = None) -> str | None:
+    """The simulator's gateway key for a command reading the demo's (or a running simulator's)
+    fleet file while `key_env` is unset: read from the key file into `environ` (this process's
+    environment) and never printed. Returns a line saying where it came from, or None."""
+    env = os.environ if environ is None else environ
+    if env.get(key_env):
+        return None
+    home = demo_home(env) if home is None else home
+    key_file = ""
+    recorded = _recorded(home, DEMO_FLEET_RECORD)
+    if recorded and Path(recorded).resolve() == Path(fleet_path).resolve():
+        key_file = _recorded(home, DEMO_KEY_RECORD)
+    if not key_file:
+        try:
+            from spark_sim.fleet import SimFleet
+
+            sim = SimFleet()
+            if sim.fleet_file and sim.fleet_file.resolve() == Path(fleet_path).resolve():
+                key_file = str(sim.master_key_file)
+        except Exception:  # no simulator here (a real fleet): nothing to find
+            return None
+    try:
+        key = Path(key_file).read_text().strip() if key_file else ""
+    except OSError:
+        return None
+    if not key:
+        return None
+    env[key_env] = key
+    return f"${key_env} from the simulator's key file {key_file}"
+
+
+def instance_home(environ: Mapping[str, str] | None = None) -> tuple[Path | None, str]:
+    """The Dagster instance a command reads: $DAGSTER_HOME, else the demo's when one was made here;
+    (None, how to get one) otherwise."""
+    env = os.environ if environ is None else environ
+    if env.get("DAGSTER_HOME"):
+        return Path(env["DAGSTER_HOME"]), "$DAGSTER_HOME"
+    home = Path(DEMO_HOME).resolve()
+    if (home / "dagster.yaml").is_file():
+        return home, "the demo's"
+    return None, (f"no Dagster instance: set DAGSTER_HOME to the instance the chain records in, or run `make demo` "
+                  f"here (its instance is {DEMO_HOME})")
 
 
 def ui_fleet(home: Path, environ: dict[str, str] | None = None) -> tuple[str, str | None]:
     """The fleet file `make ui` opens on the demo's instance, and a warning when it is not the one
-    the instance's runs were made with: SPARK_FLEET; else the demo's own file while it exists; else
-    the seed, said loudly (its hosts are real nodes, not the recorded demo's)."""
-    env = os.environ if environ is None else environ
-    if env.get("SPARK_FLEET"):
-        return env["SPARK_FLEET"], None
-    record = home / DEMO_FLEET_RECORD
-    recorded = record.read_text().strip() if record.is_file() else ""
-    if recorded and Path(recorded).is_file():
-        return recorded, None
-    if Path("sim-fleet.yaml").is_file():
-        return "sim-fleet.yaml", None
-    if not recorded:
-        return SEED_FLEET, None
-    return SEED_FLEET, (
-        f"the demo's fleet file {recorded} is gone (make sim-down): the UI opens on {SEED_FLEET}, whose hosts "
-        f"are the runbook's real nodes, not the simulated ones the recorded runs used. Steps will show a new "
-        f"code version there, and Materialize acts on those hosts. To see the demo's fleet again: make demo; to "
-        f"choose a file: SPARK_FLEET=path make ui")
+    the instance's runs were made with (find_fleet's order)."""
+    choice = find_fleet(None, environ, home)
+    return choice.path, choice.warning
 
 
-def ui_fleet_command() -> int:
-    """`python -c ...ui_fleet_command()` in `make ui`: the path on stdout, a warning on stderr."""
-    path, warning = ui_fleet(prepare_instance_home())
-    if warning:
+def ui_command(port: str | None = None) -> int:
+    """`make ui [PORT=3000]`: `dg dev` on the demo's instance and fleet file, with the simulator's
+    gateway key when the fleet is the demo's (a bench launched from the UI drains through it)."""
+    from spark_pipelines.console import stop_leftovers
+
+    port = port or os.environ.get("PORT") or str(UI_PORT)
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        print(f"make ui: PORT={port}: give a TCP port, 1-65535", file=sys.stderr)
+        return 2
+    home = prepare_instance_home()
+    stop_leftovers(home)
+    choice = find_fleet(None, None, home)
+    if choice.warning:
         bar = "!" * 78
-        print(f"{bar}\nmake ui: {warning}\n{bar}", file=sys.stderr)
-    print(path)
-    return 0
+        print(f"{bar}\nmake ui: {choice.warning}\n{bar}", file=sys.stderr)
+    print(f"make ui: fleet file {choice.named()}")
+    key_env = load_fleet(choice.path).gateway.master_key_env
+    said = demo_gateway_key(choice.path, key_env)
+    if said:
+        print(f"make ui: gateway key {said}")
+    elif not os.environ.get(key_env):
+        print(f"make ui: ${key_env} is not set: a step that reads the gateway (bench, gateway_job) fails at its "
+              f"first read if the proxy has a master key; set it to the proxy's key")
+    print(f"make ui: Dagster instance {home}; UI on http://127.0.0.1:{port}")
+    venv = Path(sys.executable).parent
+    # VIRTUAL_ENV: dg then uses this venv for the project, quietly.
+    env = {**os.environ, "SPARK_FLEET": choice.path, "DAGSTER_HOME": str(home), "VIRTUAL_ENV": str(venv.parent)}
+    sys.stdout.flush()
+    os.execve(str(venv / "dg"), [str(venv / "dg"), "dev", "-h", "127.0.0.1", "-p", port], env)
+    return 0  # not reached
 
 
 def _node_count(text: str) -> int:
@@ -200,7 +324,8 @@ def _node_count(text: str) -> int:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nodes", type=_node_count, default=2,
                     help="simulated nodes, 1-32 (spark1 founders + build host, the others gx10); default 2")
-    ap.add_argument("--fleet-out", default="sim-fleet.yaml")
+    ap.add_argument("--fleet-out", default="sim-fleet.yaml", metavar="FILE",
+                    help="where the simulated fleet's fleet file is written (default: sim-fleet.yaml)")
     ap.add_argument("--stop", action="store_true",
                     help="only stop a Dagster console (webserver, daemon, code server) a killed demo left running")
 
@@ -240,6 +365,8 @@ def demo_command(args: argparse.Namespace) -> int:
     os.environ["SPARK_FLEET"] = fleet_path
     home = prepare_instance_home()
     (home / DEMO_FLEET_RECORD).write_text(str(Path(fleet_path).resolve()) + "\n")
+    # The path only: plan, doctor, adopt and `make ui` read the key from it for this fleet file.
+    (home / DEMO_KEY_RECORD).write_text(f"{sim.master_key_file}\n" if sim.master_key_file.exists() else "")
     print(f"Dagster instance: {home}")
     instance = dg.DagsterInstance.get()
     # Stopped at the end (see README "What else"): `make ui` then serves the same code location, so
@@ -261,9 +388,10 @@ def demo_command(args: argparse.Namespace) -> int:
     print()
     print(bench_table(instance, [n.name for n in fleet.serve_nodes], {k: v for k, v in failures.items() if k != "*"}))
     print()
-    print("The console is stopped. Dagster UI on this instance (these runs under their jobs): make ui"
+    print("The console is stopped. Dagster UI on this instance (these runs under their jobs): make ui [PORT=3000]"
           "   |   remove the simulated fleet: make sim-down")
-    print(f"Metrics: DAGSTER_HOME={home} .venv/bin/spark-pipelines metrics serve -> "
-          f"http://127.0.0.1:{metrics_command.DEFAULT_PORT}/metrics; Prometheus targets and alert rules: "
-          f".venv/bin/spark-pipelines metrics scrape-config --fleet {fleet_path} --out DIR")
+    print(f"From here on, plan --live, doctor, adopt --check, metrics and make ui read this fleet file, the "
+          f"simulator's gateway key and this instance (recorded in {home}); each names what it read.")
+    print(f"Metrics: .venv/bin/spark-pipelines metrics serve -> http://127.0.0.1:{metrics_command.DEFAULT_PORT}"
+          f"/metrics; Prometheus targets and alert rules: .venv/bin/spark-pipelines metrics scrape-config --out DIR")
     return 1 if failures else 0

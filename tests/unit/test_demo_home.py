@@ -1,6 +1,8 @@
 """The demo's Dagster instance home: telemetry off and one run per node by default, an operator's
 own config kept."""
 
+from pathlib import Path
+
 import dagster as dg
 import yaml
 
@@ -89,4 +91,87 @@ def test_make_ui_keeps_the_demos_fleet_file_or_says_loudly_that_it_switched(tmp_
     demo_file.unlink()  # make sim-down
     path, warning = ui_fleet(home, {})
     assert path == SEED_FLEET and warning is not None
-    assert f"{demo_file} is gone" in warning and "real nodes" in warning and "SPARK_FLEET=path make ui" in warning
+    assert f"{demo_file} is gone" in warning and "real nodes" in warning and "SPARK_FLEET=FILE" in warning
+
+
+def _demo_here(tmp_path):
+    """A directory after `make demo`: its instance, the fleet file it recorded, the sim's key file."""
+    from spark_pipelines.demo import DEMO_FLEET_RECORD, DEMO_KEY_RECORD
+
+    home = prepare_instance_home(tmp_path / ".dagster-home")
+    fleet = tmp_path / "sim-fleet.yaml"
+    fleet.write_text(open("fleets/seed.yaml").read().replace("0.85        #", "0.84        #"))
+    key = tmp_path / "master_key"
+    key.write_text("sk-sim-secret\n")
+    key.chmod(0o600)
+    (home / DEMO_FLEET_RECORD).write_text(f"{fleet}\n")
+    (home / DEMO_KEY_RECORD).write_text(f"{key}\n")
+    return home, fleet, key
+
+
+def test_after_the_demo_every_command_finds_its_fleet_file_and_names_it(tmp_path):
+    """Issue 35, item 4: after `make demo`, plan and doctor read fleets/seed.yaml and failed on its
+    key path without naming the file; metrics wanted DAGSTER_HOME."""
+    import os
+    import subprocess
+    import sys
+
+    home, fleet, _ = _demo_here(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_FLEET", "DAGSTER_HOME", "LITELLM_MASTER_KEY")}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "spark_pipelines.cli", *args], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env=env)
+
+    recorded = f"{fleet} (the demo's, recorded in {home / 'demo-fleet-file'})"
+    plan = cli("plan")
+    assert plan.returncode == 0 and plan.stdout.splitlines()[0] == f"# fleet file: {recorded}", plan.stdout[:300]
+    assert "--gpu-memory-utilization 0.84" in plan.stdout
+    assert cli("sudoers").stdout.splitlines()[0] == f"# fleet file: {recorded}"
+    show = cli("metrics", "show")
+    assert show.returncode == 0, show.stderr
+    assert show.stderr.splitlines() == [f"metrics: fleet file {recorded}", f"metrics: Dagster instance {home} (the demo's)"]
+    # The seed's hosts are real nodes: a key path missing here is named with the fleet file it came from.
+    doctor = cli("doctor")
+    assert doctor.returncode == 2 and f"(fleet file {recorded})" in doctor.stderr, doctor.stderr
+    assert len(doctor.stderr.strip().splitlines()) == 1
+
+
+def test_the_simulators_gateway_key_goes_with_the_demos_fleet_file_only(tmp_path):
+    """Issue 35, items 4-5: `plan --live` and `adopt --check` on the demo's fleet sent no key (the
+    key is a file under the sim's root); `make ui` did not pass it either."""
+    from spark_pipelines.demo import demo_gateway_key
+
+    home, fleet, key = _demo_here(tmp_path)
+    env: dict[str, str] = {}
+    said = demo_gateway_key(str(fleet), "LITELLM_MASTER_KEY", env, home)
+    assert env == {"LITELLM_MASTER_KEY": "sk-sim-secret"}
+    assert said == f"$LITELLM_MASTER_KEY from the simulator's key file {key}" and "sk-sim" not in said
+    other = tmp_path / "other.yaml"
+    other.write_text(fleet.read_text())
+    env = {}
+    assert demo_gateway_key(str(other), "LITELLM_MASTER_KEY", env, home) is None and env == {}
+    env = {"LITELLM_MASTER_KEY": "mine"}  # the operator's own key wins
+    assert demo_gateway_key(str(fleet), "LITELLM_MASTER_KEY", env, home) is None and env["LITELLM_MASTER_KEY"] == "mine"
+
+
+def test_make_ui_runs_dg_dev_on_the_port_asked_with_the_key(tmp_path, monkeypatch):
+    """Issue 35, item 5: `make ui` hard-coded port 3000, ran the deprecated `dagster dev` and did not
+    pass the simulator's key."""
+    import os
+
+    from spark_pipelines import demo
+
+    home, fleet, _ = _demo_here(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for var in ("SPARK_FLEET", "LITELLM_MASTER_KEY", "DAGSTER_HOME"):
+        monkeypatch.setenv(var, "recorded")  # so that teardown removes what ui_command sets
+        monkeypatch.delenv(var)
+    execs = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: execs.append((path, argv, env)))
+    assert demo.ui_command("3210") == 0
+    (path, argv, env), = execs
+    assert Path(path).name == "dg" and argv[1:] == ["dev", "-h", "127.0.0.1", "-p", "3210"]
+    assert env["SPARK_FLEET"] == str(fleet) and env["LITELLM_MASTER_KEY"] == "sk-sim-secret"
+    assert env["DAGSTER_HOME"] == str(home)
+    assert demo.ui_command("99999") == 2
