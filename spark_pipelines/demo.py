@@ -112,17 +112,18 @@ MONITOR_POLL_S = 15  # a dead run is failed within about this long (plus the dae
 
 
 def instance_config() -> str:
-    """The embedded instance's dagster.yaml: the team template's telemetry, run queue (one run per
-    node, one bench, one build at a time) and run monitoring, on the default SQLite storage and
-    the local launcher that tells the monitoring whether a run's process still lives
-    (spark_pipelines/console_launcher.py): a run whose process died is failed within about
-    MONITOR_POLL_S and the node's next run leaves the queue."""
+    """The embedded instance's dagster.yaml: the team template's telemetry, concurrency (one run per
+    node; one slot in each pool: one drain, one image build at a time) and run monitoring, on the
+    default SQLite storage and the local launcher that tells the monitoring whether a run's process
+    still lives (spark_pipelines/console_launcher.py): a run whose process died is failed within
+    about MONITOR_POLL_S, the node's next run leaves the queue, and a pool slot it held is freed."""
     from spark_pipelines.team.instance import TEMPLATE  # imports dagster: not for every command's --help
 
     cfg = yaml.safe_load(TEMPLATE.read_text())
-    out = {k: cfg[k] for k in ("telemetry", "run_queue")}
+    out = {k: cfg[k] for k in ("telemetry", "concurrency")}
     out["run_launcher"] = {"module": "spark_pipelines.console_launcher", "class": "LocalRunLauncher"}
     out["run_monitoring"] = {**cfg["run_monitoring"], "poll_interval_seconds": MONITOR_POLL_S,
+                             "free_slots_after_run_end_seconds": MONITOR_POLL_S,
                              "max_resume_run_attempts": 0}  # a dead run is never resumed: its undo ran or the next run finishes it
     return WRITTEN_BY + "\n" + yaml.safe_dump(out, sort_keys=False)
 
@@ -135,10 +136,7 @@ def _ours(text: str) -> bool:
         old = yaml.safe_load(text)
     except yaml.YAMLError:
         return False
-    from spark_pipelines.team.instance import TEMPLATE
-
-    cfg = yaml.safe_load(TEMPLATE.read_text())
-    return old == {k: cfg[k] for k in ("telemetry", "run_queue")}
+    return isinstance(old, dict) and set(old) == {"telemetry", "run_queue"} and old["telemetry"] == {"enabled": False}
 
 
 def prepare_instance_home(home: Path | None = None) -> Path:

@@ -229,6 +229,7 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         kinds={"vllm"},
         partitions_def=partitions,
         code_version=cv[steps.BENCH_RESULTS],
+        pool=steps.DRAIN_POOL,  # one bench at a time however it is launched: the gateway loses one node
         # The bench drains the node through the gateway (and keeps a node below its floor out of it):
         # it needs the deployed node and a gateway that holds it.
         deps=[steps.NODE_DEPLOYMENT, steps.GATEWAY],

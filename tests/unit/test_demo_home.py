@@ -26,14 +26,35 @@ def test_instance_runs_one_run_per_node_and_one_bench_at_a_time(tmp_path, monkey
     prepare_instance_home()
     instance = dg.DagsterInstance.from_config(str(home))
     try:
-        limits = instance.run_coordinator.get_run_queue_config().tag_concurrency_limits
+        concurrency = instance.get_concurrency_config()
+        limits = concurrency.run_queue_config.tag_concurrency_limits
         assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
         assert {"key": "spark/bench", "limit": 1} in limits
         # the team instance's template is the one home of these limits
-        assert limits == yaml.safe_load(TEMPLATE.read_text())["run_queue"]["tag_concurrency_limits"]
+        assert limits == yaml.safe_load(TEMPLATE.read_text())["concurrency"]["runs"]["tag_concurrency_limits"]
+        # Issue 35, item 1: one slot in every pool (one drain, one image build), whoever launches the step,
+        # and a slot a dead run held is freed once the monitoring failed it.
+        assert concurrency.pool_config.default_pool_limit == 1
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] > 0
         assert instance.telemetry_enabled is False
     finally:
         instance.dispose()
+
+
+def test_every_step_that_drains_a_node_or_builds_an_image_is_in_its_pool(seed_data, tmp_path):
+    """Issue 35, item 1: a bench materialized from the asset page (`__ASSET_JOB`, no bench tag) was not
+    bound by the one-bench limit. The limit is on the assets themselves now."""
+    from spark_pipelines.core.steps import BUILD_POOL, DRAIN_POOL
+    from spark_pipelines.definitions import build_definitions
+
+    p = tmp_path / "fleet.yaml"
+    p.write_text(yaml.safe_dump(seed_data, sort_keys=False))
+    defs = build_definitions(str(p))
+    pools = {k.to_user_string(): defs.resolve_assets_def(k).op.pool for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    drains = {"bench_results", "fleet_rollout", "node_join", "node_os"}
+    assert {k for k, v in pools.items() if v == DRAIN_POOL} == drains
+    assert {k for k, v in pools.items() if v == BUILD_POOL} == {"base_image", "serving_image"}
+    assert [n.definition.pool for n in defs.resolve_job_def("ab_experiment_job").graph.nodes] == [DRAIN_POOL]
 
 
 def test_bench_runs_carry_the_bench_tag(seed_data, tmp_path):
@@ -60,8 +81,9 @@ def test_the_demo_instance_fails_a_dead_run_and_upgrades_the_config_it_wrote_bef
 
     home = tmp_path / "home"
     home.mkdir()
-    cfg = yaml.safe_load(TEMPLATE.read_text())
-    (home / "dagster.yaml").write_text(yaml.safe_dump({k: cfg[k] for k in ("telemetry", "run_queue")}))
+    older = {"telemetry": {"enabled": False}, "run_queue": {"max_concurrent_runs": 8, "tag_concurrency_limits": [
+        {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]}}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(older))
     prepare_instance_home(home)
     assert (home / "dagster.yaml").read_text().startswith(WRITTEN_BY)
     instance = dg.DagsterInstance.from_config(str(home))
