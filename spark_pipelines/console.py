@@ -6,8 +6,8 @@ Runs the demo submits go through the code location like the UI's, a schedule's o
 daemon from the code server. So each run carries the location's origin and appears on its job's
 page and on the Overview timeline, and "Re-execute" finds the same job.
 
-Processes start in their own sessions (a Ctrl-C in the terminal reaches the caller, which
-terminates its run first: the run's undo runs), write their logs under <home>/console/, and are
+Processes start in their own sessions (a Ctrl-C in the terminal reaches the caller, which asks
+Dagster to terminate its run, follows it while its undo runs and says how it ended), write their logs under <home>/console/, and are
 recorded with their start times in <home>/console/console.json so that a console a killed
 caller left behind is stopped by the next start or by `spark-pipelines demo --stop`.
 """
@@ -38,6 +38,9 @@ STARTUP_TIMEOUT_S = 240.0  # three Dagster processes importing on two busy cores
 STOP_GRACE_S = 20.0
 # A daemon heartbeat this recent means a daemon (e.g. `make ui`'s) serves the instance now.
 DAEMON_FRESH_S = 50.0
+# How long an interrupted demo follows the run it asked to terminate: a deploy's rollback restarts
+# the previous container (the team instance gives a terminated run 600 s for its undo).
+TERMINATE_WAIT_S = 600.0
 
 
 class ConsoleError(Exception):
@@ -451,20 +454,42 @@ class Console:
         detail = data.get("message") or "; ".join(e["message"] for e in data.get("errors", [])) or data["__typename"]
         raise ConsoleError(f"{job}{f'[{partition}]' if partition else ''}: not launched: {detail}")
 
-    def terminate(self, run_id: str) -> None:
-        """Ask the run to stop: its steps see the interruption and run their undo."""
-        self.graphql("mutation($r: String!) { terminateRun(runId: $r) { __typename } }", {"r": run_id})
+    def terminate(self, run_id: str, wait_s: float = 120.0) -> str:
+        """Ask Dagster to terminate the run: its steps see the interruption and run their undo.
+        Dagster refuses a run that is STARTING (launched, its process not yet running): asked again
+        each second until it has started or ended, up to `wait_s`. Returns "" once the request was
+        accepted, else Dagster's reason."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            said = self.graphql(
+                "mutation($r: String!) { terminateRun(runId: $r) { __typename "
+                "... on TerminateRunFailure { message } ... on RunNotFoundError { message } "
+                "... on PythonError { message } } }", {"r": run_id})["terminateRun"]
+            if said["__typename"] == "TerminateRunSuccess":
+                return ""
+            why = said.get("message") or said["__typename"]
+            if "STARTING" not in why and "NOT_STARTED" not in why or time.monotonic() > deadline:
+                return why
+            time.sleep(1.0)
 
     def run(self, instance: Any, job: str, partition: str | None = None, run_config: dict[str, Any] | None = None,
             timeout_s: float = 3600.0, progress: Callable[[str], None] = print) -> RunOutcome:
         """Launch, then follow the run's steps until it ends or `timeout_s` pass (then terminate it).
-        A Ctrl-C terminates the run and waits for its undo before it propagates."""
+        A Ctrl-C terminates the run, follows it to its end (its undo runs first), says how it ended,
+        then propagates."""
         run_id = self.launch(job, partition, run_config)
         progress(f"    run {run_id[:8]} queued: {self.url}/runs/{run_id}")
         try:
             return follow_run(instance, run_id, timeout_s, progress, self._check_alive, self.terminate)
         except KeyboardInterrupt:
-            progress(f"    interrupted: terminating run {run_id[:8]} (its undo runs first)")
-            self.terminate(run_id)
-            follow_run(instance, run_id, 180.0, progress, self._check_alive, None)
+            progress(f"    interrupted: terminating run {run_id[:8]}; its steps run their undo before it ends "
+                     f"(a second Ctrl-C stops the console and the run with it)")
+            refused = self.terminate(run_id)
+            if refused:
+                progress(f"    Dagster did not terminate run {run_id[:8]} ({refused}): following it to its end")
+            follow_run(instance, run_id, TERMINATE_WAIT_S, progress, self._check_alive, None)
+            status = instance.get_run_by_id(run_id).status
+            progress(f"    run {run_id[:8]} ended {status.value}" + (
+                "" if status.value == "CANCELED" else " (it finished before the termination took effect)"
+                if status.value in ("SUCCESS", "FAILURE") else f" after {TERMINATE_WAIT_S:.0f} s: see {self.url}/runs/{run_id}"))
             raise

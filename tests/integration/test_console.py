@@ -206,3 +206,39 @@ def test_a_bench_from_the_asset_page_waits_for_the_running_bench(tmp_path, hangi
         console.terminate(second)
         _wait("the second bench ended", lambda: instance.get_run_by_id(second).is_finished, 120)
     instance.dispose()
+
+
+def test_ctrl_c_while_a_run_starts_really_terminates_it(tmp_path, hanging_fleet):
+    """Issue 35, item 6: a Ctrl-C in `make demo` printed "terminating run ... (its undo runs first)"
+    while the run went on: Dagster refuses to terminate a run that is STARTING, and the refusal was
+    not read. The interrupt arrives while the run starts; the run ends CANCELED and the lines say so."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import dagster as dg
+
+    fleet, _ = hanging_fleet
+    home = prepare_instance_home(tmp_path / "home")
+    instance = dg.DagsterInstance.from_config(str(home))
+    said: list[str] = []
+    with Console(home, str(fleet), log=lambda *_: None) as console:
+        def interrupt_while_starting() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTING]))
+                if runs:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=interrupt_while_starting, daemon=True)
+        watcher.start()
+        with pytest.raises(KeyboardInterrupt):
+            console.run(instance, "release_quarantine_job", "spark1", progress=said.append)
+        (run,) = instance.get_runs(dg.RunsFilter(job_name="release_quarantine_job"))
+    assert run.status == dg.DagsterRunStatus.CANCELED, (run.status, said)
+    assert any(line.strip().startswith("interrupted: terminating run") for line in said), said
+    assert said[-1].strip() == f"run {run.run_id[:8]} ended CANCELED", said
+    instance.dispose()
