@@ -340,6 +340,20 @@ def drained_at(note: str) -> float | None:
     return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
+def _back_because(note: str | None) -> str:
+    """Why a node out by no drain, or by a drain these policies made, goes back: said from the
+    note the drain left (a released quarantine is not "the health drain is over")."""
+    if note is None:
+        return "healthy and promoted, and out of the gateway config"
+    what = _SINCE.sub("", note[len(NOTE_PREFIX):]).strip()
+    at = _SINCE.search(note)
+    since = f", out since {at.group(1)}" if at else ""
+    quarantine = re.fullmatch(r"quarantined \((.+)\)", what)
+    if quarantine:
+        return f"its quarantine ({quarantine.group(1)}) was released and it is healthy and promoted{since}"
+    return f"healthy and promoted again after the health policy took it out ({what[:80]}){since}"
+
+
 def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: Mapping[str, str], *,
               settings: HealthSettings, min_in_rotation: int, now: float) -> ReconcilePlan:
     """What to change so the rotation holds exactly the healthy, promoted, not-quarantined nodes.
@@ -360,7 +374,7 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
             continue
         note = drains.get(name)
         if note is None or note.startswith(NOTE_PREFIX):
-            put_back.append(Move(name, "healthy and promoted" + (", the health drain is over" if note else "")))
+            put_back.append(Move(name, _back_because(note)))
             continue
         at = drained_at(note)
         if at is None:

@@ -201,6 +201,19 @@ def test_a_recent_bench_drain_is_left_alone_an_old_one_undone():
     assert p.empty
 
 
+def test_a_released_quarantine_is_the_reason_the_node_goes_back():
+    """Issue 35, item 10: gateway_reconcile_job after a manual release said "the health drain is over"."""
+    p = plan({"spark1": OK, "spark2": OK}, ["spark1"], {"spark2": note("health: quarantined (manual)", 600)})
+    (back,) = p.put_back
+    assert back.reason.startswith("its quarantine (manual) was released and it is healthy and promoted, out since ")
+    assert "health drain" not in p.describe()
+    p = plan({"spark1": OK, "spark2": OK}, ["spark1"], {"spark2": note("health: engine-down on 2 sweeps in a row", 60)})
+    assert p.put_back[0].reason.startswith("healthy and promoted again after the health policy took it out "
+                                           "(engine-down on 2 sweeps in a row), out since ")
+    p = plan({"spark1": OK, "spark2": OK}, ["spark1"])  # out with no drain note: the gateway step left it out
+    assert p.put_back[0].reason == "healthy and promoted, and out of the gateway config"
+
+
 # ------------------------------------------------------------------ the residue quarantine's preflight
 
 def preflight_report(free_gib, baseline):
