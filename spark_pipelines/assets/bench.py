@@ -193,8 +193,11 @@ def quality_metadata(q: quality_core.QualityReport | None, floor: float | None) 
 
 def above_floor(fleet: Fleet, node: str, b: Benched) -> dict:
     """The above_floor check's fields for this bench."""
-    return {"passed": b.promoted, "description": f"{node}: {b.reason}",
-            "metadata": {"node": node, "mean_tok_s": num(float(b.mean or 0.0), 2),
+    # The check history's own time is when its run was planned (Dagster plans a run's checks at
+    # its start, before the bench it judges is recorded): the judgement's time is said here.
+    judged = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    return {"passed": b.promoted, "description": f"{node}: {b.reason} (judged {judged} UTC, after the bench)",
+            "metadata": {"node": node, "judged (UTC)": judged, "mean_tok_s": num(float(b.mean or 0.0), 2),
                          "floor_tok_s": num(fleet.bench_floor(fleet.node(node)), 1),
                          "gpu_under_load": b.gpu_verdict.state}}
 
