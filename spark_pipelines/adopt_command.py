@@ -31,7 +31,7 @@ READ_FAILED = 3  # exit status: the live fleet could not be read (not "the chain
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from spark_pipelines.demo import FLEET_HELP
+    from spark_pipelines.console import FLEET_HELP
 
     p.add_argument("--fleet", default=None, help=FLEET_HELP)
     p.add_argument("--node", action="append", default=[], metavar="NAME",
@@ -103,7 +103,7 @@ def needs_action(findings: list[core.Finding]) -> bool:
 
 
 def adopt_run(args: argparse.Namespace) -> int:
-    from spark_pipelines.demo import demo_gateway_key, find_fleet, read_hint
+    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     choice = find_fleet(args.fleet)

@@ -218,7 +218,7 @@ PLAN_DESCRIPTION = ("Render what a deploy of the fleet file would do, touching n
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.demo import FLEET_HELP
+    from spark_pipelines.console import FLEET_HELP
 
     ap.add_argument("--fleet", default=None, help=FLEET_HELP)
     ap.add_argument("--node", metavar="NAME", help="one serve node (default: every serve node)")
@@ -230,7 +230,7 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from spark_pipelines.demo import demo_gateway_key, find_fleet, read_hint
+    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
 
     choice = find_fleet(args.fleet)
     if choice.warning:
@@ -278,7 +278,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     """`metrics`: the fleet file and the instance found as every command finds them, named on stderr
     (stdout is the metrics themselves)."""
     from spark_pipelines import metrics_command
-    from spark_pipelines.demo import find_fleet, instance_home
+    from spark_pipelines.console import find_fleet, instance_home
 
     choice = find_fleet(args.fleet)
     args.fleet = choice.path
@@ -400,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as e:  # argparse --help
         return int(e.code or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # before the command's own handler (still importing): the same line
+        print(f"spark-pipelines {argv[0]}: interrupted" if argv[0].isidentifier() else "interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `spark-pipelines plan | head`: the reader left, nothing to report
         sys.stderr.close()

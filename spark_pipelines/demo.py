@@ -11,18 +11,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from spark_pipelines import metrics_command
-from spark_pipelines.console import Console, ConsoleError, stop_leftovers
+from spark_pipelines.console import (  # noqa: F401  (the demo's records, re-exported for its callers)
+    DEMO_FLEET_RECORD,
+    DEMO_KEY_RECORD,
+    FLEET_HELP,
+    Console,
+    ConsoleError,
+    FleetChoice,
+    demo_gateway_key,
+    find_fleet,
+    instance_home,
+    read_hint,
+    stop_leftovers,
+)
 from spark_pipelines.core import record_keys as keys
-from spark_pipelines.core import steps
-from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
+from spark_pipelines.core import steps, summary
+from spark_pipelines.core.fleet import load_fleet
 
 UI_PORT = 3000  # `make ui`'s default port (PORT= to change)
 
@@ -40,7 +50,7 @@ def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> st
             f"{dep.get(keys.KV_CACHE_TOKENS, '-')}",
             f"{dep.get(keys.STARTUP_SECONDS, '-')}",
             f"{b[keys.MEAN_TOK_S]:.1f}" if keys.MEAN_TOK_S in b else "-",
-            f"{b[keys.VS_REFERENCE]:.2f}x" if keys.VS_REFERENCE in b else "-",
+            summary.ratio_text(b[keys.VS_REFERENCE]) if keys.VS_REFERENCE in b else "-",
             f"{b[keys.LOADED_AGGREGATE_TOK_S]:.1f}" if keys.LOADED_AGGREGATE_TOK_S in b else "-",
             b.get(keys.GPU_UNDER_LOAD, "-"),
             ("in" if b.get(keys.PROMOTED) else "out") if b else "-",
@@ -150,121 +160,6 @@ def prepare_instance_home(home: Path | None = None) -> Path:
     if not config.exists() or (config.read_text() != want and _ours(config.read_text())):
         config.write_text(want)
     return home
-
-
-# What the demo leaves on its instance for the commands after it (plan, doctor, adopt, metrics,
-# `make ui`): the fleet file its runs were made with, and where the simulator keeps the gateway's
-# master key (the path, never the key).
-DEMO_FLEET_RECORD = "demo-fleet-file"
-DEMO_KEY_RECORD = "demo-gateway-key-file"
-DEMO_HOME = ".dagster-home"  # the demo's instance when DAGSTER_HOME is not set (the Makefile's too)
-FLEET_HELP = (f"fleet file (default: $SPARK_FLEET, else the one `make demo` recorded in {DEMO_HOME}/"
-              f"{DEMO_FLEET_RECORD} while it exists, else {SEED_FLEET})")
-
-
-@dataclass(frozen=True)
-class FleetChoice:
-    """The fleet file a command reads and why that one; `warning` when it is not the file the
-    demo's recorded runs were made with."""
-
-    path: str
-    how: str
-    warning: str | None = None
-
-    def named(self) -> str:
-        return f"{self.path} ({self.how})"
-
-
-def read_hint(choice: FleetChoice) -> str:
-    """The end of a "could not read the fleet" line: which file was read, and where the demo's is."""
-    hint = f"fleet file {choice.named()}"
-    if choice.how.startswith("the default"):
-        hint += ("; for the simulated fleet run `make demo` first (later commands find its fleet file), "
-                 "or give --fleet FILE")
-    return hint
-
-
-def demo_home(environ: Mapping[str, str] | None = None) -> Path:
-    """The instance the demo records in: $DAGSTER_HOME, else ./.dagster-home."""
-    env = os.environ if environ is None else environ
-    return Path(env.get("DAGSTER_HOME") or DEMO_HOME).resolve()
-
-
-def _recorded(home: Path, name: str) -> str:
-    record = home / name
-    try:
-        return record.read_text().strip() if record.is_file() else ""
-    except OSError:
-        return ""
-
-
-def find_fleet(given: str | None = None, environ: Mapping[str, str] | None = None,
-               home: Path | None = None) -> FleetChoice:
-    """The one order every command finds its fleet file in: --fleet, $SPARK_FLEET, the demo's own
-    file while it exists, a simulated fleet's file here, the seed. After `make sim-down` the demo's
-    file is gone: the seed then, with a warning (its hosts are real nodes, not the recorded demo's)."""
-    env = os.environ if environ is None else environ
-    if given:
-        return FleetChoice(given, "--fleet")
-    if env.get("SPARK_FLEET"):
-        return FleetChoice(env["SPARK_FLEET"], "$SPARK_FLEET")
-    home = demo_home(env) if home is None else home
-    recorded = _recorded(home, DEMO_FLEET_RECORD)
-    if recorded and Path(recorded).is_file():
-        return FleetChoice(recorded, f"the demo's, recorded in {home / DEMO_FLEET_RECORD}")
-    if Path("sim-fleet.yaml").is_file():
-        return FleetChoice("sim-fleet.yaml", "the simulated fleet's, in this directory")
-    if not recorded:
-        return FleetChoice(SEED_FLEET, "the default: no --fleet, $SPARK_FLEET or demo record")
-    return FleetChoice(SEED_FLEET, "the default: the demo's file is gone", warning=(
-        f"the demo's fleet file {recorded} is gone (make sim-down): {SEED_FLEET} is read instead, whose hosts "
-        f"are the runbook's real nodes, not the simulated ones the recorded runs used. To see the demo's fleet "
-        f"again: make demo; to choose a file: --fleet FILE or SPARK_FLEET=FILE"))
-
-
-def demo_gateway_key(fleet_path: str, key_env: str, environ: MutableMapping[str, str] | None = None,
-                     home: Path | None = None) -> str | None:
-    """The simulator's gateway key for a command reading the demo's (or a running simulator's)
-    fleet file while `key_env` is unset: read from the key file into `environ` (this process's
-    environment) and never printed. Returns a line saying where it came from, or None."""
-    env = os.environ if environ is None else environ
-    if env.get(key_env):
-        return None
-    home = demo_home(env) if home is None else home
-    key_file = ""
-    recorded = _recorded(home, DEMO_FLEET_RECORD)
-    if recorded and Path(recorded).resolve() == Path(fleet_path).resolve():
-        key_file = _recorded(home, DEMO_KEY_RECORD)
-    if not key_file:
-        try:
-            from spark_sim.fleet import SimFleet
-
-            sim = SimFleet()
-            if sim.fleet_file and sim.fleet_file.resolve() == Path(fleet_path).resolve():
-                key_file = str(sim.master_key_file)
-        except Exception:  # no simulator here (a real fleet): nothing to find
-            return None
-    try:
-        key = Path(key_file).read_text().strip() if key_file else ""
-    except OSError:
-        return None
-    if not key:
-        return None
-    env[key_env] = key
-    return f"${key_env} from the simulator's key file {key_file}"
-
-
-def instance_home(environ: Mapping[str, str] | None = None) -> tuple[Path | None, str]:
-    """The Dagster instance a command reads: $DAGSTER_HOME, else the demo's when one was made here;
-    (None, how to get one) otherwise."""
-    env = os.environ if environ is None else environ
-    if env.get("DAGSTER_HOME"):
-        return Path(env["DAGSTER_HOME"]), "$DAGSTER_HOME"
-    home = Path(DEMO_HOME).resolve()
-    if (home / "dagster.yaml").is_file():
-        return home, "the demo's"
-    return None, (f"no Dagster instance: set DAGSTER_HOME to the instance the chain records in, or run `make demo` "
-                  f"here (its instance is {DEMO_HOME})")
 
 
 def ui_fleet(home: Path, environ: dict[str, str] | None = None) -> tuple[str, str | None]:

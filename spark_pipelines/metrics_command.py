@@ -183,7 +183,7 @@ def write_scrape_config(fleet: Fleet, out: Path, exporter: str, alertmanager: st
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.demo import FLEET_HELP
+    from spark_pipelines.console import FLEET_HELP
 
     sub = ap.add_subparsers(dest="what", required=True, metavar="serve|show|scrape-config")
     s = sub.add_parser("serve", help="the fleet exporter on HOST:PORT/metrics",

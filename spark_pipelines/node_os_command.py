@@ -60,7 +60,7 @@ def render_text(plans: list[NodePlan]) -> str:
 
 
 def add_sudoers_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.demo import FLEET_HELP
+    from spark_pipelines.console import FLEET_HELP
 
     ap.add_argument("--fleet", default=None, help=FLEET_HELP)
 
@@ -68,7 +68,7 @@ def add_sudoers_arguments(ap: argparse.ArgumentParser) -> None:
 def sudoers_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from spark_pipelines.demo import find_fleet
+    from spark_pipelines.console import find_fleet
     from spark_pipelines.runbook.node_os import choices
 
     choice = find_fleet(args.fleet)

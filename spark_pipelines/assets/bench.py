@@ -4,7 +4,6 @@ node's floor, which keeps the node out of rotation and says why."""
 
 
 import base64
-import json
 import re
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.metadata import bench_table, count, num, rounded_json, table
+from spark_pipelines.assets.metadata import bench_table, count, num, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.core import steps
@@ -70,9 +69,9 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
             continue
         m = records.values(rec.asset_materialization)
         rows.append({"node": n.name, "benched (UTC)": summary.when(rec.timestamp),
-                     "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
+                     "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 1),
                      "trend": summary.trend([v for _, v in history[n.name]]),
-                     "vs reference": summary.ratio(summary.rounded(m.get(keys.VS_REFERENCE), 2)),
+                     "vs reference": summary.ratio_text(m.get(keys.VS_REFERENCE)),
                      "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)),
                      "quality": summary.rounded(m.get(keys.QUALITY_SCORE)), "promoted": m.get(keys.PROMOTED)})
     return rows
@@ -131,8 +130,9 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
     meta: dict = {
         # The keys other code reads back (demo table, doctor, history chart, summary): core/record_keys.py.
-        keys.MEAN_TOK_S: num(mean_v, 2),
-        keys.VS_REFERENCE: num(vs_ref, 2),
+        # tok/s at one decimal on every page (the summary, the demo's table, this one).
+        keys.MEAN_TOK_S: num(mean_v, 1),
+        keys.VS_REFERENCE: summary.ratio(vs_ref),  # "1.00x", as every table says it
         keys.REFERENCE_TOK_S: num(f.bench.reference_tok_s, 1),
         keys.FLOOR_TOK_S: num(floor, 1),
         keys.PROMOTED: b.promoted,
@@ -143,7 +143,7 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         "gpu_verdict": "; ".join(b.gpu_verdict.reasons) or "-",
         "isolation": b.report.isolation,
         # What makes it comparable (core/baseline.py); a void bench is never a baseline.
-        keys.BENCH_RECORD: dg.MetadataValue.json(rounded_json(json.loads(json.dumps(b.record.to_dict())))),
+        keys.BENCH_RECORD: dg.MetadataValue.json(baseline.readable(b.record.to_dict())),
         "void": "; ".join(b.record.void) or "no",
         "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
         "table": bench_table(b.report),
@@ -153,14 +153,14 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     }
     meta.update(quality_metadata(b.quality, f.bench.floor_quality))
     if b.loaded is not None:
-        meta[keys.LOADED_AGGREGATE_TOK_S] = num(b.loaded, 2)
+        meta[keys.LOADED_AGGREGATE_TOK_S] = num(b.loaded, 1)
     if b.acceptance is not None:
         meta[keys.SPEC_ACCEPTANCE_RATE] = num(b.acceptance, 3)
         meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
     # Every node's bench history read once, oldest first, this bench last on its own node.
     history = {n.name: list(reversed(records.bench_points(context.instance, n.name))) for n in f.serve_nodes}
     history[node] = history.get(node, []) + ([(time.time(), mean_v)] if mean_v > 0 else [])
-    this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
+    this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 1),
             "trend": summary.trend([v for _, v in history[node]]),
             "vs reference": summary.ratio(vs_ref), "floor tok/s": floor,
             "quality": b.quality.score if b.quality is not None else None, "promoted": b.promoted}
@@ -197,7 +197,7 @@ def above_floor(fleet: Fleet, node: str, b: Benched) -> dict:
     # its start, before the bench it judges is recorded): the judgement's time is said here.
     judged = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     return {"passed": b.promoted, "description": f"{node}: {b.reason} (judged {judged} UTC, after the bench)",
-            "metadata": {"node": node, "judged (UTC)": judged, "mean_tok_s": num(float(b.mean or 0.0), 2),
+            "metadata": {"node": node, "judged (UTC)": judged, "mean_tok_s": num(float(b.mean or 0.0), 1),
                          "floor_tok_s": num(fleet.bench_floor(fleet.node(node)), 1),
                          "gpu_under_load": b.gpu_verdict.state}}
 

@@ -27,7 +27,7 @@ from spark_pipelines.team.rootfs import RootfsError
 def default_fleet() -> str:
     """The fleet file every command finds (spark_pipelines.demo.find_fleet): $SPARK_FLEET, the
     demo's, a simulated fleet's file here, the runbook's."""
-    from spark_pipelines.demo import find_fleet
+    from spark_pipelines.console import find_fleet
 
     choice = find_fleet(None)
     print(f"spark-pipelines team: fleet file {choice.named()}", file=sys.stderr)
