@@ -42,15 +42,19 @@ ABOVE_FLOOR_DESCRIPTION = (
     "the bench run for that node only; the check says why and what the runbook does next.")
 
 
+# Every node's latest bench in two tables, each whole in the asset pane at 1600 px.
 LATEST_COLUMNS = (
     ("node", "string", "serve node"),
-    ("benched (UTC)", "string", "when its last bench was recorded"),
     ("mean tok/s", "number", "recipe mean output tok/s"),
-    ("trend", "string", f"the last {summary.TREND_POINTS} bench means, oldest first, scaled from 0"),
     ("vs reference", "string", "mean / the recipe's reference (x, two decimals)"),
     ("floor tok/s", "number", "the node's promotion floor"),
-    ("quality", "number", "quality phase score /100 (the lower of sequential and parallel 4)"),
     ("promoted", "bool", "passed above_floor"),
+)
+LATEST_MORE_COLUMNS = (
+    ("node", "string", "serve node"),
+    ("benched (UTC)", "string", "when its last bench was recorded"),
+    ("trend", "string", f"the last {summary.TREND_POINTS} bench means, oldest first, scaled from 0"),
+    ("quality (/100)", "number", "quality phase score (the lower of sequential and parallel 4)"),
 )
 
 
@@ -73,7 +77,7 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
                      "trend": summary.trend([v for _, v in history[n.name]]),
                      "vs reference": summary.ratio_text(m.get(keys.VS_REFERENCE)),
                      "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)),
-                     "quality": summary.rounded(m.get(keys.QUALITY_SCORE)), "promoted": m.get(keys.PROMOTED)})
+                     "quality (/100)": summary.rounded(m.get(keys.QUALITY_SCORE)), "promoted": m.get(keys.PROMOTED)})
     return rows
 
 
@@ -90,10 +94,20 @@ def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: F
         latest[n.name] = mine[0] if mine else None
     base = baseline.fleet_baseline(benches, identity=rec.identity)
     meta: dict = {"fleet_baseline": base.text() if base else "none yet (no comparable bench that counts)",
-                  "vs_fleet": table(baseline.SIDE_BY_SIDE_COLUMNS, baseline.side_by_side(latest, base))}
+                  **side_by_side_tables(baseline.side_by_side(latest, base))}
     if base and rec.valid and rec.tok_s is not None:
         meta["vs_fleet_baseline_x"] = num(rec.tok_s / base.tok_s, 3)
     return meta
+
+
+def side_by_side_tables(rows: list[dict]) -> dict:
+    """baseline.SIDE_BY_SIDE_COLUMNS in three tables, each whole in the asset pane: the figures and
+    whether each bench counts, the GPU under load, what the bench ran (image, checkpoint, spec)."""
+    cols = {c[0]: c for c in baseline.SIDE_BY_SIDE_COLUMNS}
+    pick = lambda *names: [cols[n] for n in ("node", *names)]  # noqa: E731
+    return {"vs_fleet": table(pick("mean tok/s", "vs baseline (x)", "MTP acceptance %", "counts"), rows),
+            "vs_fleet_gpu": table(pick("SM MHz p50", "power W p50"), rows),
+            "vs_fleet_versions": table(pick("image", "checkpoint", "launch spec", "driver"), rows)}
 
 
 def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str,
@@ -146,7 +160,7 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         keys.BENCH_RECORD: dg.MetadataValue.json(baseline.readable(b.record.to_dict())),
         "void": "; ".join(b.record.void) or "no",
         "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
-        "table": bench_table(b.report),
+        **bench_table(b.report),
         "report": dg.MetadataValue.md(bench_core.render_markdown(b.report)
                                       + ("\n" + quality_core.render_markdown(b.quality) if b.quality else "")),
         keys.BENCH_PROTOCOL: (b.report.protocol or {}).get("key") or "not recorded",
@@ -163,10 +177,12 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 1),
             "trend": summary.trend([v for _, v in history[node]]),
             "vs reference": summary.ratio(vs_ref), "floor tok/s": floor,
-            "quality": b.quality.score if b.quality is not None else None, "promoted": b.promoted}
+            "quality (/100)": b.quality.score if b.quality is not None else None, "promoted": b.promoted}
     # First: the asset's Overview shows the newest materialization of any node, so every node's
     # latest figures head it (one node's own page is the Partitions tab with that node selected).
-    meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this, history)), **meta}
+    latest = latest_by_node(context, f, this, history)
+    meta = {"latest_by_node": table(LATEST_COLUMNS, latest), "latest_by_node_more": table(LATEST_MORE_COLUMNS, latest),
+            **meta}
     meta.update(vs_fleet(context, f, b.record))
     try:
         meta.update(chart_metadata(context, f, node, history))

@@ -182,14 +182,19 @@ def test_bench_rows_are_rounded_and_carry_units_in_their_columns():
     assert recipe[0]["tok/s"] == round(155 / 3.0, 1) and recipe[0]["TTFT ms"] == 100.0
     loaded = [r for r in rows if r["phase"] == bench_core.PHASE_LOADED]
     assert loaded and loaded[0]["prompt"] == "2 requests, 2 at once"
-    value = bench_table(_report())
-    assert isinstance(value, dg.TableMetadataValue)
-    assert [c.name for c in value.schema.columns][:5] == ["phase", "prompt", "max tokens", "measured", "tok/s"]
+    tables = bench_table(_report())
+    assert set(tables) == {"table", "latency"} and all(isinstance(v, dg.TableMetadataValue) for v in tables.values())
+    # Issue 35, item 12: tables whole in the asset pane (ten columns were cut at the right edge).
+    assert [c.name for c in tables["table"].schema.columns] == ["prompt", "tok/s", "reference tok/s", "vs reference"]
+    assert [c.name for c in tables["latency"].schema.columns] == ["prompt", "measured", "TTFT ms", "TPOT ms", "failures"]
+    assert [r.data["prompt"] for r in tables["latency"].records] == [
+        r["prompt"] for r in rows if r["prompt"] != "mean"]
     # Every number in the table is short: no 15-digit floats.
-    for rec in value.records:
-        for v in rec.data.values():
-            if isinstance(v, float):
-                assert len(repr(v).split(".")[1]) <= 2
+    for value in tables.values():
+        for rec in value.records:
+            for v in rec.data.values():
+                if isinstance(v, float):
+                    assert len(repr(v).split(".")[1]) <= 2
 
 
 def test_num_and_readable_round_floats_and_keep_keys():
