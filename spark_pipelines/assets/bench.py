@@ -255,7 +255,9 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         check_specs=[node_check(steps.ABOVE_FLOOR_CHECK, steps.BENCH_RESULTS, partitions, ABOVE_FLOOR_DESCRIPTION)],
         description="The recipe's suite (+ loaded phase) on one node in isolation: drained from the gateway, zero "
                     "requests in flight, nvidia-smi sampled under load, then restored; a node below its floor "
-                    "stays out (above_floor says why).",
+                    "stays out (above_floor says why). Each node's trend over time is history_chart (and the "
+                    "summary's trend column): the Plots tab puts one point per node side by side, its line "
+                    "joins different nodes, not one node's benches.",
     )
     @retry_unreachable(fleet.ssh)
     def bench_results(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
