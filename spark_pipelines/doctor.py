@@ -86,16 +86,17 @@ class Doctored:
 
 
 def back_in(reasons: tuple[str, ...]) -> str:
-    """What puts a node back, from the first reason the ledger or the config gives."""
-    first = reasons[0] if reasons else ""
-    if first.startswith("quarantined"):
+    """What puts a node back: the strongest of its reasons decides (a quarantine's own drain note
+    says "drained: health: quarantined", and only the release ends it)."""
+    said = " ".join(reasons)
+    if "quarantined" in said:
         return (f"once the cause is fixed, {steps.RELEASE_JOB} for the node (a healthy {steps.DEPLOY_JOB} also "
                 "releases residue, crash-loop and engine-down); the next reconcile or gateway_job takes it back")
-    if "held out by its bench" in first:
+    if "held out by its bench" in said:
         return f"a {steps.BENCH_JOB} that passes its gate promotes it"
-    if "held out by its deploy" in first or "held out by its rollout" in first:
+    if "held out by its deploy" in said or "held out by its rollout" in said:
         return f"a {steps.DEPLOY_JOB} that serves again lifts it"
-    if first.startswith("drained"):
+    if said.startswith("drained"):
         return (f"its bench or deploy puts it back when it ends; {steps.RECONCILE_JOB} does after "
                 "health.bench_max_s")
     return f"{steps.GATEWAY_JOB} (or {steps.RECONCILE_JOB}) puts a healthy node back"

@@ -200,7 +200,9 @@ def summary_row(facts: NodeFacts, rotation: Rotation) -> dict[str, Any]:
                   if facts.bench_failed_at else "")
                + (f"Quality checks failed: {bench.get(keys.QUALITY_CHECKS)}. "
                   if bench.get(keys.QUALITY_CHECKS) not in (None, "all passed") else "")
-               + f"Health: {evidence}",
+               + (f"Health: {evidence}" if evidence != MISSING else
+                  "Health: no sweep recorded (node_health off)" + ("; its deploy verified it"
+                                                                   if facts.deployment is not None else "")),
         "evidence": evidence,
         "trend": trend(facts.bench_means),
         "vs reference": ratio(mean / reference if mean is not None and reference else None),

@@ -95,12 +95,15 @@ def test_a_healthy_node_the_ledger_holds_out_says_why_and_what_puts_it_back():
     the gateway; the answer to "why is this node out?" is now part of its line, and the exit status."""
     healthy = NodeVerdict("spark2", "healthy", ("/health 200",), "nothing to do")
     held = {
-        "quarantine": ("quarantined: manual: quarantined by an operator (since 2026-12-07T10:00:00Z, by run 1a2b3c4d)",),
+        # As the ledger answers for a quarantined node: its drain note first, then the quarantine.
+        "quarantine": ("drained: health: quarantined (manual) since 2026-12-07T10:00:03Z",
+                       "quarantined: manual: quarantined by an operator (since 2026-12-07T10:00:00Z, by run 1a2b3c4d)"),
         "bench": ("held out by its bench: 38.2 tok/s below its floor 45.0",),
         "drain": ("drained: bench since 2026-12-07T10:00:00Z",),
     }
     lines = {k: render_text({"spark2": Doctored(healthy, False, why)}) for k, why in held.items()}
-    assert "out of the gateway: quarantined: manual" in lines["quarantine"]
+    assert "quarantined: manual: quarantined by an operator" in lines["quarantine"]
+    assert "its bench or deploy puts it back" not in lines["quarantine"]
     assert "release_quarantine_job" in lines["quarantine"] and "nothing to do; out" in lines["quarantine"]
     assert "below its floor 45.0" in lines["bench"] and "bench_job that passes its gate" in lines["bench"]
     assert "its bench or deploy puts it back" in lines["drain"]

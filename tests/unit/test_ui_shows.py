@@ -97,6 +97,8 @@ def test_a_deploy_newer_than_the_last_sweep_shows_the_deploys_own_health():
 
 
 def test_summary_row_of_a_node_never_seen_is_dashes():
+    assert summary.summary_row(_facts(health=None), summary.Rotation())["why"] == (
+        "Health: no sweep recorded (node_health off); its deploy verified it")
     row = summary.summary_row(summary.NodeFacts(node="spark9"), summary.Rotation())
     assert row["health"] == row["gateway"] == row["image id"] == row["last deploy (UTC)"] == "-"
     assert row["mean tok/s"] is None and row["MTP acceptance (%)"] is None
