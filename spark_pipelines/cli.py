@@ -350,8 +350,9 @@ def parser() -> Parser:
                            description="Print the nginx site of the gateway's front: clients on gateway.proxy_port, "
                                        "LiteLLM behind it on 127.0.0.1:gateway.front.litellm_port (put it in "
                                        "/etc/nginx/conf.d/ on the gateway host; core/gateway_front.py says why).")
-    front.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                       help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    from spark_pipelines.console import FLEET_HELP
+
+    front.add_argument("--fleet", default=None, help=FLEET_HELP)
     front.set_defaults(run=cmd_gateway_front)
     met = sub.add_parser("metrics", help="the fleet exporter for Prometheus, its scrape config and alert rules",
                          description=metrics_command.__doc__)
@@ -369,6 +370,9 @@ def parser() -> Parser:
 def cmd_gateway_front(args: argparse.Namespace) -> int:
     from spark_pipelines.core.gateway_front import nginx_site
 
+    from spark_pipelines.console import find_fleet
+
+    args.fleet = find_fleet(args.fleet).path
     fleet = load_fleet(args.fleet)
     gw = fleet.gateway
     if gw.front is None:
