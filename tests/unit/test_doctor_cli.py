@@ -3,6 +3,7 @@ before any connection is tried. The sweep itself runs against the simulated flee
 tests/e2e/test_zz_doctor.py."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,8 +14,9 @@ from spark_pipelines.doctor import Doctored, render_json, render_text
 
 
 def run(*args):
+    # No demo record read from this clone's .dagster-home: the fleet file is the one the test names.
     return subprocess.run([sys.executable, "-m", "spark_pipelines.cli", "doctor", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env={**os.environ, "DAGSTER_HOME": "/nonexistent/demo-home"})
 
 
 def variant(tmp_path, change):

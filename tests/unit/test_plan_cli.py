@@ -10,7 +10,9 @@ from tests.unit.test_launch import runbook_argv
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "spark_pipelines.cli", *args], capture_output=True, text=True)
+    # No demo record read from this clone's .dagster-home: the default fleet file is the seed.
+    return subprocess.run([sys.executable, "-m", "spark_pipelines.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "DAGSTER_HOME": "/nonexistent/demo-home"})
 
 
 def test_plan_json_shape_and_argv():
