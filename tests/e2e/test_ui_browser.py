@@ -323,7 +323,9 @@ def test_a_bench_launched_from_the_asset_page_waits_for_the_running_one(ui, chai
         assert time.monotonic() < deadline, "the first bench did not start"
         time.sleep(1)
     before = {r.run_id for r in inst.get_runs(dg.RunsFilter(job_name="__ASSET_JOB"))}
-    b.open(f"{ui['url']}/assets/bench_results", "bench-materialize", expect=["bench_results", "Materialize"])
+    # Loaded: the partitioned asset's button opens its dialog ("Materialize…"), the partitions tab is there.
+    b.open(f"{ui['url']}/assets/bench_results", "bench-materialize",
+           expect=["bench_results", "Latest materialization", "Partitions", "Materialize…"])
     _click(b, "Materialize", exact=False)
     _click(b, "Select a partition or create one")
     _click(b, "spark2")
