@@ -41,6 +41,7 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"ssh", "docker", "vllm"},
         partitions_def=partitions,
+        pool=steps.DRAIN_POOL,  # its Phase 0 reboot and its bench count as the one drain, as its run tag does
         description="A node added to the fleet file joins it in one run: Phase 0 (and its reboot), the "
                     "checkpoint and image from the nearest verified holder, the deploy, the isolated bench "
                     "(floors, then the fleet's baseline), the gateway. Refused for a node that already serves "

@@ -50,6 +50,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
     @dg.asset(
         group_name="3_nodes",
         kinds={"docker", "vllm"},
+        pool=steps.DRAIN_POOL,  # it drains and benches node after node: never beside a bench
         # A rebuilt checkpoint or image reaches the fleet as this rollout (the `rollout` sensor).
         automation_condition=dg.AutomationCondition.eager(),
         description="The build host's checkpoint and image onto the serving fleet as a rollout: fanned out to "

@@ -63,6 +63,12 @@ DEPLOY_OP = NODE_DEPLOYMENT  # deploy_node_job's config goes to node_deployment:
 HEALTH_CHECK = "health"  # on node_deployment: node_health reports one evaluation per node per sweep
 ABOVE_FLOOR_CHECK = "above_floor"  # on bench_results: the promotion gate
 
+# Concurrency pools (Dagster's, on the assets themselves, so a limit holds however a step is
+# launched: its job, the asset page's Materialize (__ASSET_JOB), a backfill, a sensor, a schedule).
+# The instance gives every pool one slot (team/dagster.yaml `concurrency.pools.default_limit`).
+DRAIN_POOL = "gateway_drain"  # a step that takes a serving node out of the gateway for long: one at a time
+BUILD_POOL = "image_build"  # an image build on the build host: one at a time
+
 # Run tags. The instance's run queue limits the first three (team/dagster.yaml).
 BENCH_TAG = "spark/bench"  # one bench at a time: a drained node is measured alone
 BUILD_TAG = "spark/build"  # one build at a time on the build host

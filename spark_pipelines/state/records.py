@@ -306,6 +306,8 @@ def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     meta = values(rec.asset_materialization or rec.event_log_entry.asset_observation)
     nodes = [n.strip() for n in str(meta.get(keys.ROTATION) or "").split(",") if n.strip()]
     left = meta.get(keys.LEFT_OUT_BY_NODE)
+    if isinstance(left, dg.TableMetadataValue):  # node | why (JSON before: {node: why})
+        left = {str(r.data.get("node")): str(r.data.get("why")) for r in left.records}
     return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True,
                             at=rec.timestamp)
 
@@ -323,6 +325,30 @@ def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) 
     return {**swept, **{k: seen[0][0][k] for k in (keys.QUARANTINED,) if k in seen[0][0]}}, at
 
 
+def failed_bench(instance: dg.DagsterInstance, node: str, after: float | None) -> tuple[float, str] | None:
+    """(when, the first line of why) of the node's newest bench run when it failed after `after`
+    (the last recorded bench): launched from its job or the asset page, a failed bench records no
+    materialization, and the summary must not look as if nothing happened."""
+    key = dg.AssetKey(steps.BENCH_RESULTS)
+    for rec in instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": node}), limit=10):
+        run = rec.dagster_run
+        if run.job_name != steps.BENCH_JOB and key not in (run.asset_selection or ()):
+            continue
+        if run.status != dg.DagsterRunStatus.FAILURE:
+            return None  # the newest bench run did not fail
+        at = rec.end_time or rec.update_timestamp.timestamp()
+        if after is not None and at <= after:
+            return None
+        why = "run failed"
+        for event in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records:
+            data = event.event_log_entry.dagster_event.step_failure_data
+            text = (data.user_failure_data.description if data.user_failure_data and data.user_failure_data.description
+                    else data.error.message if data.error else "")
+            why = (text.strip().splitlines() or [why])[0][:300]
+        return at, why
+    return None
+
+
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
     """Each serve node's latest recorded facts, as core/summary.py decides a row from them."""
     facts = []
@@ -331,6 +357,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
         art = latest(instance, steps.NODE_ARTIFACTS, node.name)
         bench = latest(instance, steps.BENCH_RESULTS, node.name)
         health, health_at = latest_health(instance, node.name)
+        failed = failed_bench(instance, node.name, bench.timestamp if bench else None)
         facts.append(summary.NodeFacts(
             node=node.name,
             deployment=values(dep.asset_materialization) if dep else None,
@@ -343,6 +370,8 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             bench_means=[mean for _, mean in reversed(bench_points(instance, node.name))],
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,
+            bench_failed_at=failed[0] if failed else None,
+            bench_failure=failed[1] if failed else None,
         ))
     return facts
 
