@@ -29,6 +29,7 @@ from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers, records
 from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
@@ -45,6 +46,10 @@ class DeployConfig(dg.Config):
         description="Relaunch on an empty JIT cache: this launch's cached kernels are set aside on the node and on "
                     "the build host (the runbook's fix for a stale torch_compile or Triton cache). The boot is a "
                     "first boot, 25-45 min.")
+    allow_rejected: bool = Field(
+        default=False,
+        description="Deploy a version a rollout's gate rejected (its node_deployment otherwise refuses it: this "
+                    "job has no gate). Only to deploy it knowingly, e.g. to reproduce the failure on one node.")
 
 
 def checkpoint_version_path(fleet: Fleet, node: Node, checkpoint: Checkpoint) -> str:
@@ -301,6 +306,13 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
                                       description=f"{node.name}: already serving this launch spec")
             return
+
+        refused = node_rollout.refusal(s, node, recorded, node_artifacts.manifest, spec.fingerprint)
+        if refused and not config.allow_rejected:
+            fail(RunbookError(refused))
+        if refused:
+            context.log.warning(f"{refused} (allow_rejected: deploying it anyway)")
+            markers.clear(s, node, markers.REJECTED)
 
         tagged = docker.image_id(node.name, spec.image)
         if tagged is not None and tagged != recorded:

@@ -166,6 +166,7 @@ class _Steps:
         self.context, self.s, self.gw, self.cv = context, s, gw, cv
         self.mtp_weights, self.image, self.config, self.base, self.new = mtp_weights, serving_image, config, base, new
         self.run_id = context.run.run_id
+        self.passed: set[str] = set()  # nodes whose gate passed: they keep the new version
 
     def deploy(self, node: str) -> str:
         f, n = self.s.fleet, self.s.fleet.node(node)
@@ -195,7 +196,17 @@ class _Steps:
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
                              {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
-        return gate_of(f, n, b, self.base)
+        judged = gate_of(f, n, b, self.base)
+        if judged.passed:
+            self.passed.add(node)
+        else:
+            # Stopped by its gate: no ungated deploy (a healing redeploy, deploy_node_job) may put
+            # this version on a node that does not run it; the nodes not reached would otherwise get
+            # it that way. The nodes that passed keep it (and may be redeployed on it).
+            said = node_rollout.reject(self.s, [m for m in f.serve_nodes if m.name not in self.passed],
+                                       self.image.image_id, self.mtp_weights.manifest, judged, run_id=self.run_id)
+            self.context.log.info(said)
+        return judged
 
     def revert(self, node: str, why: str) -> str:
         n = self.s.fleet.node(node)
