@@ -182,7 +182,8 @@ def test_a_regressed_redeploy_runs_with_a_fresh_jit_cache(defs):
     defs, _ = defs
     action = health_core_action("deploy_node_job", {"fresh_jit_cache": True})
     req = sensor_mod._request("spark2", action, "regressed")
-    assert req.run_config["ops"] == {"node_deployment": {"config": {"fresh_jit_cache": True}}}
+    # ... and never the rejected-version override: a healing redeploy does not deploy it knowingly.
+    assert req.run_config["ops"] == {"node_deployment": {"config": {"fresh_jit_cache": True, "allow_rejected": False}}}
     assert dg.validate_run_config(defs.resolve_job_def("deploy_node_job"), req.run_config)
     plain = sensor_mod._request("spark2", health_core_action("deploy_node_job", {}), "engine-down")
     assert not plain.run_config
