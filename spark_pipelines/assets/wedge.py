@@ -59,6 +59,8 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         try:
             with node_lease(s, node.name, "wedge capture", run_id=context.run.run_id):
                 context.log.info(wedge.quarantine_node(s, node, wedge.WEDGED, reason, litellm.host()))
+                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id):
+                    context.log.warning(f"[{node.name}] {done.line}")
                 capture = wedge.capture_evidence(s, node)
         except RunbookError as e:
             fail(e)

@@ -425,9 +425,11 @@ def boot_to_serving(s: FleetSession, node: Node, say: Callable[[str], None]) -> 
 POWER_PHASES = ("powering-off", "power-off", "booting")
 
 
-def _down_s(s: FleetSession) -> float:
+def _down_s(s: FleetSession, node: Node) -> float:
+    """How long this run may wait for its node once it powers it off (the journal's `down_until`)."""
     cd = s.fleet.cold_drain
-    return cd.power_down_timeout_s + max(cd.off_s, cd.operator_timeout_s) + cd.boot_timeout_s + 60
+    cycle = cd.off_s + cd.boot_timeout_s if node.name in cd.smart_plugs else cd.operator_timeout_s
+    return cd.power_down_timeout_s + cycle + 60
 
 
 def resume_dead(s: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
@@ -499,7 +501,7 @@ def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str]
         j.keep = True  # from here the engine is this run's (or the next run's) to start again
         r = s.run(n, ["docker", "stop", "-t", "60", container], check=False, timeout=120)
         steps.append(f"docker stop {container}: exit {r.exit_status}")
-        j.update(phase="powering-off", down_until=time.time() + _down_s(s))
+        j.update(phase="powering-off", down_until=time.time() + _down_s(s, node))
         steps += power_off(s, node)
     s.close()  # the node's connections went with it; the next command reconnects
     if not _wait_ssh(node, False, f.cold_drain.power_down_timeout_s):

@@ -113,7 +113,8 @@ class Procedure(_Model):
     facts: dict[str, Any] = {}
 
     def describe(self) -> str:
-        return (f"the {self.procedure.replace('_', ' ')} of run {self.run_id[:8] or '-'} "
+        what = {"node_os": "Phase 0 reboot", "node_join": "add_node"}.get(self.procedure, self.procedure.replace("_", " "))
+        return (f"the {what} of run {self.run_id[:8] or '-'} "
                 f"({self.owner or 'owner unknown'}, started {self.started or '?'}, phase {self.phase or '?'})")
 
 
