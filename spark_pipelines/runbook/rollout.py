@@ -139,9 +139,13 @@ def read_point(s: FleetSession, node: Node) -> RolloutPoint | None:
 def mark_passed(s: FleetSession, node: Node, run_id: str) -> None:
     """The node passed this rollout's gate on its new version: its point says so, so a rerun after
     this run died finishes it (drops the kept version) instead of judging it again."""
-    point = read_point(s, node)
-    if point is not None:
-        markers.write_typed(s, node, ROLLOUT_POINT, point.model_copy(update={"passed": run_id or "yes"}))
+    try:
+        point = read_point(s, node)
+        if point is not None:
+            markers.write_typed(s, node, ROLLOUT_POINT, point.model_copy(update={"passed": run_id or "yes"}))
+    except Exception as e:  # it passed either way; a rerun after this run died would only gate it again
+        s.log.warning(f"[{node.name}] its rollout point does not say it passed ({first_line(e)}): a rerun of this "
+                      "rollout after a crash gates it again")
 
 
 def kept(s: FleetSession, node: Node, spec: LaunchSpec, point: RolloutPoint | None = None) -> PreviousDeploy | None:

@@ -384,8 +384,8 @@ def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None], *, note
         tell("booting", time.time())
         return [f"operator power-cycled {n} at the wall"]
     off = cd.off_s if off_s is None else off_s
+    tell("power-off", time.time())  # before the plug: a run that dies with the AC off must have said so
     steps = [f"smart plug off: {run_plug(node, plug, 'off')}"]
-    tell("power-off", time.time())
     try:
         say(f"{n}: AC off at the wall for {off:.0f} s (runbook: 90-120 s, 60 s is often not enough)")
         time.sleep(off)

@@ -95,6 +95,21 @@ def assert_back(c: Chain, node: str = NODE) -> None:
     fx.assert_gateway_has_backend(c.sim)
 
 
+def clean_ledger(c: Chain, node: str) -> None:
+    """After a test, whatever it asserted: the node's quarantine, hold-outs and journals gone, so a
+    failure here does not keep the node out for the tests after it (the fixture redeploys it)."""
+    from spark_pipelines.core.fleet import load_fleet
+    from spark_pipelines.resources.ssh import FleetSession
+    from spark_pipelines.state import ledger as ledger_mod
+
+    with FleetSession(load_fleet(c.fleet)) as s:
+        ledger_mod.end_quarantine(s, node)
+        entry = ledger_mod.read(s).entry(node)
+        ledger_mod.lift(s, node, *entry.holds)
+        for p in entry.procedures:
+            ledger_mod.end_procedure(s, node, p.token)
+
+
 def status(c: Chain, run_id: str) -> dg.DagsterRunStatus:
     return c.instance.get_run_by_id(run_id).status
 
@@ -356,6 +371,7 @@ def test_a_cold_drain_killed_while_the_node_is_powered_off_is_finished_by_the_sw
         c.sim.set_gpu(NODE, "healthy")
         if power.is_off(m):
             power.on(m)
+        clean_ledger(c, NODE)
 
 
 def ac_off(m: Any) -> bool:
@@ -413,10 +429,6 @@ def test_a_wedged_canary_stays_out_after_the_rollouts_revert(fleet):
     """Issue 34 item 9: the canary's GPU wedged, its gate fails on the wedge; the revert puts the
     previous version back but keeps the node out: quarantined (wedged) with its bench's hold-out,
     as a bench_job leaves a wedged node; the other node is never touched."""
-    from spark_pipelines.core.fleet import load_fleet
-    from spark_pipelines.resources.ssh import FleetSession
-    from spark_pipelines.state import ledger as ledger_mod
-
     c = fleet
     path = c.variant("rollout-wedged", lambda d: d["launch"]["env"].__setitem__("SPARK_FAULT_SUITE", "wedged-canary"))
     before = fx.container(c.sim.node("spark1"))["Id"]
@@ -437,6 +449,4 @@ def test_a_wedged_canary_stays_out_after_the_rollouts_revert(fleet):
         assert res.success and not routed(c, "spark1")
     finally:
         c.sim.set_gpu("spark1", "healthy")
-        with FleetSession(load_fleet(c.fleet)) as s:
-            ledger_mod.end_quarantine(s, "spark1")
-            ledger_mod.lift(s, "spark1", *ledger_mod.read(s).entry("spark1").holds)
+        clean_ledger(c, "spark1")
