@@ -267,11 +267,12 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         spec = launch_spec(f, node)
 
         recorded = node_artifacts.image_id
-        # What dead runs left on the node first (a deploy's, a bench's, Phase 0's journal): the
-        # skip below then judges what serves after it.
+        # What dead runs left on the node first (a bench's, Phase 0's journal): the skip below then
+        # judges what serves after it. A dead deploy's journal is the deploy's own to finish (the
+        # skip refuses while it is there): it then does not launch again what serves after it.
         try:
             with node_lease(s, node.name, "deploy: finishing dead runs", run_id=context.run.run_id):
-                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id):
+                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id, deploys=False):
                     context.log.warning(f"[{node.name}] {done.line}")
         except RunbookError as e:
             fail(e)

@@ -177,13 +177,14 @@ class Finished:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-def finish_dead(s: FleetSession, node: Node, log: Any, *, run_id: str = "") -> list[Finished]:
+def finish_dead(s: FleetSession, node: Node, log: Any, *, run_id: str = "", deploys: bool = True) -> list[Finished]:
     """Finish what dead runs left on `node` (see the module doc). The caller holds the node's lease.
-    Raises NodeBusy when a journal may be a live run's waiting for the node to come back, and
-    DeployFailed when a dead deploy cannot be finished (its journal stays)."""
+    `deploys=False`: not a dead deploy's journal (a deploy about to run finishes it itself, and does
+    not launch again what serves after it). Raises NodeBusy when a journal may be a live run's
+    waiting for the node to come back, and DeployFailed when a dead deploy cannot be finished."""
     n = node.name
     done: list[Finished] = []
-    r = finish_interrupted(s, node, log, run_id=run_id)
+    r = finish_interrupted(s, node, log, run_id=run_id) if deploys else None
     if r is not None:
         done.append(Finished("deploy", r.phase, r.run_id, r.line(), r.serving))
     try:
