@@ -21,21 +21,19 @@ plan:
 # The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
 test:
 	@scripts/bootstrap.sh base litellm vllm test team prometheus
-	.venv/bin/python -m pytest
+	scripts/test-suite.sh
 
 test-fast:
 	@scripts/bootstrap.sh base
 	.venv/bin/python -m pytest -m "not slow"
 
-# The Dagster UI on the demo's instance (http://127.0.0.1:3000). A console a killed demo left on
-# the instance is stopped first: one daemon per instance.
+# The Dagster UI (`dg dev`) on the demo's instance, fleet file and gateway key, on
+# http://127.0.0.1:$(PORT). A console a killed demo left on the instance is stopped first: one daemon
+# per instance.
+PORT ?= 3000
 ui:
 	@scripts/bootstrap.sh base
-	@.venv/bin/python -c "from spark_pipelines.demo import prepare_instance_home; \
-	  from spark_pipelines.console import stop_leftovers; stop_leftovers(prepare_instance_home())"
-	@fleet=$$(.venv/bin/python -c "import sys; from spark_pipelines.demo import ui_fleet_command; sys.exit(ui_fleet_command())") && \
-	  echo "make ui: fleet file $$fleet" && \
-	  SPARK_FLEET=$$fleet .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	@.venv/bin/python -c "import sys; from spark_pipelines.demo import ui_command; sys.exit(ui_command(sys.argv[1]))" '$(PORT)'
 
 sim-down:
 	.venv/bin/spark-pipelines sim down

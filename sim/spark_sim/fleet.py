@@ -11,8 +11,9 @@ Layout (slot s = SPARK_SIM_SLOT, default 0; root = SPARK_SIM_ROOT, default /var/
   (key-only, own host key) on port 22, a dockerd on a unix socket under the root (host networking
   only), `nvidia-smi` and `nvidia-container-runtime-hook` stand-ins, a sudoers drop-in for the
   runbook's root steps.
-- the gateway `<p>-gateway`: netns, user, sshd, and a `litellm-restart` script standing in for
-  `docker compose restart litellm`.
+- the gateway `<p>-gateway`: netns, user, sshd, the real LiteLLM proxy under gunicorn (a
+  `litellm-restart` script standing in for `docker compose restart litellm`) and, when the fleet
+  file's gateway has a `front`, nginx on the proxy port before it (core/gateway_front.py).
 - `<root>/lib/python`: everything the node programs import, copied there (node_lib.py): a node
   never reads the checkout, which may sit in a folder only root can enter.
 Everything made is recorded in `<root>/state.json` before it is made, so `sim down` also cleans up
@@ -40,7 +41,7 @@ from spark_sim import base_image, gpu_hook, network, node_lib, power
 from spark_sim.effects import (alive, cgroup_parents, cgroup_pids, comm, docker_ping, dockerd_failed, kill_all,
                                netns_exists, netns_pids, pid_from, remove_cgroups, run, ssh_banner, unmount_under,
                                user_pids, wait_until, write)
-from spark_sim.fleet_doc import fleet_doc, read_seed
+from spark_sim.fleet_doc import fleet_doc, gateway_of, read_seed
 from spark_sim.layout import (DEFAULT_FLEET_OUT, DEFAULT_TOKENS_PER_SECOND, GPU_STATES, INSTALL_HINT, MAX_NODES,
                               REQUIRED_BINARIES, SSH_PORT, Layout, Member, SimError)
 from spark_sim.node_host import NodeHost
@@ -162,7 +163,7 @@ class SimFleet:
                 # The stand-in nvidia-smi shows load while the engine on this port has requests running.
                 host = NodeHost(self.layout, self._record, node_lib.install(self.layout.root),
                                 engine_port=int(seed.get("launch", {}).get("port", 8000)),
-                                tokens_per_second=tokens_per_second)
+                                tokens_per_second=tokens_per_second, **gateway_of(seed))
                 host.make_client_key()
                 power.write_smart_plug(self.layout)
                 network.make_switch(self.layout, self._record)
@@ -174,6 +175,7 @@ class SimFleet:
                 host.write_known_hosts(members, host_keys)
                 for m in members:
                     host.start_sshd(m)
+                host.start_front(self.gateway)
                 for m in members:
                     if not m.is_gateway:
                         host.start_dockerd(m)

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from spark_pipelines.core.fleet_settings import GatewayFront
 from spark_sim.layout import SEED_FLEET, SSH_PORT, Layout, Member, SimError
 
 
@@ -16,6 +17,15 @@ def read_seed() -> dict[str, Any]:
         return yaml.safe_load(SEED_FLEET.read_text())
     except OSError as e:
         raise SimError(f"seed fleet {SEED_FLEET} cannot be read: {e.strerror}") from None
+
+
+def gateway_of(seed: dict[str, Any]) -> dict[str, Any]:
+    """What the simulated gateway host runs, from the seed's gateway section (the fleet file the
+    sim writes keeps it): its client port, and the front before LiteLLM when the seed has one."""
+    gw = seed.get("gateway") or {}
+    front = gw.get("front")
+    return {"proxy_port": int(gw.get("proxy_port", 4000)),
+            "front": GatewayFront.model_validate(front) if front is not None else None}
 
 
 def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ DEFAULT_TOKENS_PER_SECOND = float(os.environ.get("SPARK_SIM_TOKENS_PER_SECOND", 
 LITELLM_BIN = Path(os.environ.get("SPARK_LITELLM_VENV", "/opt/spark-pipelines/litellm")) / "bin" / "litellm"
 # What `litellm` runs, for `python3 -c` with the ascii codec imported first (node_host.py says why).
 LITELLM_MAIN = "import encodings.ascii, sys; from litellm import run_server; sys.exit(run_server())"
-REQUIRED_BINARIES = ("ip", "dockerd", "docker", "/usr/sbin/sshd", "ssh-keygen", "useradd", "userdel", "visudo",
+REQUIRED_BINARIES = ("ip", "dockerd", "docker", "/usr/sbin/sshd", "ssh-keygen", "useradd", "userdel", "visudo", "nginx",
                      "sudo", "setsid", "setpriv", "fuser", "rsync", "git")
 # The command that installs REQUIRED_BINARIES (and the venv) on a bare Debian machine.
 INSTALL_HINT = "run `scripts/bootstrap.sh base` as root (it apt-get installs the sim's packages)"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from spark_pipelines.core import node_os as p0
 from spark_pipelines.core.preflight import EXPORTER_UNITS
+from spark_pipelines.core.fleet_settings import GatewayFront
+from spark_pipelines.core.gateway_front import nginx_site
 from spark_sim import node_os
 from spark_sim.effects import run, write
 from spark_sim.layout import LITELLM_BIN, LITELLM_MAIN, SSH_PORT, Layout, Member
@@ -27,8 +29,12 @@ class NodeHost:
     """Makes and starts the parts of each member under one layout."""
 
     def __init__(self, layout: Layout, record: Record, lib: NodeLib, engine_port: int,
-                 tokens_per_second: float) -> None:
+                 tokens_per_second: float, front: GatewayFront | None = None, proxy_port: int = 4000) -> None:
         self.layout = layout
+        self.proxy_port = proxy_port  # the gateway's client port (the fleet file's gateway.proxy_port)
+        # The gateway's front as the fleet file sets it (nginx on the proxy port, LiteLLM behind
+        # it on loopback: core/gateway_front.py); None: LiteLLM itself on the proxy port.
+        self.front = front
         self._record = record
         self.lib = lib
         # The stand-in nvidia-smi shows load while the engine on this port has requests running.
@@ -207,6 +213,10 @@ class NodeHost:
         key_file = m.dir / "master_key"  # root-only; the proxy reads it, never the command line
         write(key_file, key + "\n", 0o600)
         cfg, pidfile, log = work / "config.yaml", m.dir / "litellm.pid", work / "litellm.log"
+        # Behind the front LiteLLM listens on loopback only; the front (start_front) takes the port.
+        where = (f"--host 127.0.0.1 --port {self.front.litellm_port}" if self.front else f"--host {m.ip} --port {self.proxy_port}")
+        if self.front:
+            self._make_front_files(m)
         write(m.sbin / "litellm-proxy", (
             "#!/bin/sh\n"
             "# The simulated gateway's LiteLLM proxy, run as root via sudo. Under gunicorn (one worker,\n"
@@ -245,13 +255,15 @@ class NodeHost:
             # starts its query-engine reaper thread just before it forks the worker, the thread's
             # first /proc read imports encodings.ascii, and a fork in that moment leaves the worker
             # waiting forever on that module's lock (apscheduler -> tzlocal at startup).
-            f"setsid {LITELLM_BIN.parent / 'python3'} -c '{LITELLM_MAIN}' --config \"$cfg\" --host {m.ip} "
-            "--port 4000 --run_gunicorn --num_workers 1 >\"$log\" 2>&1 </dev/null &\n"
+            f"setsid {LITELLM_BIN.parent / 'python3'} -c '{LITELLM_MAIN}' --config \"$cfg\" {where} "
+            "--run_gunicorn --num_workers 1 >\"$log\" 2>&1 </dev/null &\n"
             "echo $! > \"$pidfile\"\n"
             "chmod 644 \"$log\"\n"
             "echo $!\n"
         ), 0o755)
-        url = f"http://{m.ip}:4000/health/liveliness"
+        # LiteLLM's own readiness (not the front's answer for it).
+        url = (f"http://127.0.0.1:{self.front.litellm_port}/health/liveliness" if self.front
+               else f"http://{m.ip}:{self.proxy_port}/health/liveliness")
         # A restart truncates the log: its startup line is the new worker's, not an old one
         # answering while it stops.
         started = "grep -aq 'Application startup complete' \"$log\" && "
@@ -266,7 +278,7 @@ class NodeHost:
                 "i=0\n"
                 "while [ $i -lt 240 ]; do\n"
                 f"  if {ready}python3 -c \"import urllib.request as u; u.urlopen('{url}', timeout=1)\" 2>/dev/null; then\n"
-                f"    echo \"litellm {did} on {m.ip}:4000 (pid $pid)\"; exit 0\n"
+                f"    echo \"litellm {did} on {m.ip}:{self.proxy_port} (pid $pid)\"; exit 0\n"
                 "  fi\n"
                 f"  [ -d /proc/$pid ] || {{ echo '{script}: the proxy exited:' >&2; tail -n 5 \"$log\" >&2; exit 1; }}\n"
                 "  sleep 0.5; i=$((i+1))\n"
@@ -296,6 +308,37 @@ class NodeHost:
 
     def start_sshd(self, m: Member) -> None:
         start_sshd(m)
+
+    def _make_front_files(self, m: Member) -> None:
+        """The front's nginx: the product's site (core/gateway_front.py) in a main config of its
+        own under the member's dir (pid, logs, temp files there; workers as the gateway user)."""
+        assert self.front is not None
+        d = m.dir / "front"
+        (d / "tmp").mkdir(parents=True, exist_ok=True)
+        shutil.chown(d / "tmp", m.user, m.user)
+        os.chmod(d / "tmp", 0o700)
+        write(d / "site.conf", nginx_site(proxy_port=self.proxy_port, litellm_port=self.front.litellm_port,
+                                          idle_timeout_s=self.front.idle_timeout_s,
+                                          source="the simulated fleet's gateway section"), 0o644)
+        write(d / "nginx.conf", (
+            "# The simulated gateway host's nginx (the front before LiteLLM), written by `sim up`.\n"
+            f"user {m.user};\nworker_processes 1;\npid {d / 'nginx.pid'};\nerror_log {d / 'error.log'} warn;\n"
+            "events { worker_connections 1024; }\n"
+            "http {\n    access_log off;\n"
+            + "".join(f"    {kind}_temp_path {d / 'tmp' / kind};\n"
+                      for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+            + f"    include {d / 'site.conf'};\n}}\n"), 0o644)
+
+    def start_front(self, m: Member) -> None:
+        """nginx in the gateway's namespace on the proxy port, for the life of the sim (as the
+        Debian service runs on a real gateway host): LiteLLM's restarts never touch it."""
+        if not self.front:
+            return
+        d = m.dir / "front"
+        argv = ["ip", "netns", "exec", m.netns, "nginx", "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")]
+        run([*argv, "-t", "-q"], what=f"checking the front's nginx config of {m.name}")
+        # nginx daemonizes itself (no zombie left with the caller) and writes its pid file.
+        run(argv, what=f"starting the front (nginx) of {m.name}")
 
     def start_dockerd(self, m: Member) -> None:
         d = m.dir / "docker"

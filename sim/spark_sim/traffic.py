@@ -4,12 +4,15 @@
 but outside Docker (the gateway needs an engine there, not a deployment). `Streams` sends
 streaming chat requests through the real LiteLLM proxy, each in its thread, and records how each
 one ended and which node served it (LiteLLM names the backend in `x-litellm-model-api-base`):
-what a drain or a reload must not break.
+what a drain or a reload must not break. `Traffic` runs clients as users' programs do, each
+sending requests back to back: on one pooled keep-alive connection without resending (httpx's
+default), on a fresh connection each, or through the OpenAI SDK's default client.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -70,6 +73,9 @@ class Stream:
     started: float = 0.0
     ended: float = 0.0
     resent: list[str] = field(default_factory=list)  # connection errors before any answer, then sent again
+    at: float = 0.0  # wall clock at the start (to set beside a run's event times)
+    head_at: float = 0.0  # wall clock when the response head arrived: the node had taken the request
+    kind: str = ""  # the client that sent it (Traffic)
 
     @property
     def dropped(self) -> bool:
@@ -224,3 +230,184 @@ def running(engine: Served) -> float:
     text = httpx.get(engine.base_url + "/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:num_requests_running"))
+
+
+POOLED, FRESH, OPENAI = "pooled", "fresh", "openai"
+KINDS = (POOLED, FRESH, OPENAI)
+_BODY_TEXT = "Count slowly, one word per line."
+
+
+def _read_stream(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None:
+    out.head_at = time.time()
+    base = r.headers.get(API_BASE_HEADER, "")
+    out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+    if r.status_code != 200:
+        r.read()
+        out.error = f"HTTP {r.status_code}: {r.text[:120]}"
+        return
+    finish = None
+    for line in r.iter_lines():
+        if line == "data: [DONE]":
+            out.finished = finish is not None
+            break
+        if line.startswith("data: "):
+            choices = json.loads(line[6:]).get("choices") or []
+            if choices:
+                out.chunks += 1
+                finish = choices[0].get("finish_reason") or finish
+    if not out.finished:
+        out.error = "the stream ended without finish_reason and [DONE]"
+
+
+class _SdkRetries(logging.Handler):
+    """The OpenAI SDK says each retry on its logger ("Retrying request to ...", after the exception
+    or status that caused it): kept per thread, with its cause."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.by_thread: dict[int, list[str]] = {}
+        self._cause: dict[int, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        said, thread = record.getMessage(), record.thread or 0
+        if said.startswith(("Encountered", "Retrying due to")):
+            self._cause[thread] = said
+        elif "Retrying request" in said:
+            self.by_thread.setdefault(thread, []).append(f"{self._cause.pop(thread, '?')}: {said}"[:200])
+
+
+class ClientLoop:
+    """One client sending streaming requests through the gateway back to back until stopped.
+    `pooled`: one httpx client (keep-alive pool) for every request, never resending: what a
+    program holding a connection does. `fresh`: a new connection for each request. `openai`: the
+    OpenAI SDK's default client (its own keep-alive pool; it resends a request whose connection
+    failed, twice, and says so on its logger: counted in each Stream's `resent`)."""
+
+    def __init__(self, kind: str, url: str, key: str, node_of: dict[str, str], *, max_tokens: int,
+                 pool: str = "fast", pause_s: float = 0.0, timeout_s: float = 120.0,
+                 retries: _SdkRetries | None = None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"client kind {kind!r}: one of {', '.join(KINDS)}")
+        self.kind, self.url, self.key, self.node_of = kind, url, key, node_of
+        self.max_tokens, self.pool, self.pause_s, self.timeout_s = max_tokens, pool, pause_s, timeout_s
+        self.results: list[Stream] = []
+        self._retries = retries
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"client-{kind}", daemon=True)
+
+    def _body(self) -> dict:
+        return {"model": self.pool, "stream": True, "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": _BODY_TEXT}]}
+
+    def _loop(self) -> None:
+        headers = {"Authorization": f"Bearer {self.key}"}
+        pooled = httpx.Client(timeout=self.timeout_s, headers=headers) if self.kind == POOLED else None
+        sdk = None
+        if self.kind == OPENAI:
+            import openai  # the test extra; only this client kind needs it
+
+            sdk = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, timeout=self.timeout_s)
+        try:
+            while not self._stop.is_set():
+                out = Stream(kind=self.kind, at=time.time(), started=time.monotonic())
+                self.results.append(out)
+                try:
+                    if sdk is not None:
+                        self._sdk_one(sdk, out)
+                    elif pooled is not None:
+                        with pooled.stream("POST", f"{self.url}/v1/chat/completions", json=self._body()) as r:
+                            _read_stream(r, out, self.node_of)
+                    else:
+                        with httpx.Client(timeout=self.timeout_s, headers=headers) as c, \
+                                c.stream("POST", f"{self.url}/v1/chat/completions", json=self._body()) as r:
+                            _read_stream(r, out, self.node_of)
+                except Exception as e:  # a thread's exception would vanish: make it this request's error
+                    out.error = f"{type(e).__name__}: {e}"[:200]
+                finally:
+                    out.ended = time.monotonic()
+                if self.pause_s:
+                    self._stop.wait(self.pause_s)
+        finally:
+            if pooled is not None:
+                pooled.close()
+            if sdk is not None:
+                sdk.close()
+
+    def _sdk_one(self, sdk, out: Stream) -> None:
+        before = len(self._retries.by_thread.get(threading.get_ident(), [])) if self._retries else 0
+        try:
+            raw = sdk.chat.completions.with_raw_response.create(
+                model=self.pool, stream=True, max_tokens=self.max_tokens,
+                messages=[{"role": "user", "content": _BODY_TEXT}])
+            out.head_at = time.time()
+            base = raw.headers.get(API_BASE_HEADER, "")
+            out.node = next((n for b, n in self.node_of.items() if base.startswith(b)), None)
+            finish = None
+            for chunk in raw.parse():
+                if chunk.choices:
+                    out.chunks += 1
+                    finish = chunk.choices[0].finish_reason or finish
+            out.finished = finish is not None
+            if not out.finished:
+                out.error = "the stream ended without finish_reason"
+        finally:
+            if self._retries:
+                out.resent = self._retries.by_thread.get(threading.get_ident(), [])[before:]
+
+    def start(self) -> ClientLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+
+class Traffic:
+    """`clients` {kind: how many} sending back to back through the simulated fleet's gateway for
+    the whole of a `with` block (each request `max_tokens` long). `failed(kind)` lists what
+    failed; `served_by(node)` what reached a node, with wall-clock start times."""
+
+    def __init__(self, url: str, key: str, node_of: dict[str, str], clients: dict[str, int], *,
+                 max_tokens: int = 24, pause_s: float = 0.0) -> None:
+        self._retries = _SdkRetries()
+        self.loops = [ClientLoop(kind, url, key, node_of, max_tokens=max_tokens, pause_s=pause_s,
+                                 retries=self._retries)
+                      for kind, n in clients.items() for _ in range(n)]
+
+    @classmethod
+    def through(cls, sim: SimFleet, key: str, clients: dict[str, int], *, port: int = 8000, **kw) -> Traffic:
+        node_of = {f"http://{m.ip}:{port}": m.name for m in sim.nodes}
+        return cls(f"http://{sim.gateway.ip}:4000", key, node_of, clients, **kw)
+
+    def __enter__(self) -> Traffic:
+        if any(loop.kind == OPENAI for loop in self.loops):
+            sdk_log = logging.getLogger("openai._base_client")
+            sdk_log.addHandler(self._retries)
+            sdk_log.setLevel(logging.DEBUG)
+        for loop in self.loops:
+            loop.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for loop in self.loops:
+            loop.stop()
+        for loop in self.loops:
+            loop.join(180)
+        logging.getLogger("openai._base_client").removeHandler(self._retries)
+
+    def results(self, kind: str | None = None) -> list[Stream]:
+        return [s for loop in self.loops if kind in (None, loop.kind) for s in loop.results if s.ended]
+
+    def failed(self, kind: str | None = None) -> list[str]:
+        return [f"{s.kind} {s.node or '?'} at {s.at:.2f}: {s.error}" for s in self.results(kind) if s.dropped]
+
+    def resent(self, kind: str | None = None) -> list[str]:
+        return [r for s in self.results(kind) for r in s.resent]
+
+    def summary(self) -> str:
+        kinds = dict.fromkeys(loop.kind for loop in self.loops)
+        return "; ".join(f"{k}: {len(self.results(k))} requests, {len(self.failed(k))} failed"
+                         + (f", {len(self.resent(k))} resent" if k == OPENAI else "") for k in kinds)

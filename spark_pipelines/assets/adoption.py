@@ -21,7 +21,7 @@ from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import adoption as core
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import Fleet
-from spark_pipelines.core.pins import code_versions
+from spark_pipelines.core.pins import code_versions, launch_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.hub import ModelHub
 from spark_pipelines.resources.ssh import FleetSSH
@@ -44,9 +44,9 @@ INPUTS: dict[str, tuple[str, ...]] = {
     steps.BASE_IMAGE: (),
     steps.SERVING_IMAGE: (steps.BASE_IMAGE,),
     steps.NODE_ARTIFACTS: (steps.MTP_WEIGHTS, steps.SERVING_IMAGE),
-    steps.NODE_DEPLOYMENT: (steps.NODE_ARTIFACTS,),
+    steps.NODE_DEPLOYMENT: (steps.NODE_ARTIFACTS, steps.NODE_LAUNCH),
 }
-PER_NODE = (steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT)
+PER_NODE = (steps.NODE_LAUNCH, steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT)
 
 
 class AdoptConfig(dg.Config):
@@ -61,11 +61,15 @@ def rows(findings: list[core.Finding]) -> list[dict[str, str]]:
              "differences": "; ".join(f.differences)} for f in findings]
 
 
-def record(context: dg.AssetExecutionContext, cv: dict[str, str], f: core.Finding) -> bool:
-    """The adopted (or current) step as its asset would record it; False when there is nothing to record."""
+def record(context: dg.AssetExecutionContext, cv: dict[str, str], launch: dict[str, str], f: core.Finding) -> bool:
+    """The adopted (or current) step as its asset would record it; False when there is nothing to record.
+    `launch`: core.pins.launch_versions, what an adopted or current deployment serves (it was compared
+    with the node's launch spec)."""
     if f.action not in (core.ADOPT, core.CURRENT) or f.step not in INPUTS or not f.facts.get("data_version"):
         return False
     partition = f.node if f.step in PER_NODE else None
+    if f.step == steps.NODE_DEPLOYMENT:  # its provenance points at the node's launch, as a deploy's does
+        records.observe_launch(context, f.node, launch[f.node])
     records.record_step(context, f.step, partition, cv[f.step], str(f.facts["data_version"]),
                         {"adopted": f.action == core.ADOPT, "skipped": True, "found": f.why},
                         description=f"adopted from the live fleet: {f.why}",
@@ -75,6 +79,7 @@ def record(context: dg.AssetExecutionContext, cv: dict[str, str], f: core.Findin
 
 def adoption_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
+    launch = launch_versions(fleet)
 
     @dg.asset(
         name=steps.FLEET_ADOPTION,
@@ -95,7 +100,7 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
                                    gw=litellm.host(), run_id=context.run.run_id, log=context.log)
         except RunbookError as e:
             fail(e)
-        recorded = [] if config.check else [f"{f.step}[{f.node}]" for f in findings if record(context, cv, f)]
+        recorded = [] if config.check else [f"{f.step}[{f.node}]" for f in findings if record(context, cv, launch, f)]
         gw_found = next((f for f in findings if f.step == steps.GATEWAY), None)
         if not config.check and gw_found is not None and gw_found.action in (core.ADOPT, core.CURRENT):
             # As the gateway step records the config it leaves (its data version is the config's digest).

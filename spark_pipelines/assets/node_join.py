@@ -43,6 +43,7 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"ssh", "docker", "vllm"},
         partitions_def=partitions,
+        pool=steps.DRAIN_POOL,  # its Phase 0 reboot and its bench count as the one drain, as its run tag does
         description="A node added to the fleet file joins it in one run: Phase 0 (and its reboot), the "
                     "checkpoint and image from the nearest verified holder, the deploy, the isolated bench "
                     "(floors, then the fleet's baseline), the gateway. Refused for a node that already serves "
@@ -97,8 +98,11 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
                 if serves_as_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], running) is not None:
                     done.append("deployed: it serves this launch spec already (an earlier run's deploy): not redeployed")
                 else:
-                    d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id)
-                    records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata)
+                    # gated: held out by its bench until the bench below promotes it (no reconcile or
+                    # gateway_job routes it before).
+                    d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id, gated=True)
+                    records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata,
+                                          launch=d.value.fingerprint)
                     if d.mismatch:
                         raise RunbookError(d.mismatch)
                     done.append("deployed: " + d.check_text)

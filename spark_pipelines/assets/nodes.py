@@ -1,4 +1,5 @@
-"""Per-node steps (partitioned by node): artifacts on the node, then the deployment.
+"""Per-node steps (partitioned by node): the node's launch (observed), artifacts on the node, then
+the deployment.
 
 Short wiring around `runbook.deploy` (preflight, launch, readiness, smoke test, rollback) and
 `resources.transfer` (node-to-node copies, verified on the receiver).
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
 from pydantic import Field
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
@@ -21,12 +23,13 @@ from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.jit_cache import key_for as jit_cache_key
 from spark_pipelines.core.launch import LaunchSpec, launch_spec
-from spark_pipelines.core.pins import code_versions
+from spark_pipelines.core.pins import code_versions, launch_versions
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
-from spark_pipelines.state import markers
+from spark_pipelines.state import markers, records
 from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook import journal, versions
 from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
@@ -43,6 +46,10 @@ class DeployConfig(dg.Config):
         description="Relaunch on an empty JIT cache: this launch's cached kernels are set aside on the node and on "
                     "the build host (the runbook's fix for a stale torch_compile or Triton cache). The boot is a "
                     "first boot, 25-45 min.")
+    allow_rejected: bool = Field(
+        default=False,
+        description="Deploy a version a rollout's gate rejected (its node_deployment otherwise refuses it: this "
+                    "job has no gate). Only to deploy it knowingly, e.g. to reproduce the failure on one node.")
 
 
 def checkpoint_version_path(fleet: Fleet, node: Node, checkpoint: Checkpoint) -> str:
@@ -85,15 +92,17 @@ class Recorded:
 
 
 def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str, log: Any, *,
-                    run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False) -> Recorded:
+                    run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False,
+                    gated: bool = False) -> Recorded:
     """runbook.deploy of the fleet's launch spec, then the step marker node_deployment skips on
-    (only when what runs is what was meant) and the materialization's fields. Raises RunbookError."""
+    (only when what runs is what was meant) and the materialization's fields. `gated`: the node
+    stays out of the gateway until its bench promotes it. Raises RunbookError."""
     f = s.fleet
     spec = launch_spec(f, node)
     sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
     done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_cache_key(artifacts, spec),
                   fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
-                  version=artifacts.path)
+                  version=artifacts.path, gated=gated)
     running = NodeDocker(s).inspect_container(node.name, spec.container_name)
     mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint,
                                 checkpoint=artifacts.manifest)
@@ -143,7 +152,30 @@ def distribution_payload(cv: dict[str, str], mtp_weights: Checkpoint, serving_im
 
 def node_definitions(fleet: Fleet) -> dg.Definitions:
     cv = code_versions(fleet)
+    launch = launch_versions(fleet)
     partitions = node_partitions(fleet)
+
+    with warnings.catch_warnings():
+        # Observable sources are beta in 1.13, and Dagster's own conversion of one into an asset
+        # reads a property it deprecated: converted here, where both warnings are said once.
+        warnings.filterwarnings("ignore", category=dg.BetaWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+        @dg.observable_source_asset(
+            name=steps.NODE_LAUNCH,
+            group_name="3_nodes",
+            partitions_def=partitions,
+            description="Each node's launch as the loaded fleet file gives it (the launch profile with the node's "
+                        "overrides): its data version is the launch spec's fingerprint, read from the fleet file "
+                        "alone (no SSH). Observed by pins_changed and by every deploy; a node whose launch changed "
+                        "makes its own node_deployment stale, no other node's.",
+        )
+        def node_launch() -> dg.DataVersionsByPartition:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=dg.BetaWarning)
+                return dg.DataVersionsByPartition({n: dg.DataVersion(v) for n, v in launch.items()})
+
+        node_launch_asset = create_external_asset_from_source_asset(node_launch)
 
     @dg.asset(
         group_name="3_nodes",
@@ -249,7 +281,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"docker", "vllm"},
         partitions_def=partitions,
-        code_version=cv[steps.NODE_DEPLOYMENT],
+        code_version=cv[steps.NODE_DEPLOYMENT],  # the procedure; the node's launch is node_launch's data
+        deps=[steps.NODE_LAUNCH],
         check_specs=[node_check(
             "serving", steps.NODE_DEPLOYMENT, partitions,
             "Blocking, per node: after Phase 4 the container runs the image node_artifacts recorded "
@@ -265,6 +298,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         node = f.node(context.partition_key)
         docker = NodeDocker(s)
         spec = launch_spec(f, node)
+        # Every output points at the node_launch observation of the launch it ran for.
+        launched = records.launch_input_tags(context, node.name, spec.fingerprint)
 
         recorded = node_artifacts.image_id
         # What dead runs left on the node first (a bench's, Phase 0's journal): the skip below then
@@ -281,13 +316,20 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         if not config.fresh_jit_cache and marker is not None and current is not None:
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
-                data_version=dg.DataVersion(marker.signature),
+                data_version=dg.DataVersion(marker.signature), tags=launched,
                 metadata=readable({"skipped": True, "adopted": marker.adopted, **marker.metadata,
                                    **where(f, node, spec, current)}),
             )
             yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
                                       description=f"{node.name}: already serving this launch spec")
             return
+
+        refused = node_rollout.refusal(s, node, recorded, node_artifacts.manifest, spec.fingerprint)
+        if refused and not config.allow_rejected:
+            fail(RunbookError(refused))
+        if refused:
+            context.log.warning(f"{refused} (allow_rejected: deploying it anyway)")
+            markers.clear(s, node, markers.REJECTED)
 
         tagged = docker.image_id(node.name, spec.image)
         if tagged is not None and tagged != recorded:
@@ -297,7 +339,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                    f"for {node.name} to copy the image again, then node_deployment deploys it")
             yield dg.Output(
                 Deployment(node=node.name, container_id=(current or {}).get("Id"), fingerprint=spec.fingerprint),
-                data_version=dg.DataVersion(f"mismatch-{tagged[7:19]}"),
+                data_version=dg.DataVersion(f"mismatch-{tagged[7:19]}"), tags=launched,
                 metadata={"skipped": False, "deployed": False, **where(f, node, spec, current)},
             )
             yield dg.AssetCheckResult(check_name="serving", passed=False, severity=dg.AssetCheckSeverity.ERROR,
@@ -309,7 +351,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                                 fresh_jit_cache=config.fresh_jit_cache)
         except RunbookError as e:
             fail(e)
-        yield dg.Output(d.value, data_version=dg.DataVersion(d.data_version), metadata=d.metadata)
+        yield dg.Output(d.value, data_version=dg.DataVersion(d.data_version), metadata=d.metadata, tags=launched)
         yield dg.AssetCheckResult(check_name="serving", passed=d.mismatch is None,
                                   severity=dg.AssetCheckSeverity.ERROR, metadata={"node": node.name},
                                   description=d.check_text)
@@ -324,5 +366,5 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         steps.DISTRIBUTE_JOB, selection=dg.AssetSelection.assets(steps.ARTIFACT_DISTRIBUTION),
         tags=max_runtime(fleet, steps.DISTRIBUTE_JOB),
         description="Fan the checkpoint and image out to every serve node along a tree (run before deploy_node_job).")
-    return dg.Definitions(assets=[node_artifacts, artifact_distribution, node_deployment],
+    return dg.Definitions(assets=[node_launch_asset, node_artifacts, artifact_distribution, node_deployment],
                           jobs=[deploy_node_job, distribute_job])

@@ -25,11 +25,13 @@ from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
 from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import rollout as node_rollout
+from spark_pipelines.runbook.adoption import deploy_signature
 from spark_pipelines.runbook.bench import bench_node, gate_of
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
@@ -48,6 +50,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
     @dg.asset(
         group_name="3_nodes",
         kinds={"docker", "vllm"},
+        pool=steps.DRAIN_POOL,  # it drains and benches node after node: never beside a bench
         # A rebuilt checkpoint or image reaches the fleet as this rollout (the `rollout` sensor).
         automation_condition=dg.AutomationCondition.eager(),
         description="The build host's checkpoint and image onto the serving fleet as a rollout: fanned out to "
@@ -76,14 +79,18 @@ def rollout_definitions(fleet) -> dg.Definitions:
         if sv.unjudged:
             log.warning(f"rollout: {', '.join(sv.unjudged)} already run(s) the new version a dead run deployed and "
                         "never judged: gated now, not deployed again")
+        _record_serving(context, f, cv, sv, mtp_weights, serving_image)
         if sv.nothing_to_do:
             log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in sv.skip.items()))
             return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
                                                   "nodes": table(core.STEP_COLUMNS, _rows(sv.before, sv.skip))})
+        # A canary that serves the new version already has nothing to prove (one node's launch
+        # changed): the first node that changes goes alone instead.
+        canary = None if sv.skip.get(f.rollout.canary or "") == node_rollout.ALREADY_SERVES else f.rollout.canary
         try:
             plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=sv.rotation,
                                    max_unavailable=f.rollout.max_unavailable,
-                                   min_in_rotation=f.gateway.min_in_rotation, canary=f.rollout.canary, skip=sv.skip)
+                                   min_in_rotation=f.gateway.min_in_rotation, canary=canary, skip=sv.skip)
         except core.RolloutRefused as e:
             fail(RunbookError(f"rollout refused, nothing changed: {e}"))
         log.info("rollout plan:\n" + plan.text())
@@ -102,7 +109,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
                 "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))})
 
         outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, sv.new,
-                                            sv.unjudged), sv.before, on_progress, passed_before=sv.passed)
+                                            sv.unjudged, sv.passed), sv.before, on_progress, passed_before=sv.passed)
         meta: dict[str, Any] = {
             "completed": outcome.completed,
             "outcome": outcome.headline(),
@@ -127,6 +134,30 @@ def rollout_definitions(fleet) -> dg.Definitions:
     return dg.Definitions(assets=[fleet_rollout], jobs=[rollout_job])
 
 
+def _record_serving(context: dg.AssetExecutionContext, f: Fleet, cv: dict[str, str], sv: node_rollout.Survey,
+                    mtp_weights: Checkpoint, serving_image: BuiltImage) -> None:
+    """Each node the rollout leaves as it is because it serves the new version already, recorded on
+    node_deployment at the loaded code version and launch when its record says otherwise (a record
+    from before node_launch existed, or a procedure revision): recorded nothing, it would stay stale
+    in the UI and the pins sensor would ask again for a rollout that changes nothing."""
+    nd = steps.NODE_DEPLOYMENT
+    for name in [n for n, why in sv.skip.items() if why == node_rollout.ALREADY_SERVES]:
+        spec = launch_spec(f, f.node(name))
+        if (records.recorded_code_version(context.instance, nd, name) == cv[nd]
+                and records.recorded_launch(context.instance, name) == spec.fingerprint):
+            continue
+        # What the deploy that made it recorded (its KV cache, startup, preflight figures) stays.
+        prev = records.latest(context.instance, nd, name)
+        made = dict(prev.asset_materialization.metadata) if prev and prev.asset_materialization else {}
+        records.record_deploy(
+            context, name, cv[nd], deploy_signature(cv[nd], spec.fingerprint, serving_image.image_id, mtp_weights.index),
+            {**made, "skipped": True, keys.IMAGE_ID: serving_image.image_id, "container": spec.container_name,
+             keys.ROLLOUT_RUN: context.run.run_id},
+            description=f"{name} serves this version already ({sv.new[name]}), healthy: recorded by the rollout "
+                        "at the loaded code version and launch, not redeployed",
+            launch=spec.fingerprint)
+
+
 def _rows(before: dict[str, str], skipped: dict[str, str]) -> list[dict[str, str]]:
     return [{"node": n, "wave": "-", "before": before[n], "now": before[n], "state": "skipped",
              "gate": "", "why": skipped.get(n, "")} for n in before]
@@ -137,12 +168,15 @@ class _Steps:
 
     def __init__(self, context: dg.AssetExecutionContext, s, gw, cv: dict[str, str], mtp_weights: Checkpoint,
                  serving_image: BuiltImage, config: RolloutConfig, base: baseline.Baseline | None,
-                 new: dict[str, str], deployed: tuple[str, ...] | list[str] = ()) -> None:
+                 new: dict[str, str], deployed: tuple[str, ...] | list[str] = (),
+                 passed: tuple[str, ...] | list[str] = ()) -> None:
         self.context, self.s, self.gw, self.cv = context, s, gw, cv
         self.mtp_weights, self.image, self.config, self.base, self.new = mtp_weights, serving_image, config, base, new
         self.run_id = context.run.run_id
         self.deployed = set(deployed)  # on the new version by a dead run of this rollout: gate only
         self.wedged: set[str] = set()  # nodes whose gate bench saw the PD-firmware wedge
+        # Nodes whose gate passed (this run's, or a dead run's of the same version): they keep it.
+        self.passed: set[str] = set(passed)
 
     def deploy(self, node: str) -> str:
         f, n = self.s.fleet, self.s.fleet.node(node)
@@ -153,12 +187,14 @@ class _Steps:
         artifacts = NodeArtifacts(node=node, path=checkpoint_version_path(f, n, self.mtp_weights),
                                   image=self.image.ref, image_id=self.image.image_id, index=self.mtp_weights.index,
                                   manifest=self.mtp_weights.manifest, architecture=self.mtp_weights.architecture)
+        # gated: out of the gateway from its deploy until its bench gate promotes it (no request
+        # reaches a version before its gate); without the bench gate, back after the commit.
         d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
-                            run_id=self.run_id, keep_previous=True)
+                            run_id=self.run_id, keep_previous=True, gated=self.config.bench_gate)
         # With its code and data versions, as node_deployment's own output: the pins sensor and
         # the UI's staleness see the rollout's deploy as current.
         records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,
-                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id})
+                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id}, launch=d.value.fingerprint)
         if d.mismatch:  # committed, but not what was meant: back to the previous version
             said = self.revert(node, d.mismatch)
             raise RunbookError(f"{d.mismatch}; {said}")
@@ -177,10 +213,18 @@ class _Steps:
                              {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
         if b.gpu_verdict.state == "wedged":
             self.wedged.add(node)
-        result = gate_of(f, n, b, self.base)
-        if result.passed:
+        judged = gate_of(f, n, b, self.base)
+        if judged.passed:
+            self.passed.add(node)
             node_rollout.mark_passed(self.s, n, self.run_id)
-        return result
+        else:
+            # Stopped by its gate: no ungated deploy (a healing redeploy, deploy_node_job) may put
+            # this version on a node that does not run it; the nodes not reached would otherwise get
+            # it that way. The nodes that passed keep it (and may be redeployed on it).
+            said = node_rollout.reject(self.s, [m for m in f.serve_nodes if m.name not in self.passed],
+                                       self.image.image_id, self.mtp_weights.manifest, judged, run_id=self.run_id)
+            self.context.log.info(said)
+        return judged
 
     def revert(self, node: str, why: str) -> str:
         n = self.s.fleet.node(node)

@@ -395,14 +395,10 @@ def weight_map_digests(index_text: str) -> dict[str, str]:
     return {"full": digest(weight_map), "hybrid": digest({k: v for k, v in weight_map.items() if v != MTP_FILE})}
 
 
-# -- staging beside the serving directory, and the switch ------------------------------------------
-# A rebuild never writes into the directory the serving containers mount: it is made in a staging
-# directory next to it (same filesystem), verified there, and switched into place by rename. The
-# running containers keep their open files; the replaced directory is kept until the switch is
-# verified.
-
-RENAME_EXCHANGE = 2  # linux/fs.h: swap two paths atomically (renameat2)
-
+# -- staging beside the serving directory, and versions -----------------------------------------
+# A rebuild never writes into a directory a container mounts: it is made in a staging directory next
+# to it (same filesystem), verified there, and renamed to the checkpoint version its manifest names
+# (core/versions.py). The runbook's plain directory becomes a version in place (make_version).
 
 def stage_copy(source: str | Path, staging: str | Path) -> dict[str, list[str]]:
     """A staging copy of `source` for add-mtp-weights.py, which rewrites the index and the MTP file
@@ -435,44 +431,27 @@ def stage_copy(source: str | Path, staging: str | Path) -> dict[str, list[str]]:
     return {"linked": linked, "copied": copied}
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one step (renameat2 RENAME_EXCHANGE); False where the kernel, the C
-    library or the filesystem has no such call (then the caller renames twice)."""
+def make_version(serving: str | Path, name: str) -> dict:
+    """The plain checkpoint directory at `serving` becomes the version `name` beside it and
+    `serving` a relative link to it: one rename and one symlink in this one process, so the path
+    is absent for microseconds, not an SSH round trip (no call swaps a directory for a link to its
+    new name at once). A reader holding its files keeps them (a rename moves no data). The rename
+    is undone when the link cannot be made."""
+    sv = Path(serving)
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"{name!r}: a version's name, not a path")
+    target = sv.with_name(name)
+    if sv.is_symlink() or not sv.is_dir():
+        raise NotADirectoryError(f"{sv}: not a plain directory")
+    if os.path.lexists(target):
+        raise FileExistsError(f"{target}: exists")
+    os.rename(sv, target)
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd = -100
-    if call(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def switch_into(staging: str | Path, serving: str | Path, previous: str | Path) -> dict:
-    """Put `staging` at `serving`; what was at `serving` goes to `previous` (which must not exist).
-    Atomic where renameat2 can exchange the two (no moment without a serving directory), else two
-    renames a few microseconds apart. Switching back is the same call with the roles swapped."""
-    st, sv, pv = Path(staging), Path(serving), Path(previous)
-    if os.path.lexists(pv):
-        raise FileExistsError(f"{pv}: exists; remove it before switching")
-    if not st.is_dir():
-        raise FileNotFoundError(f"{st}: no directory to switch into place")
-    if not os.path.lexists(sv):
-        os.rename(st, sv)
-        return {"atomic": True, "previous": None}
-    if _exchange(st, sv):
-        os.rename(st, pv)  # the staging path now holds the replaced directory
-        return {"atomic": True, "previous": str(pv)}
-    os.rename(sv, pv)
-    os.rename(st, sv)
-    return {"atomic": False, "previous": str(pv)}
+        os.symlink(name, sv)
+    except BaseException:
+        os.rename(target, sv)
+        raise
+    return {"version": name, "path": str(target)}
 
 
 # -- the tie to the base model: what a hybrid build keeps of its source ----------------------------
@@ -547,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
 
     --digests prints {files: {path: {size, sha256}}}; --write-manifest also writes MANIFEST_NAME
     (atomically) and prints the manifest; --only=PATH (repeatable) limits the hashing.
-    --index-digests, --stage-from SRC, --switch-into SERVING --previous PREV and
-    --compare-source SRC: the functions of the same names, on DIR."""
+    --index-digests, --stage-from SRC, --make-version NAME and --compare-source SRC: the
+    functions of the same names, on DIR."""
     import argparse
     from dataclasses import asdict
 
@@ -561,8 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append")
     ap.add_argument("--index-digests", action="store_true")
     ap.add_argument("--stage-from")
-    ap.add_argument("--switch-into")
-    ap.add_argument("--previous")
+    ap.add_argument("--make-version")
     ap.add_argument("--compare-source")
     args = ap.parse_args(argv)
     if args.index_digests:
@@ -571,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage_from:
         print(json.dumps(stage_copy(args.stage_from, args.directory)))
         return 0
-    if args.switch_into:
-        print(json.dumps(switch_into(args.directory, args.switch_into, args.previous)))
+    if args.make_version:
+        print(json.dumps(make_version(args.directory, args.make_version)))
         return 0
     if args.compare_source:
         print(json.dumps(compare_with_source(args.directory, args.compare_source)))

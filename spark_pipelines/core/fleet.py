@@ -32,6 +32,7 @@ from spark_pipelines.core.fleet_settings import (
     NodeOsSettings,
     DistributionSettings,
     VersionSettings,
+    GatewayFront,
     HealthSettings,
     PreflightSettings,
     RetentionSettings,
@@ -421,6 +422,14 @@ class Gateway(SshTarget):
     # waits or is refused. 0 lets a bench empty the gateway (a one-node fleet); the gateway
     # step never writes an empty rotation whatever this says.
     min_in_rotation: int = Field(default=1, ge=0, le=64, description="nodes that always stay in the gateway's rotation")
+    # A drained node's requests in flight end before its container stops, its bench starts or it
+    # reboots (vLLM's num_requests_running + waiting read to 0, runbook.rotation.drained); past
+    # this the drain is undone and that step refused, nothing changed.
+    in_flight_wait_s: Int = Field(default=600, ge=0, le=86400,
+                                  description="how long a drained node's requests in flight may take to end")
+    front: GatewayFront | None = Field(
+        default=None, description="haproxy on proxy_port before LiteLLM (on front.litellm_port): no client "
+                                  "connection is reset by a graceful reload; none: LiteLLM itself on proxy_port")
 
     @model_validator(mode="before")
     @classmethod
@@ -428,6 +437,13 @@ class Gateway(SshTarget):
         if isinstance(data, dict) and "reload_command" not in data:  # a bad mode is the field's own error
             data = {**data, "reload_command": RELOAD_COMMANDS.get(data.get("reload", "restart"), ())}
         return data
+
+    @model_validator(mode="after")
+    def _front_beside_litellm(self) -> Gateway:
+        if self.front is not None and self.front.litellm_port == self.proxy_port:
+            raise ValueError(f"front.litellm_port {self.front.litellm_port} is proxy_port, the front's own: give "
+                             "LiteLLM another port on the gateway host's loopback (e.g. 4001)")
+        return self
 
     @field_validator("pools")
     @classmethod

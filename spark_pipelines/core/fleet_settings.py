@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
-from spark_pipelines.core.fleet_types import Float, Int, NodeName, Strict, _shape
+from spark_pipelines.core.fleet_types import Float, Int, NodeName, Port, Strict, _shape
 from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
 
 
@@ -91,6 +91,16 @@ class NodeOsSettings(Strict):
     power_cycle: Literal["ask", "auto"] = Field(
         default="ask", description="a node that does not come back: auto cuts AC through its smart plug "
                                    "(cold_drain.smart_plugs), ask quarantines it with the runbook's advice")
+
+
+class GatewayFront(Strict):
+    """haproxy on gateway.proxy_port in front of LiteLLM (core/gateway_front.py says why): the
+    clients' connections survive LiteLLM's graceful reloads."""
+
+    litellm_port: Port = Field(default=4001, description="LiteLLM's port on the gateway host's loopback, behind the front")
+    idle_timeout_s: Int = Field(default=900, ge=10, le=86400,
+                                description="silence allowed within a request (a long prompt's first token) and on "
+                                            "an idle client connection")
 
 
 class RolloutSettings(Strict):

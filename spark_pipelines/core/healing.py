@@ -72,7 +72,9 @@ class NodeMemory:
     earlier: dict[str, Any] = field(default_factory=dict)  # core.health.with_earlier's inputs
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Only what differs from a fresh memory, times to the second: the cursor is shown on the
+        sensor's page and stays short (from_json fills the rest with the defaults)."""
+        return {k: _compact(v) for k, v in asdict(self).items() if v not in (None, 0, [], {}, "")}
 
     @classmethod
     def from_json(cls, raw: Any) -> NodeMemory:
@@ -97,6 +99,17 @@ class NodeMemory:
         if isinstance(raw.get("earlier"), Mapping):
             m.earlier = dict(raw["earlier"])
         return m
+
+
+def _compact(value: Any) -> Any:
+    """Floats to whole seconds (epoch times) or 4 significant decimals; Nones dropped from dicts."""
+    if isinstance(value, float):
+        return round(value) if abs(value) > 1e6 else round(value, 4)
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -288,21 +301,28 @@ def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSett
 METRIC_KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # 0.19+ name, then the older one
 
 
+# Fewer tokens drafted since the last sweep than this say nothing about MTP: the lifetime figure then.
+MIN_DRAFTED_IN_WINDOW = 200
+
+
 def engine_figures(metrics: Mapping[str, float] | None, earlier: Mapping[str, float] | None = None,
-                   seconds: float | None = None) -> dict[str, float]:
-    """The numbers one /metrics read gives (names with their units): requests running / waiting,
-    KV-cache usage 0-1, MTP acceptance 0-1 (since the last read when there is one, else lifetime)
-    and the generation rate in tok/s (only with an earlier read `seconds` ago: a counter alone
-    is no rate)."""
+                   seconds: float | None = None) -> dict[str, float | str]:
+    """The numbers one /metrics read gives, each with its unit in its name: requests running /
+    waiting, KV-cache usage and MTP acceptance in percent (since the last read when it drafted
+    enough tokens to say, else since the engine started), the generation rate in tok/s (only with
+    an earlier read `seconds` ago: a counter alone is no rate); and `engine`, the same in one line
+    that says which window each figure covers (a rate on an idle node is short requests between
+    two sweeps, the gateway's own health checks among them)."""
     if not metrics:
         return {}
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     for key, metric in (("requests_running", d.METRIC_RUNNING), ("requests_waiting", d.METRIC_WAITING)):
         if metric in metrics:
             out[key] = float(metrics[metric])
+    said = []
+    if "requests_running" in out or "requests_waiting" in out:
+        said.append(f"{out.get('requests_running', 0):g} running / {out.get('requests_waiting', 0):g} waiting now")
     kv = next((metrics[k] for k in METRIC_KV_CACHE if k in metrics), None)
-    if kv is not None:
-        out["kv_cache_usage"] = float(kv)
 
     def delta(metric: str) -> float | None:
         if metric not in metrics:
@@ -311,14 +331,27 @@ def engine_figures(metrics: Mapping[str, float] | None, earlier: Mapping[str, fl
             return metrics[metric] - earlier[metric]
         return None
 
-    drafted, accepted = delta(d.METRIC_DRAFTED), delta(d.METRIC_ACCEPTED)
-    if not drafted:
-        drafted, accepted = metrics.get(d.METRIC_DRAFTED), metrics.get(d.METRIC_ACCEPTED)
-    if drafted and accepted is not None:
-        out["mtp_acceptance"] = round(min(1.0, accepted / drafted), 4)
+    window = f"over the last {seconds:.0f} s" if seconds else "since the last sweep"
     generated = delta(d.METRIC_GENERATION)
     if generated is not None and seconds and seconds > 0:
-        out["generation tok/s"] = round(generated / seconds, 2)
+        out["generation_tok_s"] = round(generated / seconds, 2)
+        idle = not out.get("requests_running") and not out.get("requests_waiting")
+        said.append(f"{out['generation_tok_s']:g} tok/s generated {window}"
+                    + (" (short requests between sweeps; the gateway's health checks count)"
+                       if idle and generated else ""))
+    drafted, accepted = delta(d.METRIC_DRAFTED), delta(d.METRIC_ACCEPTED)
+    mtp_window = window
+    if not drafted or drafted < MIN_DRAFTED_IN_WINDOW or accepted is None:
+        drafted, accepted = metrics.get(d.METRIC_DRAFTED), metrics.get(d.METRIC_ACCEPTED)
+        mtp_window = "since the engine started"
+    if drafted and accepted is not None:
+        out["mtp_acceptance_pct"] = round(min(1.0, accepted / drafted) * 100, 1)
+        said.append(f"MTP acceptance {out['mtp_acceptance_pct']:g}% {mtp_window}")
+    if kv is not None:
+        out["kv_cache_usage_pct"] = round(float(kv) * 100, 1)
+        said.append(f"KV cache {out['kv_cache_usage_pct']:g}% used")
+    if said:
+        out["engine"] = "; ".join(said)
     return out
 
 
@@ -376,6 +409,20 @@ def drained_at(note: str) -> float | None:
     return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
+def _back_because(note: str | None) -> str:
+    """Why a node out by no drain, or by a drain these policies made, goes back: said from the
+    note the drain left (a released quarantine is not "the health drain is over")."""
+    if note is None:
+        return "healthy and promoted, and out of the gateway config"
+    what = _SINCE.sub("", note[len(NOTE_PREFIX):]).strip()
+    at = _SINCE.search(note)
+    since = f", out since {at.group(1)}" if at else ""
+    quarantine = re.fullmatch(r"quarantined \((.+)\)", what)
+    if quarantine:
+        return f"its quarantine ({quarantine.group(1)}) was released and it is healthy and promoted{since}"
+    return f"healthy and promoted again after the health policy took it out ({what[:80]}){since}"
+
+
 def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: Mapping[str, str], *,
               settings: HealthSettings, min_in_rotation: int, now: float) -> ReconcilePlan:
     """What to change so the rotation holds exactly the healthy, promoted, not-quarantined nodes.
@@ -399,7 +446,7 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
             continue
         note = drains.get(name)
         if note is None or note.startswith(NOTE_PREFIX):
-            put_back.append(Move(name, "healthy and promoted" + (", the health drain is over" if note else "")))
+            put_back.append(Move(name, _back_because(note)))
             continue
         at = drained_at(note)
         if at is None:

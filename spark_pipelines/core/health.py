@@ -521,7 +521,7 @@ def _healthy_evidence(obs: Observation) -> list[str]:
         text = f"{running:g} running / {waiting:g} waiting"
         drafted, accepted = m.get(bench.METRIC_DRAFTED), m.get(bench.METRIC_ACCEPTED)
         if drafted:
-            text += f", MTP acceptance {accepted / drafted:.1%}"  # type: ignore[operator]
+            text += f", MTP acceptance {accepted / drafted:.1%} since the engine started"  # type: ignore[operator]
         evidence.append(text)
     elif obs.metrics_error:
         evidence.append(f"/metrics unread ({obs.metrics_error})")

@@ -4,6 +4,11 @@ Changing one pin changes exactly the code versions of the steps it feeds; Dagste
 assets (and, through their data versions, everything downstream) stale, and the pins sensor asks
 for exactly those to be rematerialized. A step whose signature matches what is already on the node
 skips its heavy remote work.
+
+A node's launch (the fleet's launch profile with the node's overrides) is that node's data, not the
+fleet's code: `launch_versions` gives each node's, the data version of its `node_launch` partition
+upstream of node_deployment. An override changed on one node makes that node's deployment stale and
+no other's; node_deployment's code version holds only the fleet-wide procedure.
 """
 
 from __future__ import annotations
@@ -37,14 +42,6 @@ def _digest(value: Any) -> str:
 def step_inputs(fleet: Fleet) -> dict[str, Any]:
     """The pins each step reads (not what it inherits from upstream: that is the data version's job)."""
     p = fleet.pins
-    launch_by_node = {
-        n.name: {
-            # The fingerprint ignores env ordering: docker does not care, so neither do code versions.
-            "launch": launch_spec(fleet, n).fingerprint,
-            "gmu": fleet.launch_for(n).gpu_memory_utilization,
-        }
-        for n in fleet.serve_nodes
-    }
     return {
         steps.BASE_MODEL: p.base_model.model_dump(),
         steps.HYBRID_CHECKPOINT: {"recipe": p.recipe_repo.model_dump(), "fp8": p.fp8_model.model_dump(),
@@ -61,7 +58,7 @@ def step_inputs(fleet: Fleet) -> dict[str, Any]:
         steps.SERVING_IMAGE: {"recipe": p.recipe_repo.model_dump(), "serving": p.serving.model_dump(),
                               "image": fleet.launch.image},
         steps.NODE_ARTIFACTS: {"models_dir": fleet.launch.models_dir, "model_dir": fleet.launch.model_dir},
-        steps.NODE_DEPLOYMENT: launch_by_node,
+        steps.NODE_DEPLOYMENT: {},  # the procedure only (its revision): each node's launch is launch_versions'
         steps.GATEWAY: fleet.gateway.model_dump(),
         steps.BENCH_RESULTS: fleet.bench.model_dump(),
     }
@@ -71,6 +68,13 @@ def code_versions(fleet: Fleet) -> dict[str, str]:
     return {
         step: f"r{PROCEDURE_REVISION[step]}-{_digest(inputs)}" for step, inputs in step_inputs(fleet).items()
     }
+
+
+def launch_versions(fleet: Fleet) -> dict[str, str]:
+    """Each serve node's launch as data: its launch spec's fingerprint (image, env, mounts, serve
+    arguments with the GPU memory utilization; env order ignored, as docker ignores it), the value
+    of the container's launch-spec label. node_launch's data version, one per node."""
+    return {n.name: launch_spec(fleet, n).fingerprint for n in fleet.serve_nodes}
 
 
 def changed_steps(old: dict[str, str], new: dict[str, str]) -> list[str]:

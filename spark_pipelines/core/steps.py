@@ -15,6 +15,7 @@ MTP_WEIGHTS = "mtp_weights"  # step 2: the MTP head added; the checkpoint the no
 BASE_IMAGE = "base_image"  # step 3: the vLLM base image
 SERVING_IMAGE = "serving_image"  # step 4: the image every node runs
 NODE_OS = "node_os"  # per node: Phase 0 (headless, services masked, sysctls, swap off, earlyoom) and its reboot
+NODE_LAUNCH = "node_launch"  # per node: the launch spec the fleet file gives it, as data (observed)
 NODE_ARTIFACTS = "node_artifacts"  # per node: checkpoint and image copied, verified on the node
 ARTIFACT_DISTRIBUTION = "artifact_distribution"  # the copies fanned out along a tree (fleet-wide)
 NODE_DEPLOYMENT = "node_deployment"  # per node: Phase 4; also where health sweeps are observed
@@ -73,6 +74,12 @@ DEPLOY_OP = NODE_DEPLOYMENT  # deploy_node_job's config goes to node_deployment:
 HEALTH_CHECK = "health"  # on node_deployment: node_health reports one evaluation per node per sweep
 ABOVE_FLOOR_CHECK = "above_floor"  # on bench_results: the promotion gate
 
+# Concurrency pools (Dagster's, on the assets themselves, so a limit holds however a step is
+# launched: its job, the asset page's Materialize (__ASSET_JOB), a backfill, a sensor, a schedule).
+# The instance gives every pool one slot (team/dagster.yaml `concurrency.pools.default_limit`).
+DRAIN_POOL = "gateway_drain"  # a step that takes a serving node out of the gateway for long: one at a time
+BUILD_POOL = "image_build"  # an image build on the build host: one at a time
+
 # Run tags. The instance's run queue limits the first three (team/dagster.yaml).
 BENCH_TAG = "spark/bench"  # one bench at a time: a drained node is measured alone
 BUILD_TAG = "spark/build"  # one build at a time on the build host
@@ -82,7 +89,7 @@ HEALTH_ACTION_TAG = "spark/health-action"  # which policy action requested the r
 REASON_TAG = "reason"  # why a sensor requested the run; a quarantine's `by` names it
 EVIDENCE_TAG = "evidence"  # wedge_watch's first reason, read by wedge_evidence
 PINS_TAG = "pins"  # the stale steps a pins_changed request runs for
-NODES_TAG = "nodes"  # the nodes a pins_changed rollout is for
+NODES_TAG = "nodes"  # the nodes a pins_changed rollout is for (their pins or their launch changed)
 
 # Sensors and schedules (the UI, the demo's console and the tests start them by name).
 HEALTH_SENSOR = "node_health"

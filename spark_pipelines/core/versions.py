@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spark_pipelines.core import names
@@ -267,7 +267,3 @@ def describe(held: NodeCheckpoints) -> list[str]:
         out.append(f"{held.serving_path}: a plain directory (the runbook's layout; it becomes a version at its "
                    f"node's next deploy or adoption)")
     return out
-
-
-def names_in(items: Iterable[str | None]) -> Sequence[str]:
-    return [i for i in items if i]

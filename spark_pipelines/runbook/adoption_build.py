@@ -174,15 +174,13 @@ def _hash_manifest(s: FleetSession, node: Node, directory: str, check: bool) -> 
 def _as_version(s: FleetSession, node: Node, serving: str, manifest: str, check: bool) -> str:
     """Where the adopted checkpoint lives as a version: the runbook's plain directory is renamed to
     the version its manifest names and the path linked to it (nothing copied, the running container
-    reads the same files; core/versions.py). In check mode: where it would be."""
+    reads the same files; core/versions.py). In check mode: where it is now."""
     held = versions.read(s, node)
     if held.kind == "link":
         found = held.holds(held.serving) if held.serving else None
         return f"{posixpath.dirname(serving)}/{found.name}" if found else serving
-    if held.kind != "dir":
+    if held.kind != "dir" or check:  # check mode renames nothing: the checkpoint is still where it is
         return serving
-    if check:
-        return versions_core.version_path(serving, manifest)
     made = versions.make_version(s, node, manifest)
     return f"{posixpath.dirname(serving)}/{made}" if made else serving
 

@@ -18,25 +18,21 @@ from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core import steps
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
-from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
-from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources import lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.runbook.deploy import labels_of
 from spark_pipelines.resources.engine import api_root
-from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.core.errors import first_line
 from spark_pipelines.runbook.preflight import read_gpu
 from spark_pipelines.runbook import versions
 from spark_pipelines.runbook.journal import BENCH_JUDGED, finish_dead, journaled
 from spark_pipelines.runbook.rotation import drained
 
-DRAIN_TIMEOUT_S = 120
 BENCH_DRAIN = "bench"  # the drain note's reason (the run's id follows it)
 # The quality suite's two passes take ~2 s on a healthy stand-in, ~30 s on one that never stops
 # (garbage to max_tokens); a GB10 decoding ~52 tok/s needs about as long again.
@@ -81,21 +77,6 @@ class GpuSampler:
         return v
 
 
-def wait_idle(fleet: Fleet, node: Node, timeout_s: float = DRAIN_TIMEOUT_S) -> float:
-    """Wait until vLLM reports no running or waiting request; returns the seconds waited."""
-    def in_flight() -> float:
-        m = engine.engine_metrics(fleet, node)
-        if m is None:
-            raise RunbookError(f"{node.name}: vLLM /metrics does not answer; is the deployment up?")
-        return m.get(METRIC_RUNNING, 0) + m.get(METRIC_WAITING, 0)
-
-    polled = poll_until(in_flight, lambda busy: busy == 0, timeout_s=timeout_s)
-    if not polled.done:
-        raise RunbookError(f"{node.name} still has {polled.value:g} requests in flight {timeout_s:.0f} s after "
-                           "leaving the gateway; something else talks to it directly")
-    return round(polled.waited_s, 1)
-
-
 @dataclass
 class Benched:
     """One isolated bench of a node and its promotion verdict (the bench_results asset and a
@@ -132,15 +113,16 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
             finish_dead(s, node, log, run_id=run_id)  # what dead runs left first: bench what serves
             log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
             reason = f"{BENCH_DRAIN} (run {run_id[:8] or '-'})"
+            # idle=True: zero requests in flight before it measures, also on a node already out.
             with journaled(s, node.name, steps.PROC_BENCH, run_id, phase="draining",
                            was_in=node.name in gw.rotation(), drain_reason=reason) as j, \
-                    drained(gw, node.name, reason=reason) as drain:
+                    drained(gw, node.name, reason=reason, idle=True) as drain:
                 if drain.was_in:
                     on_rotation(f"drain {node.name}", {node.name: "drained for its bench"})
                 else:
                     log.info(f"drain {node.name}: it was not in the gateway; it stays out unless it passes")
-                log.info(f"drain {node.name}: out of rotation; waiting for zero requests in flight")
-                waited = wait_idle(f, node)
+                waited = drain.waited_s or 0.0
+                log.info(f"drain {node.name}: out of rotation, zero requests in flight (waited {waited:g} s)")
                 # Read before the load: a frozen dockerd then fails the bench before it measures.
                 container = NodeDocker(s).inspect_container(node.name, launch.container_name)
                 log.info(f"bench {node.name}: suite {f.bench.suite}, {f.bench.repeats} run(s) per phase "
@@ -192,8 +174,8 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                         if not judged.passed:
                             promoted, reason = False, (f"{reason}, but the {judged.gate} gate failed: {judged.why}: "
                                                        "kept out of the gateway")
-                    if promoted:
-                        ledger.lift(s, node.name, ledger.BY_BENCH)
+                    if promoted:  # its gate too: a version deployed to await this bench
+                        ledger.lift(s, node.name, ledger.BY_BENCH, ledger.BY_GATE)
                         versions.mark_known_good(s, node, container, run_id=run_id)
                     else:
                         ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,

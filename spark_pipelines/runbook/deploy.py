@@ -13,7 +13,9 @@
 - verify: /health, the smoke test, the container runs the image we meant.
 - commit: the kept deployment is dropped; in a rollout (`keep_previous`) it stays, stopped, and
   the node's ROLLOUT_POINT marker says what to put back (`runbook.rollout.revert`) until the
-  rollout finishes with it (`runbook.rollout.finish`).
+  rollout finishes with it (`runbook.rollout.finish`). A version that must pass a gate first (a
+  rollout's, a newcomer's: `gated`) stays out of the gateway after its commit, its drain kept and
+  a `gate` hold-out in the ledger, until its bench promotes it: it serves no request before.
 
 Every other way out, a blocked preflight, an unhealthy launch, a `docker run` that exits 125, an
 SSH drop, a dockerd error, a timeout, and a BaseException such as KeyboardInterrupt or a Dagster
@@ -169,11 +171,11 @@ class _Journal:
 
     @classmethod
     def begin(cls, s: FleetSession, node: Node, spec: LaunchSpec, run_id: str, *, keep_previous: bool,
-              drain_reason: str | None) -> _Journal:
+              drain_reason: str | None, gated: bool = False) -> _Journal:
         entry = markers.DeployJournal(
             run_id=run_id, token=secrets.token_hex(8), owner=f"pid {os.getpid()} on {socket.gethostname()}",
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), phase="draining",
-            container_name=spec.container_name, image=spec.image, keep_previous=keep_previous,
+            container_name=spec.container_name, image=spec.image, keep_previous=keep_previous, gated=gated,
             drain_reason=drain_reason)
         j = cls(s, node, entry)
         _LIVE.add(entry.token)
@@ -215,9 +217,10 @@ class _Transaction:
     """The state one deploy keeps for its rollback."""
 
     def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None,
-                 keep_previous: bool = False) -> None:
+                 keep_previous: bool = False, gated: bool = False) -> None:
         self.s, self.node, self.spec, self.log = s, node, spec, log
         self.keep_previous = keep_previous  # a rollout's deploy: the rollback point outlives the commit
+        self.gated = gated  # the new version stays out of the gateway until its bench promotes it
         self.drain = drain  # the deploy's own drain: a node that cannot serve is kept out by it
         self.docker = NodeDocker(s)
         self.before: dict[str, Any] | None = None  # the live container before anything changed
@@ -240,7 +243,7 @@ class _Transaction:
         as it ran them, not as the fleet file says now)."""
         spec = launch_spec(s.fleet, node)
         spec = replace(spec, container_name=j.container_name or spec.container_name, image=j.image or spec.image)
-        txn = cls(s, node, spec, log, keep_previous=j.keep_previous)
+        txn = cls(s, node, spec, log, keep_previous=j.keep_previous, gated=j.gated)
         txn.run_id = j.run_id
         txn.before = {"Id": j.before_container_id} if j.before_container_id else None
         if j.kept_container_id:
@@ -315,9 +318,13 @@ class _Transaction:
             # (SSH dropped here) is a failed deploy, rolled back, never a committed node no
             # revert could find.
             self._keep_rollout_point()
-            self.committed = True
-            return
+        if self.gated:  # after the point, which keeps the hold-outs from before this deploy
+            self._hold_until_benched()
         self.committed = True
+        if self.gated and self.drain is not None:
+            self.drain.keep_out = True  # out until its bench promotes it, whatever happens next
+        if self.keep_previous:
+            return
         if self.jit is not None:
             self._seal()
             try:
@@ -361,11 +368,23 @@ class _Transaction:
             checkpoint_link=c.before if c else None, checkpoint_now=c.after if c else None))
         self._clear_deploy_gate()
 
+    def _hold_until_benched(self) -> None:
+        """Held out (`gate`) until a bench promotes it, also if this run dies first: no gateway_job
+        or reconcile routes an unjudged version. Before the commit counts: else it is rolled back."""
+        run = (self.journal.entry.run_id[:8] if self.journal is not None else "") or "-"
+        ledger.hold(self.s, self.node.name, ledger.BY_GATE, f"not benched yet on the version deployed by run {run}: "
+                    "out of the gateway until its bench promotes it", **{ledger.AGAINST_BASELINE: True})
+
     def roll_back(self) -> tuple[bool, str]:
         """Put the previous deployment back; (healthy again, what happened). Never raises an
         Exception: each failure is part of the answer (a BaseException still propagates)."""
         n, name, f = self.node.name, self.spec.container_name, self.s.fleet
         restored: str | None = None
+        if self.gated:  # the version awaiting its gate is gone with this rollback
+            try:
+                ledger.lift(self.s, n, ledger.BY_GATE)
+            except Exception as e:
+                self.s.log.warning(f"[{n}] its gate hold-out was not lifted: {first_line(e)}; bench_job lifts it")
         if self.keep_previous:  # a point written just before a failure describes nothing now
             try:
                 markers.clear(self.s, self.node, ROLLOUT_POINT)
@@ -452,8 +471,10 @@ class _Transaction:
     def _clear_deploy_gate(self, *by: str) -> None:
         """The hold-outs a failed deploy or a rollout's revert recorded end with a healthy deploy
         (a bench's stays: only a bench lifts it)."""
+        # A gated deploy's own `gate` hold-out stays: only its bench lifts it.
+        lifted = by or [b for b in ledger.LIFTED_BY_DEPLOY if not (self.gated and b == ledger.BY_GATE)]
         try:
-            ledger.lift(self.s, self.node.name, *(by or ledger.LIFTED_BY_DEPLOY))
+            ledger.lift(self.s, self.node.name, *lifted)
         except Exception as e:
             self.s.log.warning(f"[{self.node.name}] a failed deploy's hold-out was not lifted: {first_line(e)}; "
                                f"the gateway keeps the node out until its next deploy or a release")
@@ -461,7 +482,7 @@ class _Transaction:
 
 def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
            jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None,
-           keep_previous: bool = False, version: str | None = None) -> Deployed:
+           keep_previous: bool = False, version: str | None = None, gated: bool = False) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
     DeployFailed with the diagnosis and what the rollback left, NodeBusy when another run holds
     the node, and re-raises a BaseException after the rollback. `jit_key` (core.jit_cache): the
@@ -472,6 +493,8 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     `version`: the checkpoint version to launch on (its directory, core/versions.py): the runbook's
     path is pointed at it and back on a rollback, and the container mounts it itself; None: the
     version the path names now (a plain directory becomes one).
+    `gated`: the new version stays out of the gateway after the commit (its drain kept, a `gate`
+    hold-out in the ledger) until its bench promotes it (runbook.bench.bench_node).
     A deploy a dead run left on the node is finished first (`finish_interrupted`); when what
     serves after that is already this launch spec, it is not launched again."""
     with node_lease(s, node.name, "deploy", run_id=run_id):
@@ -483,11 +506,11 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
         gw = _gateway(s, node)
         reason = f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})"
         journal = _Journal.begin(s, node, spec, run_id, keep_previous=keep_previous,
-                                 drain_reason=reason if gw is not None else None)
+                                 drain_reason=reason if gw is not None else None, gated=gated)
         try:
             if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
                 return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
-                               keep_previous=keep_previous, journal=journal, version=version)
+                               keep_previous=keep_previous, journal=journal, version=version, gated=gated)
             # Out of the gateway before the old container stops, back after the commit or the
             # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
             dead = not engine.healthy(s.fleet, node)
@@ -495,10 +518,11 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
             with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
                          deploying=not dead) as drain:
                 done = _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
-                               keep_previous=keep_previous, journal=journal, version=version)
-                if not drain.was_in and gateway_core.deploy_note(note):
+                               keep_previous=keep_previous, journal=journal, version=version, gated=gated)
+                if not gated and not drain.was_in and gateway_core.deploy_note(note):
                     # Out only because of an earlier deploy (a failed one's keep-out, a dead one's
                     # drain): serving its spec now, it goes back unless a hold-out keeps it out.
+                    # (A gated deploy's version stays out until its bench, whatever came before.)
                     drain.keep_out = _held_out(s, node.name, log)
                 return done
         finally:
@@ -559,7 +583,9 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
         txn.restore_exporters()
         if serving:  # what the dead run's failure recorded is no longer true
             txn._clear_deploy_gate(ledger.BY_DEPLOY)
-        if ours and serving:
+        if ours and serving and j.gated and outcome.startswith("committed"):
+            outcome += f"; {n} stays out of the gateway until its bench promotes the new version"
+        elif ours and serving:
             put_back(gw, n)
             outcome += f"; its drain undone: {n} is back in the gateway"
     except Exception as e:
@@ -653,7 +679,8 @@ def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
 
 def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
             fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None,
-            keep_previous: bool = False, journal: _Journal | None = None, version: str | None = None) -> Deployed:
+            keep_previous: bool = False, journal: _Journal | None = None, version: str | None = None,
+            gated: bool = False) -> Deployed:
     f = s.fleet
     docker = NodeDocker(s)
     started = time.monotonic()
@@ -661,7 +688,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
     spec = _labelled(spec, image_id, checkpoint, _version_to_launch(s, node, version))
-    txn = _Transaction(s, node, spec, log, drain, keep_previous)
+    txn = _Transaction(s, node, spec, log, drain, keep_previous, gated)
     txn.journal = journal
     txn.run_id = journal.entry.run_id if journal is not None else ""
     if journal is not None:

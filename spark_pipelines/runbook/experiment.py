@@ -22,7 +22,7 @@ from spark_pipelines.resources.engine import api_root
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook.bench import wait_idle
+from spark_pipelines.runbook.rotation import wait_idle
 from spark_pipelines.runbook.deploy import deploy
 from spark_pipelines.runbook.journal import finish_dead
 from spark_pipelines.runbook.rotation import drained

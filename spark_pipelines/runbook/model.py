@@ -312,19 +312,25 @@ def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Che
         index = index_digests(s, node, staging)["full"]
         final = versions_core.version_path(serving, manifest)
         with node_lease(s, node.name, "checkpoint version", run_id=run_id):
-            if versions.read(s, node).holds(manifest) and content_check(s, node, final, manifest).ok:
+            held = content_check(s, node, final, manifest) if versions.read(s, node).holds(manifest) else None
+            if held is not None and held.ok:
                 # The rebuild reproduced a version the build host holds: it is that version.
                 remove_dir(s, node, staging)
                 meta["same_as_held_version"] = True
+            elif held is not None:
+                # A version of that content was damaged in place (a container may mount it): its
+                # differing files are replaced one by one by rename, each atomically.
+                meta.update(same_as_held_version=True, repaired=_repair_from(s, node, staging, final, held))
+                remove_dir(s, node, staging)
             else:
-                if s.exists(node.name, final):  # a damaged copy under the version's name: replaced whole
-                    remove_dir(s, node, final)
                 s.run(node.name, ["mv", "-T", "--", staging, final], timeout=60)
                 meta["same_as_held_version"] = False
-                report = _verify(s, node, final, mtp=True)
-                if not report.ok:
-                    raise RunbookError(f"{node.name}: the version {final} did not verify after its rename "
-                                       f"({report.problems[0]}): rerun build_job")
+            report = _verify(s, node, final, mtp=True)
+            repaired = held is not None and not held.ok
+            if not report.ok or (repaired and not content_check(s, node, final, manifest).ok):
+                raise RunbookError(f"{node.name}: the version {final} did not verify after the rebuild "
+                                   f"({(report.problems or ['its content does not hash to its manifest'])[0]}): "
+                                   "rerun build_job")
             _record_hybrid_path(s, node, final)
             markers.write(s, node, MTP, sig, index=index, manifest=manifest, path=final)
     except RemoteCommandError as e:
@@ -341,6 +347,26 @@ def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Che
     meta.update(version=versions_core.version_name(posixpath.basename(serving), manifest))
     return StepOutcome(Checkpoint(node.name, final, index, manifest, jit_core.architecture(files["files"])),
                        report, False, metadata=meta)
+
+
+def _repair_from(s: FleetSession, node: Node, staging: str, final: str, check: Any) -> list[str]:
+    """Replace the files of `final` whose content is not its manifest's by the rebuilt ones in
+    `staging` (rename: each file swapped whole; a reader keeps the inode it holds); a file the
+    manifest does not list goes. Returns the files replaced or removed."""
+    wrong = check.differing if check.differing is not None else sorted(
+        checkpoint_core.parse_manifest(s.read_text(node.name, f"{staging}/{checkpoint_core.MANIFEST_NAME}"))["files"])
+    done = []
+    for rel in wrong:
+        if not checkpoint_core.safe_relative(rel):
+            continue
+        if s.exists(node.name, f"{staging}/{rel}"):
+            s.run(node.name, ["mv", "-f", "--", f"{staging}/{rel}", f"{final}/{rel}"], timeout=60)
+        else:
+            s.run(node.name, ["rm", "-f", "--", f"{final}/{rel}"], timeout=60)
+        done.append(rel)
+    s.log.warning(f"[{node.name}] {final}: {len(done)} damaged file(s) replaced by their rebuilt copies: "
+                  f"{', '.join(done[:5])}")
+    return done
 
 
 def _record_hybrid_path(s: FleetSession, node: Node, path: str) -> None:

@@ -14,6 +14,7 @@ dropped) or one never judged (`Survey.unjudged`: gated now, not deployed again).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ def version(image_id: str | None, fingerprint: str | None, checkpoint: str | Non
 
 
 NO_COPY = "no verified copy of the new version"
+ALREADY_SERVES = "already serves the new version"  # its image, launch spec and checkpoint, healthy
 
 
 @dataclass
@@ -101,7 +103,7 @@ def survey(s: FleetSession, gw: GatewayHost, payload: Payload, log: Any, *, run_
             if point is not None and not point.passed:
                 unjudged.append(n.name)  # a dead run deployed it and never judged it: its gate is owed
             else:
-                skip.setdefault(n.name, "already serves the new version")
+                skip.setdefault(n.name, ALREADY_SERVES)
                 if point is not None:
                     passed.append(n.name)
     for name, rec in quarantine.quarantined(s).items():
@@ -234,6 +236,40 @@ def _relink_cache(s: FleetSession, node: Node, point: RolloutPoint, log: Any) ->
         log.warning(f"[{n}] JIT cache mounts not all put back: {'; '.join(failed)}; the next deploy re-links them")
 
 
+def reject(s: FleetSession, nodes: list[Node], image_id: str, manifest: str | None, judged: Any, *,
+           run_id: str = "") -> str:
+    """A version its gate stopped (`judged`: core.rollout.GateResult) is recorded as rejected on
+    `nodes` (those that do not run it: markers.RejectedVersion, with the node's own launch spec): a
+    deploy_node_job or a healing redeploy, which deploy the newest build without a gate, then refuse
+    it there. Best effort per node: one not written is said, not fatal."""
+    f = s.fleet
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    missed = []
+    for n in nodes:
+        marker = markers.RejectedVersion(image_id=image_id, checkpoint=versions_core.short(manifest) or None,
+                                         fingerprint=launch_spec(f, n).fingerprint, node=judged.node,
+                                         gate=judged.gate, why=judged.why[:500], run_id=run_id, since=since)
+        try:
+            markers.write_typed(s, n, markers.REJECTED, marker)
+        except Exception as e:  # noqa: PERF203 - each node on its own
+            missed.append(f"{n.name} ({first_line(e)})")
+    said = (f"version {version(image_id, None, manifest)} recorded as rejected by its {judged.gate} gate on "
+            f"{judged.node}: no ungated deploy puts it on a node")
+    return said + (f"; NOT recorded on {', '.join(missed)}" if missed else "")
+
+
+def refusal(s: FleetSession, node: Node, image_id: str | None, manifest: str | None, fingerprint: str) -> str | None:
+    """Why a deploy of this version on `node` without a gate is refused (None: it is not one a
+    rollout rejected)."""
+    rejected = markers.read_typed(s, node, markers.REJECTED, markers.RejectedVersion)
+    if rejected is None or not rejected.matches(image_id, versions_core.short(manifest), fingerprint):
+        return None
+    return (f"{node.name}: rollout {rejected.run_id[:8] or '-'} rejected this version ({version(image_id, fingerprint, manifest)}) "
+            f"at the {rejected.gate} gate on {rejected.node} ({rejected.since}): {rejected.why[:200]}. A deploy "
+            f"without a gate would put it on {node.name} anyway: fix the build and roll it out again (rollout_job), "
+            f"or launch deploy_node_job for {node.name} with allow_rejected: true to deploy it knowingly")
+
+
 def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "") -> str:
     """The rollout is over for `node` on its new version: drop the kept container and image tag,
     wipe cache slots nothing points at any more, clear the marker. Failures are warnings: the
@@ -251,6 +287,7 @@ def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
             if wiped:
                 said.append(f"stale JIT caches wiped: {', '.join(wiped)}")
             markers.clear(s, node, ROLLOUT_POINT)
+            markers.clear(s, node, markers.REJECTED)  # a version that passed its gate here is no longer rejected
         except Exception as e:
             log.warning(f"[{n}] serving its new version, but the rollback point was not all cleared: "
                         f"{first_line(e)}; the next deploy supersedes it")

@@ -1,18 +1,23 @@
 """Who is in the gateway's rotation, and taking one node out for a while.
 
-`drained(gw, node)` is the drain / try / restore block of the bench and the experiment: the node
-leaves every pool, and is put back in every outcome unless the body decides to keep it out.
+`drained(gw, node)` is the drain / try / restore block of the deploy, the bench, the experiment
+and Phase 0's reboot: the node leaves every pool, its requests in flight end (`wait_idle`), and it
+is put back in every outcome unless the body decides to keep it out.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.resources import lease
-from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
+from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.polling import poll_until
+from spark_pipelines.resources.gateway import GatewayError, GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.core.errors import RunbookError
@@ -37,6 +42,42 @@ def promotion(s: FleetSession) -> tuple[list[str], dict[str, str]]:
     return rotation, out
 
 
+# After the drain, the node's vLLM must read zero requests this long (two reads): a request the
+# proxy's old worker had accepted just before the reload may still be on its way to the node.
+IDLE_CONFIRM_S = 1.0
+
+
+def wait_idle(fleet: Fleet, node: Node, timeout_s: float | None = None, *, drained: bool = True) -> float:
+    """Wait until the node's vLLM reports no request running or waiting (num_requests_running +
+    num_requests_waiting) on two reads IDLE_CONFIRM_S apart, up to `timeout_s` (default
+    gateway.in_flight_wait_s). Returns the seconds waited. An engine that answers neither /metrics
+    nor /health serves nothing: done. Raises RunbookError naming what is still in flight."""
+    limit = fleet.gateway.in_flight_wait_s if timeout_s is None else timeout_s
+    zero_since: list[float] = []
+
+    def in_flight() -> float | None:
+        m = engine.engine_metrics(fleet, node)
+        if m is None:
+            return None if engine.healthy(fleet, node) else 0.0
+        return m.get(METRIC_RUNNING, 0) + m.get(METRIC_WAITING, 0)
+
+    def idle(busy: float | None) -> bool:
+        if busy != 0:
+            zero_since.clear()
+            return False
+        zero_since.append(time.monotonic())
+        return zero_since[-1] - zero_since[0] >= IDLE_CONFIRM_S
+
+    polled = poll_until(in_flight, idle, timeout_s=limit, every_s=IDLE_CONFIRM_S / 2)
+    if not polled.done:
+        busy = "an unknown number of" if polled.value is None else f"{polled.value:g}"
+        why = ("a long stream through the gateway, or a client talking to the node directly" if drained
+               else "it is out of the gateway: something talks to it directly")
+        raise RunbookError(f"{node.name} still has {busy} requests in flight {limit:.0f} s after leaving the gateway "
+                           f"({why}); nothing was stopped: wait for them or raise gateway.in_flight_wait_s")
+    return round(polled.waited_s, 1)
+
+
 @dataclass
 class Drain:
     node: str
@@ -44,26 +85,42 @@ class Drain:
     # After a clean exit the node is put back unless keep_out. It starts as "where it was": a
     # node that was out stays out, unless the body clears it (a bench that promotes it).
     keep_out: bool = False
+    waited_s: float | None = None  # how long its requests in flight took to end (None: not waited for)
 
 
 @contextmanager
 def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float | None = None, *,
-            dead: bool = False, deploying: bool = False) -> Iterator[Drain]:
+            dead: bool = False, deploying: bool = False, idle: bool | None = None) -> Iterator[Drain]:
     """Take `node` out of every pool for the block, confirmed (the reloaded proxy no longer lists
-    it) before the block runs. A drain that would leave fewer than gateway.min_in_rotation nodes
-    waits up to `wait_s` for others to come back, then is refused (RotationRefused, nothing
-    changed); `dead` and `deploying` as for GatewayHost.drain. On an exception, including a drain
-    whose reload failed and a run terminated mid-block, the node goes back where it was unless the
-    body set `keep_out` (it found the node cannot serve); after a clean exit, unless `keep_out`."""
+    it), then wait for its requests in flight to end (`wait_idle`, gateway.in_flight_wait_s)
+    before the block runs: nothing the block does to the node (docker stop, a bench, a reboot)
+    cuts a client's request. `idle`: None waits when this drain took the node out and it serves
+    (not `dead`); True waits whatever (a bench's isolation), False never. A drain that would leave
+    fewer than gateway.min_in_rotation nodes waits up to `wait_s` for others to come back, then is
+    refused (RotationRefused, nothing changed); `dead` and `deploying` as for GatewayHost.drain.
+    On an exception, including a drain whose reload failed, requests that did not end in time and
+    a run terminated mid-block, the node goes back where it was unless the body set `keep_out`
+    (it found the node cannot serve); after a clean exit, unless `keep_out`."""
     was_in = node in gw.rotation()
     d = Drain(node, was_in, keep_out=not was_in)
     if was_in:
+        try:
+            gw.readable()
+        except GatewayError as e:  # a drain that could not be confirmed is not written
+            raise RunbookError(f"{node} not drained, nothing was changed: {e}") from None
         try:
             gw.drain(node, reason=reason, wait_s=wait_s, dead=dead, deploying=deploying)
         except gateway_core.RotationRefused as e:  # nothing was changed
             raise RunbookError(f"{node} not drained, the block did not run: {e}") from None
         except BaseException as e:  # the write or the reload may have happened
             _restore_after(gw, node, e)
+            raise
+    if idle or (idle is None and was_in and not dead):
+        try:
+            d.waited_s = wait_idle(gw.fleet, gw.fleet.node(node), drained=was_in)
+        except BaseException as e:
+            if was_in:
+                _restore_after(gw, node, e)
             raise
     try:
         yield d

@@ -69,6 +69,7 @@ def deploy_terms(f: Fleet, node: Node) -> list[tuple[str, float]]:
     and the smoke test, the rollback of a launch that failed, the restore."""
     return [("deploy: rollout.deploy_wait_s (its turn)", f.rollout.deploy_wait_s),
             *_gateway_changes(2, "deploy: drain and restore"),
+            ("deploy: requests in flight end (gateway.in_flight_wait_s)", float(f.gateway.in_flight_wait_s)),
             ("deploy: launch health_timeout_s", float(f.launch_for(node).health_timeout_s)),
             ("deploy: smoke test", engine.SMOKE_TIMEOUT_S),
             ("deploy: rollback's /health (ROLLBACK_HEALTH_S)", float(deploy.ROLLBACK_HEALTH_S)),
@@ -80,7 +81,7 @@ def bench_terms(f: Fleet) -> list[tuple[str, float]]:
     speed phases (bounded by health.bench_max_s), the quality phase, the restore."""
     return [("bench: drain waits for the rotation (ROTATION_WAIT_S)", gateway.ROTATION_WAIT_S),
             *_gateway_changes(2, "bench: drain and restore"),
-            ("bench: zero requests in flight (DRAIN_TIMEOUT_S)", float(bench.DRAIN_TIMEOUT_S)),
+            ("bench: zero requests in flight (gateway.in_flight_wait_s)", float(f.gateway.in_flight_wait_s)),
             ("bench: speed phases (health.bench_max_s)", float(f.health.bench_max_s)),
             ("bench: quality phase (QUALITY_MAX_S)", float(bench.QUALITY_MAX_S)),
             ("bench: commands", SHORT_COMMANDS_S)]
@@ -172,7 +173,7 @@ def limits(f: Fleet) -> dict[str, Limit]:
                  _gateway_changes(1, "adopt: the gateway's take-over"), _retries(f, 1))
     ab = slowest(lambda n: _sum(
         finish_interrupted_terms(n.name), [t for _ in range(3) for t in deploy_terms(f, n)],  # two variants, then production back
-        [("ab: zero requests in flight, twice", 2.0 * bench.DRAIN_TIMEOUT_S),
+        [("ab: zero requests in flight, twice", 2.0 * f.gateway.in_flight_wait_s),
          ("ab: two benches (health.bench_max_s)", 2.0 * f.health.bench_max_s)],
         _gateway_changes(2, "ab: drain and restore")))
     jobs = {

@@ -22,6 +22,7 @@ from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import CHECKPOINT_VERSION_LABEL
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.resources.transfer import checkpoint_script
 from spark_pipelines.state import markers
 
 _T = remote.PROBE_TIMEOUT_S
@@ -56,29 +57,19 @@ def make_version(s: FleetSession, node: Node, digest: str | None = None) -> str 
     rename and one symlink, nothing copied; a running container keeps its open files, and one that
     mounts the whole models directory finds the same files through the link. `digest`: what the
     content was verified to be (else the manifest file's, else 'unkeyed'). Returns the version's
-    name (None: nothing to do, the path is no plain directory). Undone if the link fails."""
+    name (None: nothing to do, the path is no plain directory). Both happen in one process on the
+    node (core/checkpoint.py make_version), undone there if the link fails."""
     path = serving_path(s, node)
     held = read(s, node)
     if held.kind != "dir":
         return None
     digest = digest or _manifest_digest(s, node, path)
     name = core.version_name(held.model_dir, digest or f"{core.UNKEYED}-{int(time.time())}")
-    target = f"{posixpath.dirname(path)}/{name}"
     if held.holds(core.digest_of(held.model_dir, name)):
-        # The same version exists already (a copy landed beside the hand directory): keep both,
-        # the hand one under a name of its own; the link points at the verified one.
+        # A version of that name exists already (a copy landed beside the hand directory): the
+        # hand one gets a name of its own, and the link points at it: what serves stays the same.
         name = core.version_name(held.model_dir, f"{core.UNKEYED}-{int(time.time())}")
-        target = f"{posixpath.dirname(path)}/{name}"
-    s.run(node.name, ["mv", "-T", "--", path, target], log=False, timeout=_T)
-    try:
-        _link(s, node, path, name)
-    except BaseException:
-        try:
-            s.run(node.name, ["mv", "-T", "--", target, path], log=False, timeout=_T)
-        except Exception as e:
-            s.log.warning(f"[{node.name}] {path} was renamed to {target} and could not be put back "
-                          f"({first_line(e)}): `mv -T {target} {path}` on {node.name}")
-        raise
+    checkpoint_script(s, node.name, [path, "--make-version", name], _T)
     s.log.info(f"[{node.name}] {path} is now the checkpoint version {name} (renamed, nothing copied) and the "
                "path a link to it")
     return name

@@ -541,7 +541,8 @@ BenchRunner = Callable[[FleetSession, Node], tuple[float | None, list[gpu.GpuRea
 def bench_after_drain(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
     """The fleet's bench straight at the node (it is out of the gateway), GPU sampled under load."""
     from spark_pipelines.resources.bench_client import run_bench
-    from spark_pipelines.runbook.bench import GpuSampler, wait_idle
+    from spark_pipelines.runbook.bench import GpuSampler
+    from spark_pipelines.runbook.rotation import wait_idle
 
     f = s.fleet
     wait_idle(f, node)

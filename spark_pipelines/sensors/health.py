@@ -83,17 +83,19 @@ def read_cursor(text: str | None) -> tuple[dict[str, healing.NodeMemory], dict[s
 
 
 def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | None, quarantined: str,
-              figures: dict[str, float]) -> dict[str, Any]:
+              figures: dict[str, float | str]) -> dict[str, Any]:
     meta: dict[str, Any] = {
         keys.VERDICT: dg.MetadataValue.text(v.verdict),
-        keys.EVIDENCE: dg.MetadataValue.text("\n".join(v.evidence)),
+        # One line, its parts "; "-separated: a table cell or a metadata row reads it whole.
+        keys.EVIDENCE: dg.MetadataValue.text("; ".join(v.evidence)),
         keys.ADVICE: dg.MetadataValue.text(v.advice),
         keys.IN_GATEWAY: dg.MetadataValue.bool(bool(in_gateway)),
-        keys.QUARANTINED: dg.MetadataValue.text(quarantined),
+        keys.QUARANTINED: dg.MetadataValue.text(quarantined or "no"),
         keys.POLICY: dg.MetadataValue.text(d.note),
     }
     for key, value in figures.items():
-        meta[key] = (dg.MetadataValue.int(int(value)) if key.startswith("requests_")
+        meta[key] = (dg.MetadataValue.text(value) if isinstance(value, str)
+                     else dg.MetadataValue.int(int(value)) if key.startswith("requests_")
                      else dg.MetadataValue.float(float(value)))
     return meta
 
@@ -209,8 +211,12 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
         else:
             said.append(gateway_note)
         cursor = json.dumps({"nodes": {n: m.to_json() for n, m in memory.items() if n in names},
-                             "reconcile": last_reconcile}, sort_keys=True)
+                             "reconcile": last_reconcile}, sort_keys=True, separators=(",", ":"))
+        summary = "; ".join(said) or "no serve node"
+        # On the tick itself (its logs), whether or not it requested runs: a request Dagster drops
+        # as already made (its run key) would otherwise leave only "0 runs requested".
+        context.log.info(summary)
         return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cursor,
-                               skip_reason=None if requests else "; ".join(said) or "no serve node")
+                               skip_reason=None if requests else summary)
 
     return dg.Definitions(sensors=[node_health])

@@ -7,7 +7,8 @@ A node leaves the rotation for one of three reasons, each recorded here or in th
   cold-drain validation;
 - a hold-out by a gate that judged the node: its bench (below the floor, wedged under load, a
   void bench), a failed deploy whose previous version did not serve again, a rollout's revert,
-  a Phase 0 reboot after which the node is not clean or does not serve.
+  a Phase 0 reboot after which the node is not clean or does not serve, and a version deployed to
+  await its gate (`gate`: a rollout's or a newcomer's, until its bench promotes it).
   Hold-outs stack by who put them: each actor lifts only its own, and a node is promoted when it
   has no hold-out and no quarantine.
 
@@ -43,14 +44,14 @@ SUFFIX = ".ledger.json"
 LEGACY_SUFFIX = ".quarantine.json"  # quarantines recorded before the ledger (read while no ledger exists)
 
 # Who puts a hold-out on a node (each lifts only its own).
-BY_BENCH, BY_DEPLOY, BY_ROLLOUT = "bench", "deploy", "rollout"
+BY_BENCH, BY_DEPLOY, BY_ROLLOUT, BY_GATE = "bench", "deploy", "rollout", "gate"
 # Phase 0 that left its node not clean or not serving after its reboot: lifted by its next run.
 BY_NODE_OS = "node_os"
 # The fact on a bench's hold-out judged against the fleet's baseline (a rollout's canary, a
 # newcomer): the node's next bench is judged against it again, not on its floors alone.
 AGAINST_BASELINE = "against_baseline"
 # A healthy deploy proves over these hold-outs (the node serves its launch spec again).
-LIFTED_BY_DEPLOY = (BY_DEPLOY, BY_ROLLOUT)
+LIFTED_BY_DEPLOY = (BY_DEPLOY, BY_ROLLOUT, BY_GATE)
 # Quarantine verdicts a healthy deploy (its preflight passed) proves over; wedged and regressed
 # need their own proof (a cold drain's validation, a bench).
 RELEASED_BY_DEPLOY = frozenset({"residue", "crash-loop", "engine-down"})

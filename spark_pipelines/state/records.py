@@ -8,7 +8,9 @@ goes through here, with the metadata keys of core/record_keys.py.
 A step recorded here carries what Dagster writes on an asset's own output: its code version,
 its data version and its inputs' data versions and event pointers. Without them the pins sensor
 reads "never materialized" and the UI's staleness has nothing to compare, so a launch-profile
-change after a rollout would go unseen.
+change after a rollout would go unseen. A deploy's record points at the node_launch observation of
+the launch it deployed (observed first when the newest one says otherwise): Dagster then marks a
+node stale exactly when its own launch is observed to change.
 
 Dagster-side: assets, sensors, schedules and the faces import this; runbook/ and below never do.
 """
@@ -43,9 +45,11 @@ Record = dg.EventLogRecord
 
 # A step's upstream steps, as the asset graph declares them (tests/unit/test_records.py holds
 # these against the definitions): the provenance a recorded deploy or bench carries.
-DEPLOY_INPUTS = (steps.NODE_ARTIFACTS,)  # per node
+DEPLOY_INPUTS = (steps.NODE_ARTIFACTS, steps.NODE_LAUNCH)  # per node
 BENCH_INPUTS = (steps.NODE_DEPLOYMENT, steps.GATEWAY)  # per node, and the fleet's one gateway
-PER_NODE = frozenset({steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.JIT_CACHE, steps.BENCH_RESULTS})
+PER_NODE = frozenset({steps.NODE_LAUNCH, steps.NODE_ARTIFACTS, steps.NODE_DEPLOYMENT, steps.JIT_CACHE,
+                      steps.BENCH_RESULTS})
+SOURCES = frozenset({steps.NODE_LAUNCH})  # observed, never materialized: their versions are on observations
 
 BENCH_HISTORY_LIMIT = 20
 
@@ -66,16 +70,15 @@ def _emit(where: Where, event: dg.AssetMaterialization | dg.AssetObservation) ->
 def provenance_tags(instance: dg.DagsterInstance, code_version: str, data_version: str | None,
                     inputs: Mapping[str, str | None]) -> dict[str, str]:
     """The tags Dagster writes on an asset output: code version, each input's data version and
-    event pointer (its latest materialization for that partition), and the data version (given,
-    or derived from the code version and the inputs' versions as Dagster derives it)."""
+    event pointer (its latest materialization for that partition, or observation for a source),
+    and the data version (given, or derived from the code version and the inputs' versions as
+    Dagster derives it)."""
     tags: dict[str, str] = {CODE_VERSION_TAG: code_version}
     versions: dict[dg.AssetKey, dg.DataVersion] = {}
     for asset, partition in inputs.items():
         key = dg.AssetKey(asset)
-        rec = latest(instance, asset, partition)
-        mat = rec.asset_materialization if rec else None
-        version = dg.DataVersion(mat.tags[DATA_VERSION_TAG]) if mat and mat.tags and DATA_VERSION_TAG in mat.tags \
-            else DEFAULT_DATA_VERSION
+        rec = latest(instance, asset, partition, observation=asset in SOURCES)
+        version = dg.DataVersion(data_version_of(rec) or DEFAULT_DATA_VERSION.value)
         versions[key] = version
         tags[get_input_data_version_tag(key)] = version.value
         tags[get_input_event_pointer_tag(key)] = str(rec.storage_id) if rec else NULL_EVENT_POINTER
@@ -103,10 +106,47 @@ def record_step(where: Where, asset: str, partition: str | None, code_version: s
     return mat
 
 
+def launch_observation(node: str, launch: str) -> dg.AssetObservation:
+    """node_launch observed for `node` at `launch` (core.pins.launch_versions), tagged as the
+    source asset's own observation is."""
+    return dg.AssetObservation(asset_key=steps.NODE_LAUNCH, partition=node,
+                               tags={DATA_VERSION_TAG: launch, DATA_VERSION_IS_USER_PROVIDED_TAG: "true"})
+
+
+def launch_changes(instance: dg.DagsterInstance, launch: Mapping[str, str]) -> list[dg.AssetObservation]:
+    """The observations that bring node_launch to `launch` (node -> version): one per node whose
+    newest observation says otherwise or that was never observed."""
+    return [launch_observation(node, version) for node, version in launch.items()
+            if data_version_of(latest(instance, steps.NODE_LAUNCH, node, observation=True)) != version]
+
+
+def observe_launch(where: Where, node: str, launch: str) -> Record:
+    """The node_launch observation of `node` that says `launch`: the newest one when it does, else
+    a new one. What a deploy's provenance points at."""
+    rec = latest(_instance(where), steps.NODE_LAUNCH, node, observation=True)
+    if rec is None or data_version_of(rec) != launch:
+        _emit(where, launch_observation(node, launch))
+        rec = latest(_instance(where), steps.NODE_LAUNCH, node, observation=True)
+    if rec is None:
+        raise RuntimeError(f"the Dagster instance did not store node_launch[{node}]'s observation")
+    return rec
+
+
+def launch_input_tags(where: Where, node: str, launch: str) -> dict[str, str]:
+    """The node_launch provenance tags of node_deployment's own output: Dagster would point them at
+    the newest observation of any node before the step, which need not be this node's launch (the
+    fleet file reloaded, nothing observed yet: a deploy recorded against the old launch, marked
+    stale once the new one is observed; never observed: no pointer, never stale at all)."""
+    rec = observe_launch(where, node, launch)
+    key = dg.AssetKey(steps.NODE_LAUNCH)
+    return {get_input_data_version_tag(key): launch, get_input_event_pointer_tag(key): str(rec.storage_id)}
+
+
 def record_deploy(where: Where, node: str, code_version: str, data_version: str, metadata: Mapping[str, Any],
-                  description: str | None = None) -> dg.AssetMaterialization:
-    """A node's deploy on node_deployment (a rollout's; node_deployment's own run records its
-    output through Dagster, with the same tags)."""
+                  description: str | None = None, *, launch: str) -> dg.AssetMaterialization:
+    """A node's deploy of `launch` on node_deployment (a rollout's; node_deployment's own run
+    records its output through Dagster, with the same tags)."""
+    observe_launch(where, node, launch)
     return record_step(where, steps.NODE_DEPLOYMENT, node, code_version, data_version, metadata, description,
                        inputs=_inputs(DEPLOY_INPUTS, node))
 
@@ -151,6 +191,13 @@ def latest(instance: dg.DagsterInstance, asset: str, partition: str | None = Non
     return records[0] if records else None
 
 
+def data_version_of(rec: Record | None) -> str | None:
+    """The data version a materialization or observation record carries (None: none)."""
+    entry = rec.event_log_entry if rec else None
+    event = entry and (entry.asset_materialization or entry.asset_observation)
+    return (event.tags or {}).get(DATA_VERSION_TAG) if event else None
+
+
 def values(event: Any) -> dict[str, Any]:
     """An event's metadata as plain values."""
     return {k: v.value for k, v in event.metadata.items()} if event is not None else {}
@@ -168,6 +215,21 @@ def recorded_code_version(instance: dg.DagsterInstance, asset: str, partition: s
     if rec is None or rec.asset_materialization is None:
         return None
     return (rec.asset_materialization.tags or {}).get(CODE_VERSION_TAG)
+
+
+def recorded_launch(instance: dg.DagsterInstance, node: str) -> str | None:
+    """The launch (node_launch's data version) `node`'s newest node_deployment was made from: the
+    observation its provenance points at, as Dagster's staleness reads it. None when there is no
+    deployment or it names none (recorded before node_launch existed)."""
+    rec = latest(instance, steps.NODE_DEPLOYMENT, node)
+    tags = (rec.asset_materialization.tags or {}) if rec and rec.asset_materialization else {}
+    pointer = tags.get(get_input_event_pointer_tag(dg.AssetKey(steps.NODE_LAUNCH)))
+    if not pointer or not pointer.isdigit():
+        return None
+    at = instance.fetch_observations(dg.AssetRecordsFilter(
+        asset_key=dg.AssetKey(steps.NODE_LAUNCH), asset_partitions=[node], before_storage_id=int(pointer) + 1),
+        limit=1).records
+    return data_version_of(at[0]) if at else None
 
 
 def bench_records(instance: dg.DagsterInstance, node: str, limit: int = 50) -> list[Record]:
@@ -246,6 +308,8 @@ def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     meta = values(rec.asset_materialization or rec.event_log_entry.asset_observation)
     nodes = [n.strip() for n in str(meta.get(keys.ROTATION) or "").split(",") if n.strip()]
     left = meta.get(keys.LEFT_OUT_BY_NODE)
+    if isinstance(left, dg.TableMetadataValue):  # node | why (JSON before: {node: why})
+        left = {str(r.data.get("node")): str(r.data.get("why")) for r in left.records}
     return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True,
                             at=rec.timestamp)
 
@@ -263,6 +327,30 @@ def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) 
     return {**swept, **{k: seen[0][0][k] for k in (keys.QUARANTINED,) if k in seen[0][0]}}, at
 
 
+def failed_bench(instance: dg.DagsterInstance, node: str, after: float | None) -> tuple[float, str] | None:
+    """(when, the first line of why) of the node's newest bench run when it failed after `after`
+    (the last recorded bench): launched from its job or the asset page, a failed bench records no
+    materialization, and the summary must not look as if nothing happened."""
+    key = dg.AssetKey(steps.BENCH_RESULTS)
+    for rec in instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": node}), limit=10):
+        run = rec.dagster_run
+        if run.job_name != steps.BENCH_JOB and key not in (run.asset_selection or ()):
+            continue
+        if run.status != dg.DagsterRunStatus.FAILURE:
+            return None  # the newest bench run did not fail
+        at = rec.end_time or rec.update_timestamp.timestamp()
+        if after is not None and at <= after:
+            return None
+        why = "run failed"
+        for event in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records:
+            data = event.event_log_entry.dagster_event.step_failure_data
+            text = (data.user_failure_data.description if data.user_failure_data and data.user_failure_data.description
+                    else data.error.message if data.error else "")
+            why = (text.strip().splitlines() or [why])[0][:300]
+        return at, why
+    return None
+
+
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
     """Each serve node's latest recorded facts, as core/summary.py decides a row from them."""
     facts = []
@@ -271,6 +359,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
         art = latest(instance, steps.NODE_ARTIFACTS, node.name)
         bench = latest(instance, steps.BENCH_RESULTS, node.name)
         health, health_at = latest_health(instance, node.name)
+        failed = failed_bench(instance, node.name, bench.timestamp if bench else None)
         facts.append(summary.NodeFacts(
             node=node.name,
             deployment=values(dep.asset_materialization) if dep else None,
@@ -283,6 +372,8 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             bench_means=[mean for _, mean in reversed(bench_points(instance, node.name))],
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,
+            bench_failed_at=failed[0] if failed else None,
+            bench_failure=failed[1] if failed else None,
         ))
     return facts
 

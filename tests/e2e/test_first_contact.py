@@ -385,7 +385,7 @@ def _bump_recipe(hand) -> str:
     return str(path)
 
 
-def test_a_recipe_pin_change_builds_a_new_version_beside_while_spark1_serves_from_it(hand):
+def test_a_recipe_pin_change_rebuilds_beside_and_finds_the_version_that_serves(hand):
     sim = hand["sim"]
     serving = checkpoint_dir(sim, "spark1")
     fleet = _bump_recipe(hand)
@@ -422,12 +422,15 @@ def test_a_recipe_pin_change_builds_a_new_version_beside_while_spark1_serves_fro
     assert res.success, failures(res)
     mats = materialized(res)
     assert mats["hybrid_checkpoint"]["skipped"] is False and mats["hybrid_checkpoint"]["staged"] is True
-    # The rebuild is a version of its own; only a deploy would point the runbook's path at it.
-    assert mats["mtp_weights"]["same_as_held_version"] is False and mats["mtp_weights"]["version"] != target
+    # The newer recipe commit changes nothing the builder reads: the rebuild, made beside, hashes to
+    # the very version that serves, so it IS that version (issue 33): the staging copy goes,
+    # nothing is renamed over it, nothing is left to copy to the nodes or to restart.
+    assert mats["mtp_weights"]["same_as_held_version"] is True and mats["mtp_weights"]["version"] == target
     assert seen["problems"] == [] and seen["polls"] > 100 and seen["health"] > 0, seen
     assert os.readlink(serving) == target and {p.name: p.stat().st_ino for p in serving.iterdir() if p.is_file()} == files
     built = serving.parent / mats["mtp_weights"]["version"]
     assert built.is_dir() and not (serving.parent / f".{serving.name}.staging").exists()
+    assert sorted(p.name for p in serving.parent.iterdir() if p.name.startswith(serving.name)) == [serving.name, target]
     assert docker_id(sim, "spark1", "inspect", "--format", "{{.Id}} {{.State.Running}}", "vllm-qwen35-v2") == serving_container
     hand["bumped_version"] = str(built)
 

@@ -105,11 +105,11 @@ def test_healthy_fleet_is_recorded_with_figures_and_nothing_requested(env):
     res = tick(env, res.cursor)
     meta = latest_observation(env, "spark2")
     assert meta["verdict"].value == "healthy" and meta["in_gateway"].value is True
-    assert meta["quarantined"].value == "" and "/health 200" in meta["evidence"].value
+    assert meta["quarantined"].value == "no" and "/health 200" in meta["evidence"].value
     assert meta["requests_running"].value == 0 and meta["requests_waiting"].value == 0
     # A node nobody has sent a request since its start has drafted nothing: no rate, not a zero.
-    assert "mtp_acceptance" not in meta or 0 <= meta["mtp_acceptance"].value <= 1
-    assert "generation tok/s" in meta  # a rate from two reads
+    assert "mtp_acceptance_pct" not in meta or 0 <= meta["mtp_acceptance_pct"].value <= 100
+    assert "generation_tok_s" in meta and "tok/s generated over the last" in meta["engine"].value  # two reads
 
 
 def test_killed_engine_is_redeployed_once_taken_out_and_reconciled_back(env):

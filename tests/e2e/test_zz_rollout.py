@@ -4,7 +4,8 @@ node deployed, benched (speed and quality) against the fleet's baseline and fini
 version (no FLASHINFER), one without MTP and one that answers fast but wrong (the unpatched
 image) each stop at the canary on their gate (baseline, MTP acceptance, quality), the canary goes
 back to its previous container while the other node is never touched; the gateway keeps a node
-throughout; a last rollout brings the fleet back."""
+throughout, and no node's new version is in the running proxy's routes before its gate passed;
+a last rollout brings the fleet back."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import httpx
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.definitions.data_version import CachingStaleStatusResolver
+from dagster._core.loader import LoadingContextForTest
 
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
@@ -68,20 +71,26 @@ def env(sim_fleet, tmp_path_factory):
 
 
 class RotationWatch:
-    """Samples the proxy's rotation (its config, as the gateway host holds it) while a rollout runs."""
+    """Samples the proxy's rotation while a rollout runs: its config as the gateway host holds it
+    (`sizes`, every 0.5 s) and what the running proxy routes to (`serving`: wall clock, nodes;
+    its /model/info every 0.1 s)."""
 
     def __init__(self, fleet):
-        self.fleet, self.sizes, self._stop = fleet, [], threading.Event()
+        self.fleet, self.sizes, self.serving, self._stop = fleet, [], [], threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
         with FleetSession(self.fleet) as s:
             gw = GatewayHost(s)
-            while not self._stop.wait(0.5):
+            i = 0
+            while not self._stop.wait(0.1):
                 try:
-                    self.sizes.append(len(gw.rotation()))
+                    self.serving.append((time.time(), tuple(gw.serving_nodes())))
+                    if i % 5 == 0:
+                        self.sizes.append(len(gw.rotation()))
                 except Exception:
                     pass
+                i += 1
 
     def __enter__(self):
         self._t.start()
@@ -96,7 +105,34 @@ def roll_out(env, path: str) -> tuple[dg.ExecuteInProcessResult, list[int]]:
     defs = build_definitions(path)
     with RotationWatch(env["fleet"]) as watch:
         res = defs.resolve_job_def("rollout_job").execute_in_process(instance=env["instance"], raise_on_error=False)
+    env["serving"] = watch.serving
     return res, watch.sizes
+
+
+def routed_before_its_gate(env, run_id: str) -> dict[str, str]:
+    """Per node of the rollout run: how the running proxy's routes to it went from the event
+    "deploying <node>" to its gate's verdict ("<node> passed" / "failed" / "rolled back"). The
+    node must leave the routes once (its deploy's drain) and come back only after its gate: a
+    second time out means it was routed in between, its new version serving before its gate
+    (issue 34.3: back for 1.5-6.5 s after each deploy). Returns node -> the sequence, for those
+    that came back early."""
+    recs = env["instance"].fetch_observations(dg.AssetKey("fleet_rollout"), limit=400).records
+    events = sorted((r.timestamp, r.asset_observation.metadata["event"].value) for r in recs if r.run_id == run_id)
+    early: dict[str, str] = {}
+    for t0, said in events:
+        if ": deploying " not in said:
+            continue
+        node = said.rsplit(" ", 1)[1]
+        ends = [t for t, e in events if t > t0 and e.split(": ", 1)[-1].startswith(f"{node} ")
+                and e.split(": ", 1)[-1].split(" ")[1] in ("passed", "failed", "rolled")]
+        if not ends:
+            continue
+        seen = [node in nodes for t, nodes in env["serving"] if t0 <= t <= ends[0]]
+        runs = "".join("i" if x else "o" for i, x in enumerate(seen) if i == 0 or seen[i - 1] != x)
+        assert "o" in runs, f"{node} never left the routes between its deploy and its gate: {runs}"
+        if runs.count("o") > 1:
+            early[node] = runs
+    return early
 
 
 def state(env, path: str) -> dict:
@@ -115,9 +151,65 @@ def state(env, path: str) -> dict:
     return out
 
 
-def observations(env) -> list[dict]:
+def observations(env, run_id: str) -> list[dict]:
+    """fleet_rollout's progress observations of one rollout run, oldest first."""
     recs = env["instance"].fetch_observations(dg.AssetKey("fleet_rollout"), limit=200).records
-    return [r.asset_observation.metadata for r in reversed(recs)]
+    return [r.asset_observation.metadata for r in reversed(recs) if r.run_id == run_id]
+
+
+def stale(env, path: str) -> dict[str, str]:
+    """node -> node_deployment's stale status as Dagster's UI computes it for the fleet at `path`."""
+    graph = build_definitions(path).get_repository_def().asset_graph
+    resolver = CachingStaleStatusResolver(env["instance"], graph, LoadingContextForTest(env["instance"]))
+    return {n: resolver.get_status(dg.AssetKey("node_deployment"), n).value for n in ("spark1", "spark2")}
+
+
+def pins_tick(env, path: str):
+    """One pins_changed evaluation on the definitions of `path`; its observations stored as the daemon does."""
+    defs = build_definitions(path)
+    res = defs.get_repository_def().get_sensor_def("pins_changed")(
+        dg.build_sensor_context(instance=env["instance"], definitions=defs))
+    for event in res.asset_events:
+        env["instance"].report_runless_asset_event(event)
+    return res
+
+
+def test_an_override_on_spark2_rolls_out_spark2_alone_and_spark1_stays_fresh(env):
+    """A node's launch is its data: the real node_deployment runs recorded each node's launch, so
+    the sensor's first tick marks nothing stale; spark2's override alone makes spark2 stale and
+    asks a rollout for it; the rollout (its configured canary spark1 already on its version) deploys
+    spark2 alone; spark1 keeps its container and its skip marker, and its next deploy skips."""
+    assert stale(env, env["path"]) == {"spark1": "FRESH", "spark2": "FRESH"}
+    first = pins_tick(env, env["path"])
+    assert not first.run_requests and not first.asset_events
+    with FleetSession(env["fleet"]) as s:
+        marker1 = markers.read_deploy(s, env["fleet"].node("spark1"))
+    before = state(env, env["path"])
+
+    doc = yaml.safe_load(Path(env["path"]).read_text())
+    doc["nodes"][[n["name"] for n in doc["nodes"]].index("spark2")]["overrides"] = {"env": {"SPARK_LAUNCH_NOTE": "spark2-only"}}
+    doc.setdefault("rollout", {})["canary"] = "spark1"
+    path = str(env["root"] / "fleet-spark2.yaml")
+    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    [req] = pins_tick(env, path).run_requests
+    assert req.job_name == "rollout_job" and req.tags["nodes"] == "spark2"
+    assert stale(env, path) == {"spark1": "FRESH", "spark2": "STALE"}
+
+    res, sizes = roll_out(env, path)
+    assert res.success, res.all_events
+    after = state(env, path)
+    assert after["spark1"]["id"] == before["spark1"]["id"]  # left as it is
+    assert after["spark2"]["id"] != before["spark2"]["id"] and after["spark2"]["label"] == after["spark2"]["wanted"]
+    rows = {r.data["node"]: r.data for r in res.asset_materializations_for_node("fleet_rollout")[-1]
+            .metadata["nodes"].value.records}
+    assert rows["spark2"]["wave"] == "canary" and rows["spark2"]["state"] == "passed", rows
+    assert stale(env, path) == {"spark1": "FRESH", "spark2": "FRESH"}
+    assert not pins_tick(env, path).run_requests
+    with FleetSession(env["fleet"]) as s:
+        assert markers.read_deploy(s, env["fleet"].node("spark1")).signature == marker1.signature
+    dep = build_definitions(path).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key="spark1")
+    assert dep.success and dep.asset_materializations_for_node("node_deployment")[0].metadata["skipped"].value is True
 
 
 def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
@@ -132,13 +224,15 @@ def test_a_new_launch_spec_rolls_out_canary_first_gated_and_finished(env):
         assert after[n]["previous_left"] == [] and after[n]["point"] is None  # finished: nothing kept
     assert sorted(after["rotation"]) == ["spark1", "spark2"]
     assert sizes and min(sizes) >= 1, sizes  # max_unavailable 1 of 2: the gateway always kept one
+    # Out from its deploy until its gate passed: no request reached a version before its gate.
+    assert routed_before_its_gate(env, res.run_id) == {}
     mat = res.asset_materializations_for_node("fleet_rollout")[-1].metadata
     rows = {r.data["node"]: r.data for r in mat["nodes"].value.records}
     assert rows["spark1"]["wave"] == "canary" and rows["spark2"]["wave"] == "wave 1"
     assert {r["state"] for r in rows.values()} == {"passed"}
     assert all("vs baseline" in r["why"] for r in rows.values()), rows  # judged against the fleet's benches
     assert all("quality 100/100" in r["why"] for r in rows.values()), rows  # the quality gate passed too
-    events = [o["event"].value for o in observations(env)]
+    events = [o["event"].value for o in observations(env, res.run_id)]
     assert events[0].startswith("canary starts: spark1") and "wave 1: deploying spark2" in events
     assert events.index("canary: spark1 passed") < events.index("wave 1: deploying spark2")
     # each node's deploy and bench are on its own partitions too
@@ -173,6 +267,8 @@ def stopped_at_the_canary(env, path: str, gate: str) -> dict:
     assert after["spark2"]["id"] == before["spark2"]["id"]
     assert sorted(after["rotation"]) == ["spark1", "spark2"]
     assert sizes and min(sizes) >= 1, sizes
+    # The version that failed its gate was never in the proxy's routes (the canary's is the one deployed).
+    assert routed_before_its_gate(env, res.run_id) == {}
     rows = {r.data["node"]: r.data for r in info.metadata["nodes"].value.records}
     assert rows["spark1"]["state"] == "rolled back" and rows["spark2"]["state"] == "not started"
     return {k: v.value for k, v in info.metadata.items() if k != "nodes"}
@@ -359,6 +455,15 @@ def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_
         s.run("spark1", ["docker", "restart", "-t", "5", name], log=False, timeout=120)
         assert engine.wait_healthy(fleet, fleet.node("spark1"), 120)
     assert loaded_checkpoint(fleet, "spark1") == old["spark1"]
+    # The rejected version never reaches a node by a deploy without a gate (a healing redeploy is
+    # a deploy_node_job): refused on spark2, which the rollout never reached, nothing changed there.
+    ungated = build_definitions(broken).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key="spark2", raise_on_error=False)
+    assert not ungated.success
+    refused = next(e for e in ungated.all_events if e.event_type_value == "STEP_FAILURE")
+    words = refused.step_failure_data.user_failure_data.description
+    assert "rejected this version" in words and "quality gate" in words and "allow_rejected" in words, words
+    assert state(env, v2)["spark2"]["id"] == before["spark2"]["id"] and loaded_checkpoint(fleet, "spark2") == old["spark2"]
     print(f"checkpoint revert of the canary: {timed[0]:.1f} s (drain, link back, kept container started, "
           f"/health, back in the gateway); state read {time.monotonic() - started:.1f} s; rotation sizes "
           f"{sorted(set(sizes))}")

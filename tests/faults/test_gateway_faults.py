@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.faults.conftest import bench_gate, failure_text
+from tests.faults.conftest import bench_gate, deployed_id, failure_text
 from tests.plugins import faults as fx
 
 pytestmark = pytest.mark.slow
@@ -129,3 +129,27 @@ def test_reload_failing_at_the_bench_restore_is_repaired(fleet):
     finally:
         script.unlink(missing_ok=True)
         count.unlink(missing_ok=True)
+
+
+def test_a_deploy_cuts_no_stream_its_node_is_sending(fleet):
+    """Issue 34.3: a stream sent to a node before its deploy's drain was confirmed was cut by
+    `docker stop` a second later (the bench's drain waited for requests in flight, the deploy's
+    did not). Now the deploy's drain waits until the node's vLLM reads zero requests in flight:
+    the stream ends whole, then the new launch spec serves."""
+    from spark_pipelines.core.fleet import load_fleet
+    from spark_sim.traffic import Streams
+
+    c, sim = fleet, fleet.sim
+    m = sim.node("spark2")
+    base = f"http://{m.ip}:{fx.ENGINE_PORT}"
+    model = load_fleet(c.fleet).launch.served_model_name
+    # ~10 s at the sim's 1000 tok/s: what the gateway had sent spark2 just before its drain.
+    stream = Streams(base, "unused", {base: "spark2"}, max_tokens=10_000, pool=model).add(1)
+    fx.wait_for(lambda: fx.engine_requests_running(m) >= 1, 10, "the stream reaching spark2's engine")
+    before = deployed_id(sim, "spark2")
+    path = c.variant("stream-deploy", lambda d: d["launch"]["env"].__setitem__("VLLM_LOGGING_LEVEL", "INFO"))
+    res = c.run("deploy_node_job", "spark2", fleet=path)
+    assert res.success, failure_text(res)
+    [s] = stream.wait(60)
+    assert s.finished and not s.error, f"the stream was cut: {s.error} after {s.chunks} chunks"
+    assert fx.container(m)["Id"] != before, "the variant was not deployed: the test proved nothing"

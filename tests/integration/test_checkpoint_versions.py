@@ -81,14 +81,15 @@ def test_a_plain_directory_becomes_a_version_and_the_path_moves_between_versions
             except OSError as e:
                 reads.append(repr(e).encode())
 
+    name = versions.make_version(s, n)
+    assert name == core.version_name(serving.name, d1)
+    assert serving.is_symlink() and os.readlink(serving) == name
+    assert (models / name / "model-00001-of-00001.safetensors").stat().st_ino == inode  # renamed, not copied
+    assert held.read() == b"one" * 100
+    assert versions.make_version(s, n) is None  # a link is converted once
     t = threading.Thread(target=reader, daemon=True)
     t.start()
     try:
-        name = versions.make_version(s, n)
-        assert name == core.version_name(serving.name, d1)
-        assert serving.is_symlink() and os.readlink(serving) == name
-        assert (models / name / "model-00001-of-00001.safetensors").stat().st_ino == inode  # renamed, not copied
-        assert held.read() == b"one" * 100
         d2 = write_version(models / core.version_name(serving.name, hashlib.sha256(b"x").hexdigest()),
                            {"config.json": b"{}", "model-00001-of-00001.safetensors": b"two" * 100}, uid)
         # write_version named it by a fake digest; the real one is in its manifest: name it so.
@@ -138,7 +139,7 @@ def test_gc_check_removes_nothing_and_gc_spares_what_serves_a_revert_and_the_las
 
 
 def test_a_copy_is_refused_for_disk_space_before_anything_is_written(node):
-    s, n, models, uid = node["s"], node["node"], node["models"], node["uid"]
+    s, n, models = node["s"], node["node"], node["models"]
     files = {"w.safetensors": {"size": 64 << 20, "sha256": "1" * 64}, "config.json": {"size": 2, "sha256": "2" * 64}}
     text = json.dumps(checkpoint_core.make_manifest(files))
     digest = checkpoint_core.manifest_digest(checkpoint_core.make_manifest(files))

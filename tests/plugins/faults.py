@@ -426,6 +426,16 @@ def engine_healthy(m: Member, timeout: float = 5) -> bool:
         return False
 
 
+def engine_requests_running(m: Member) -> float:
+    """vllm:num_requests_running on the node's deployed engine (0 when it does not answer)."""
+    try:
+        text = httpx.get(f"http://{m.ip}:{ENGINE_PORT}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
 def container(m: Member, name: str = CONTAINER) -> dict[str, Any] | None:
     import json
 

@@ -248,35 +248,23 @@ def test_staging_copy_links_shards_and_step_two_there_leaves_the_serving_copy_al
                        text=True, capture_output=True, check=True, timeout=60)
 
 
-@pytest.mark.parametrize("exchange", [True, False])
-def test_switch_into_place_keeps_the_replaced_directory_and_switches_back(tmp_path, monkeypatch, exchange):
-    serving, staging, previous = tmp_path / "ck", tmp_path / ".ck.staging", tmp_path / ".ck.previous"
+def test_a_plain_directory_becomes_a_version_by_a_rename_and_a_link(tmp_path):
+    serving = tmp_path / "ck"
     serving.mkdir()
-    (serving / "v").write_text("old")
-    staging.mkdir()
-    (staging / "v").write_text("new")
-    old_inode = serving.stat().st_ino
-    if not exchange:
-        monkeypatch.setattr(ck, "_exchange", lambda a, b: False)
-    done = ck.switch_into(staging, serving, previous)
-    assert done == {"atomic": exchange, "previous": str(previous)}
-    assert (serving / "v").read_text() == "new" and (previous / "v").read_text() == "old"
-    assert previous.stat().st_ino == old_inode and not staging.exists()
-    with pytest.raises(FileExistsError):
-        ck.switch_into(serving, staging, previous)
-    ck.switch_into(previous, serving, staging)  # back
-    assert (serving / "v").read_text() == "old" and (staging / "v").read_text() == "new" and not previous.exists()
-
-
-def test_switch_exchanges_atomically_on_this_kernel(tmp_path):
-    """Where renameat2 exists (Linux >= 3.15, glibc >= 2.28) the serving path never disappears."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    (a / "x").write_text("a")
-    assert ck._exchange(a, b) and (b / "x").read_text() == "a" and not (a / "x").exists()
-    assert _node_script(a, "--switch-into", tmp_path / "c", "--previous", tmp_path / "p") == {"atomic": True,
-                                                                                             "previous": None}
+    (serving / "v").write_text("weights")
+    inode = (serving / "v").stat().st_ino
+    held = open(serving / "v")
+    done = _node_script(serving, "--make-version", "ck.v-0123456789abcdef")
+    assert done == {"version": "ck.v-0123456789abcdef", "path": str(tmp_path / "ck.v-0123456789abcdef")}
+    assert serving.is_symlink() and os.readlink(serving) == "ck.v-0123456789abcdef"
+    assert (serving / "v").stat().st_ino == inode and held.read() == "weights"
+    held.close()
+    with pytest.raises(NotADirectoryError):  # a link is no plain directory: never converted twice
+        ck.make_version(serving, "ck.v-fedcba9876543210")
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ValueError):
+        ck.make_version(other, "../escape")
 
 
 def test_a_hybrid_checkpoint_is_tied_to_its_base_model(built, tmp_path):

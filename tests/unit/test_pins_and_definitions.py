@@ -6,7 +6,9 @@ import sys
 
 import yaml
 
-from spark_pipelines.core.pins import changed_steps, code_versions
+from spark_pipelines.core.launch import launch_spec
+from spark_pipelines.core.pins import changed_steps, code_versions, launch_versions
+from spark_pipelines.runbook.adoption import deploy_signature
 from spark_pipelines.core.fleet import load_fleet, parse_fleet
 
 
@@ -23,7 +25,7 @@ def test_each_pin_reaches_its_step(seed_data):
         (("pins", "base_model", "revision"), "1" * 40, ["base_model"]),
         (("pins", "recipe_repo", "commit"), "2" * 40, ["hybrid_checkpoint", "mtp_weights", "base_image", "serving_image"]),
         (("pins", "serving", "starlette"), ">=0.41.0,<1.0", ["serving_image"]),
-        (("launch", "max_model_len"), 131072, ["node_deployment"]),
+        (("launch", "max_model_len"), 131072, []),  # every node's launch: data (launch_versions)
         (("gateway", "routing_strategy"), "simple-shuffle", ["gateway"]),
     ]
     for path, value, expected in cases:
@@ -35,6 +37,32 @@ def test_each_pin_reaches_its_step(seed_data):
         assert changed_steps(base, code_versions(parse_fleet(data))) == expected, path
 
 
+def test_an_override_on_spark2_is_spark2s_launch_not_the_fleets_code(seed_data):
+    """A node's launch is that node's data: spark2's override moves spark2's launch version only,
+    no code version, and spark1's node_deployment skip signature stays what it was (its next
+    deploy still skips)."""
+    before = parse_fleet(seed_data)
+    seed_data["nodes"][1]["overrides"] = {"max_model_len": 131072}
+    after = parse_fleet(seed_data)
+    assert changed_steps(code_versions(before), code_versions(after)) == []
+    old, new = launch_versions(before), launch_versions(after)
+    assert old["spark1"] == new["spark1"] and old["spark2"] != new["spark2"]
+    assert new["spark2"] == launch_spec(after, after.node("spark2")).fingerprint
+
+    def spark1_signature(fleet):
+        return deploy_signature(code_versions(fleet)["node_deployment"],
+                                launch_spec(fleet, fleet.node("spark1")).fingerprint, "sha256:img", "idx")
+
+    assert spark1_signature(before) == spark1_signature(after)
+
+
+def test_launch_profile_gmu_reaches_every_nodes_launch(seed_data):
+    before = launch_versions(parse_fleet(seed_data))
+    seed_data["launch"]["gpu_memory_utilization"] = 0.83
+    after = launch_versions(parse_fleet(seed_data))
+    assert all(before[n] != after[n] for n in before)
+
+
 def test_definitions_shape():
     from spark_pipelines.definitions import build_definitions
 
@@ -44,7 +72,7 @@ def test_definitions_shape():
     assert keys == {"base_model", "hybrid_checkpoint", "mtp_weights", "base_image", "serving_image",
                     "node_artifacts", "artifact_distribution", "node_deployment", "jit_cache", "gateway",
                     "bench_results", "wedge_evidence", "cold_drain", "fleet_summary", "fleet_rollout", "fleet_adoption",
-                    "node_os", "node_join"}
+                    "node_os", "node_join", "node_launch"}
     node = repo.asset_graph.get(__import__("dagster").AssetKey("node_deployment"))
     assert node.partitions_def.get_partition_keys() == ["spark1", "spark2"]
     cv = code_versions(load_fleet("fleets/seed.yaml"))

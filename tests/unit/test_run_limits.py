@@ -41,12 +41,12 @@ def job_tags(tmp_path, data) -> tuple[object, dict[str, float]]:
 
 
 def deploy_s(f, node) -> float:
-    return (f.rollout.deploy_wait_s + f.launch_for(node).health_timeout_s + deploy.ROLLBACK_HEALTH_S
-            + 2 * gateway.change_limit_s())
+    return (f.rollout.deploy_wait_s + f.gateway.in_flight_wait_s + f.launch_for(node).health_timeout_s
+            + deploy.ROLLBACK_HEALTH_S + 2 * gateway.change_limit_s())
 
 
 def bench_s(f) -> float:
-    return gateway.ROTATION_WAIT_S + bench.DRAIN_TIMEOUT_S + f.health.bench_max_s + bench.QUALITY_MAX_S
+    return gateway.ROTATION_WAIT_S + f.gateway.in_flight_wait_s + f.health.bench_max_s + bench.QUALITY_MAX_S
 
 
 COPY_S = remote.COPY_TIMEOUT_S + remote.IMAGE_COPY_TIMEOUT_S + DIGEST_TIMEOUT_S
