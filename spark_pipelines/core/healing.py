@@ -30,7 +30,8 @@ from typing import Any, Literal
 from spark_pipelines.core import diagnosis as d
 from spark_pipelines.core.fleet_settings import HealthSettings
 from spark_pipelines.core.health import NodeVerdict
-from spark_pipelines.core.steps import BENCH_JOB, DEPLOY_JOB, QUARANTINE_JOB  # the jobs the actions run
+from spark_pipelines.core.steps import (BENCH_JOB, DEPLOY_JOB, FINISHED_BY, PROC_COLD_DRAIN,  # the jobs the actions run
+                                       QUARANTINE_JOB)
 
 FRESH_JIT_CACHE = "fresh_jit_cache"  # node_deployment's config field (assets/nodes.py DeployConfig)
 # Verdicts that quarantine: relaunching cannot help (a reboot or an operator must).
@@ -43,7 +44,7 @@ NEUTRAL = frozenset({"starting", "unknown"})
 # Drain notes written by these policies start with this: their cause is ours, undone once healthy.
 NOTE_PREFIX = "health: "
 
-ActionKind = Literal["redeploy", "quarantine", "bench", "rollback"]
+ActionKind = Literal["redeploy", "quarantine", "bench", "rollback", "finish"]
 
 
 @dataclass(frozen=True)
@@ -204,16 +205,43 @@ def repair_key(node: str, run_id: str) -> str:
     return f"repair-{node}-{run_id[:8] or 'unknown'}"
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """A procedure's journal a dead run left on a node (runbook/journal.py): which, whose, where."""
+
+    procedure: str  # core.steps.PROC_*
+    run_id: str
+    phase: str
+    describe: str  # for the record: "the node os of run ... (phase ...)"
+
+
+def finish_action(node: str, verdict: str, u: Unfinished) -> Action:
+    """What finishes a dead run's procedure: a run of the procedure's own job (its rerun finishes
+    the journal first and redoes nothing done), one per dead run. A node that does not come back
+    from a dead Phase 0 reboot cannot be finished over SSH: it is quarantined with the runbook's
+    hard-reset advice instead (a dead cold drain's rerun turns the plug on itself)."""
+    key = f"finish-{node}-{u.procedure}-{u.run_id[:8] or 'unknown'}"
+    job = FINISHED_BY.get(u.procedure, DEPLOY_JOB)
+    if verdict == "unreachable" and u.procedure != PROC_COLD_DRAIN:
+        reason = (f"{u.describe} died and {node} does not answer SSH: hard reset (runbook lesson 5: power-cycle "
+                  f"it), then {job} for it (it finishes what the dead run left)")
+        return Action("quarantine", QUARANTINE_JOB, key, reason, {"verdict": "unreachable", "reason": reason})
+    return Action("finish", job, key, f"{u.describe} died on {node}: {job} finishes it (the engine it stopped "
+                                      f"started, its drain undone, or the node held out with the reason)")
+
+
 def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSettings, *, now: float,
            quarantined: str | None = None, benches: int = 0, started_at: float | None = None,
-           interrupted: str | None = None) -> Decision:
+           interrupted: str | None = None, unfinished: Unfinished | None = None) -> Decision:
     """The policy's answer to one sweep's verdict of one node. `quarantined` is the node's
     quarantine reason (None: not quarantined); `benches` how many benches its history holds;
     `started_at` when its serving container last started (the regressed flow waits for it);
     `interrupted` the run id of a deploy that died on the node (its journal is there and nobody
     holds the node's lease): its repair, a deploy_node_job that finishes it, is requested at once,
     whatever the verdict (the owner is known dead: nothing to wait for), outside the restart
-    budget (it is not a relaunch), and before any other policy of this sweep."""
+    budget (it is not a relaunch), and before any other policy of this sweep. `unfinished`: another
+    procedure a dead run left (its journal in the ledger), finished the same way by a run of its
+    own job (`finish_action`), after a dead deploy's repair."""
     m = replace(memory) if memory is not None else NodeMemory()
     m.redeploys, m.done = list(m.redeploys), list(m.done)
     name, node = verdict.verdict, verdict.node
@@ -229,6 +257,13 @@ def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSett
                   f"previous deployment back, or its verified one committed) and puts {node} back in the gateway"
                   + (f"; {node} stays quarantined ({quarantined})" if quarantined else ""))
         return Decision(node, name, reason, m, Action("redeploy", DEPLOY_JOB, repair_key(node, interrupted), reason))
+    if unfinished is not None:
+        if name == "healthy":
+            m.since, m.done, m.stage, m.stage_at = None, [], None, None
+        elif m.since is None and name not in NEUTRAL:
+            m.since, m.done = now, []
+        a = finish_action(node, name, unfinished)
+        return Decision(node, name, a.reason, m, a)
     if name == "healthy":
         m.since, m.done, m.stage, m.stage_at = None, [], None, None
         return Decision(node, name, "nothing to do", m)
@@ -332,6 +367,7 @@ class NodeState:
     serving: bool = False  # /health 200 on this sweep
     promoted: bool = True  # its last bench did not hold it out
     quarantined: str | None = None
+    busy: str | None = None  # a procedure in flight (its journal): not put back meanwhile
 
 
 @dataclass(frozen=True)
@@ -405,6 +441,9 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
             continue
         if st.verdict != "healthy" or not st.serving or not st.promoted or st.quarantined:
             continue
+        if st.busy:
+            held.append(f"{name} stays out: {st.busy} is in flight")
+            continue
         note = drains.get(name)
         if note is None or note.startswith(NOTE_PREFIX):
             put_back.append(Move(name, _back_because(note)))
@@ -441,6 +480,6 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
 
 
 __all__ = [
-    "Action", "Decision", "Move", "NodeMemory", "NodeState", "ReconcilePlan", "backoff_s", "decide",
-    "drained_at", "engine_figures", "reconcile",
+    "Action", "Decision", "Move", "NodeMemory", "NodeState", "ReconcilePlan", "Unfinished", "backoff_s", "decide",
+    "drained_at", "engine_figures", "finish_action", "reconcile",
 ]

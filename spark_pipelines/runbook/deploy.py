@@ -231,6 +231,7 @@ class _Transaction:
         self.checkpoint: versions.Pointed | None = None  # the runbook's path as pointed for this launch
         self.committed = False
         self.journal: _Journal | None = None
+        self.run_id = ""  # the deploy's run: its drain and keep-out notes name it
 
     def note(self, **fields: Any) -> None:
         if self.journal is not None:
@@ -243,6 +244,7 @@ class _Transaction:
         spec = launch_spec(s.fleet, node)
         spec = replace(spec, container_name=j.container_name or spec.container_name, image=j.image or spec.image)
         txn = cls(s, node, spec, log, keep_previous=j.keep_previous, gated=j.gated)
+        txn.run_id = j.run_id
         txn.before = {"Id": j.before_container_id} if j.before_container_id else None
         if j.kept_container_id:
             txn.kept = PreviousDeploy(remote.previous_container_name(spec.container_name), j.kept_image_id or "",
@@ -449,14 +451,16 @@ class _Transaction:
             ledger.hold(self.s, n, ledger.BY_DEPLOY, f"held out by a failed deploy: {why}")
         except Exception as e:
             said.append(f"the hold-out reason could not be recorded for {n} ({first_line(e)})")
+        # The note names the run: the next run that finishes this deploy knows the drain is its own.
+        note = f"{gateway_core.FAILED_DEPLOY} (run {self.run_id[:8] or '-'}): " + (why.splitlines() or [""])[0][:160]
         try:
             gw = GatewayHost(self.s)
             if self.drain is not None and self.drain.was_in:
                 self.drain.keep_out = True  # the deploy's drain is not undone
-                gw.note(n, "failed deploy: " + (why.splitlines() or [""])[0][:160])
+                gw.note(n, note)
                 said.insert(0, f"{n} taken out of the gateway (its deploy drained it; it stays out)")
             elif n in gw.rotation():
-                gw.drain(n, reason="failed deploy: " + (why.splitlines() or [""])[0][:160], dead=True)
+                gw.drain(n, reason=note, dead=True)
                 said.insert(0, f"{n} taken out of the gateway")
             else:
                 said.insert(0, f"{n} is not in the gateway")
@@ -464,11 +468,11 @@ class _Transaction:
             said.insert(0, f"{n} could NOT be taken out of the gateway ({first_line(e)}); drain it by hand")
         return "; ".join(said)
 
-    def _clear_deploy_gate(self) -> None:
+    def _clear_deploy_gate(self, *by: str) -> None:
         """The hold-outs a failed deploy or a rollout's revert recorded end with a healthy deploy
         (a bench's stays: only a bench lifts it)."""
         # A gated deploy's own `gate` hold-out stays: only its bench lifts it.
-        lifted = [by for by in ledger.LIFTED_BY_DEPLOY if not (self.gated and by == ledger.BY_GATE)]
+        lifted = by or [b for b in ledger.LIFTED_BY_DEPLOY if not (self.gated and b == ledger.BY_GATE)]
         try:
             ledger.lift(self.s, self.node.name, *lifted)
         except Exception as e:
@@ -510,10 +514,17 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
             # Out of the gateway before the old container stops, back after the commit or the
             # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
             dead = not engine.healthy(s.fleet, node)
+            note = gw.read().drains.get(node.name)
             with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
                          deploying=not dead) as drain:
-                return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
+                done = _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
                                keep_previous=keep_previous, journal=journal, version=version, gated=gated)
+                if not gated and not drain.was_in and gateway_core.deploy_note(note):
+                    # Out only because of an earlier deploy (a failed one's keep-out, a dead one's
+                    # drain): serving its spec now, it goes back unless a hold-out keeps it out.
+                    # (A gated deploy's version stays out until its bench, whatever came before.)
+                    drain.keep_out = _held_out(s, node.name, log)
+                return done
         finally:
             journal.end()
 
@@ -551,7 +562,9 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
         gw = GatewayHost(s)
         snap = gw.read()
         note = snap.drains.get(n, "")
-        ours = snap.config is not None and bool(j.drain_reason) and note.startswith(j.drain_reason or "")
+        # Its drain, or the failed-deploy note that replaced it (a rollback that could not finish).
+        ours = snap.config is not None and bool(j.drain_reason) and (
+            note.startswith(j.drain_reason or "") or gateway_core.deploy_note(note, j.run_id))
         txn.drain = Drain(n, was_in=ours, keep_out=ours)
         if j.phase in ("draining", "ending"):
             outcome = j.outcome or "nothing on the node had changed"
@@ -568,6 +581,8 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
             if not serving:
                 outcome += "; " + txn.take_out_of_gateway(f"the {who} was interrupted; {outcome}")
         txn.restore_exporters()
+        if serving:  # what the dead run's failure recorded is no longer true
+            txn._clear_deploy_gate(ledger.BY_DEPLOY)
         if ours and serving and j.gated and outcome.startswith("committed"):
             outcome += f"; {n} stays out of the gateway until its bench promotes the new version"
         elif ours and serving:
@@ -580,6 +595,20 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
     done = Recovered(j.run_id, j.phase, outcome, serving)
     log.warning(f"[{n}] {done.line()}")
     return done
+
+
+def _held_out(s: FleetSession, n: str, log: Any) -> bool:
+    """Whether the ledger keeps `n` out (a quarantine, a hold-out), said with what lifts it."""
+    try:
+        why = ledger.read(s).why_held(n)
+    except RunbookError as e:  # committed either way: the next gateway_job or reconcile decides
+        log.warning(f"[{n}] serves its launch spec; the ledger was not read ({first_line(e)}): it stays out of the "
+                    "gateway until gateway_job or the reconcile puts it back")
+        return True
+    if why:
+        log.warning(f"[{n}] serves its launch spec but stays out of the gateway: {why} (the actor that recorded it "
+                    f"lifts it: a bench's by bench_job, a quarantine by release_quarantine_job or the cold drain)")
+    return bool(why)
 
 
 def _still_serves(txn: _Transaction, j: markers.DeployJournal) -> bool:
@@ -661,6 +690,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     spec = _labelled(spec, image_id, checkpoint, _version_to_launch(s, node, version))
     txn = _Transaction(s, node, spec, log, drain, keep_previous, gated)
     txn.journal = journal
+    txn.run_id = journal.entry.run_id if journal is not None else ""
     if journal is not None:
         journal.update(new_fingerprint=spec.fingerprint, new_image_id=image_id)
     try:

@@ -34,6 +34,7 @@ from spark_pipelines.core import health, healing, steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
+from spark_pipelines.runbook import journal as procedure_journal
 from spark_pipelines.runbook import reconcile, sweep
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.state import records
@@ -129,7 +130,9 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                            "quarantine; crash-loop / residue: quarantine, never a relaunch; regressed: a confirming "
                            "bench, then a redeploy on a fresh JIT cache, then the rollback decision; unreachable / "
                            "wedged: recorded; a deploy whose run died (its journal on the node, its lease free): "
-                           "deploy_node_job finishes it at once. "
+                           "deploy_node_job finishes it at once; another procedure whose run died (Phase 0's "
+                           "reboot, a bench's drain, a newcomer, a cold drain: its journal in the ledger): a run "
+                           "of its own job finishes it. "
                            "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
     def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
         memory, last_reconcile = read_cursor(context.cursor)
@@ -139,7 +142,10 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
         events: list[Any] = []
         requests: list[dg.RunRequest] = []
         said: list[str] = []
+        for run_id in records.fail_dead_runs(context.instance):
+            context.log.warning(f"run {run_id} was STARTED but its process is gone (killed): marked failed")
         with sweep.open_session(fleet, context.log, base=ssh) as s:
+            s.run_ended = lambda run_id: records.run_ended(context.instance, run_id)
             reports = sweep.sweep(s, bench=history, earlier=earlier)
             healthy_names = [n for n, r in reports.items() if r.verdict.verdict == "healthy"]
             try:
@@ -154,11 +160,16 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             held = view.quarantined.get(name) if view else None
             c = obs.container
             journal = obs.deploy_journal
+            dead = [p for p in (view.procedures.get(name, []) if view else [])
+                    if procedure_journal.dead_in_sweep(s, p, reachable=obs.ssh_ok, lease_held=obs.lease_held)]
+            unfinished = (healing.Unfinished(dead[-1].procedure, dead[-1].run_id, dead[-1].phase, dead[-1].describe())
+                          if dead else None)
             d = healing.decide(v, memory.get(name), settings, now=now,
                                quarantined=held.summary() if held else None,
                                benches=len(history[name].tok_s) if name in history else 0,
                                started_at=c.started_at if c is not None and c.exists else None,
-                               interrupted=journal.run_id if journal is not None and journal.dead else None)
+                               interrupted=journal.run_id if journal is not None and journal.dead else None,
+                               unfinished=unfinished)
             before = d.memory.earlier
             seconds = obs.probed_at - before["probed_at"] if isinstance(before.get("probed_at"), (int, float)) else None
             figures = healing.engine_figures(obs.metrics, before.get("metrics"), seconds)

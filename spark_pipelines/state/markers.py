@@ -129,6 +129,7 @@ class RolloutPoint(Marker):
     # a version's name beside it); the revert points it back before the kept container restarts.
     checkpoint_link: str | None = None
     checkpoint_now: str | None = None  # the version the rollout's deploy pointed it at
+    passed: str | None = None  # the rollout run whose gate the new version passed (None: not judged yet)
 
 
 # The phases of a deploy's journal, in order. Whoever finds the journal of a run that is gone

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -486,3 +488,93 @@ def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -
         min_in_rotation=fleet.gateway.min_in_rotation, restart_budget=fleet.health.restart_budget,
         bench_max_s=fleet.health.bench_max_s, extra=extra,
         rollout_in_progress=run_in_progress_for(instance, steps.FLEET_ROLLOUT) is not None, now=now)
+
+
+# ---- runs whose process is gone -----------------------------------------------------------------
+#
+# A run killed under `dagster job execute`, or executed in-process (`spark-pipelines adopt`, a
+# test), stays STARTED: no daemon launched it, so no run monitoring looks at it, and a run queue
+# (one run per node) would hold the node's next run behind it. Every run records its own process
+# id as an engine event ("Started process for run (pid: N)", its executor's "parent process (pid:
+# N)" or "Executing steps in process (pid: N)"); on an instance whose runs all run on this machine
+# (the default launcher and the demo's), the next run that starts, and the health sweep, mark a
+# STARTED run whose process is gone as failed. The demo's daemon does the same through its
+# launcher (spark_pipelines/console_launcher.py); the team's run containers are its launcher's.
+
+# The process started at most this long after its event was written: more is a recycled pid.
+START_SLACK_S = 5.0
+IN_PROGRESS = frozenset({dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                         dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING})
+
+
+def run_process(instance: dg.DagsterInstance, run_id: str) -> tuple[int, float] | None:
+    """(pid, when the event naming it was written) of the run's own process, or None when the
+    run has not recorded it (yet). Step processes are not the run's: their events carry a step."""
+    found = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT, limit=50).records
+    for rec in found:
+        entry = rec.event_log_entry
+        event = entry.dagster_event
+        if event is None or event.step_key:
+            continue
+        meta = getattr(event.event_specific_data, "metadata", None) or {}
+        raw = meta.get("pid")
+        value = getattr(raw, "value", raw)
+        if value is not None and str(value).isdigit():
+            return int(str(value)), entry.timestamp
+    return None
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def process_alive(pid: int, recorded_at: float) -> bool:
+    """Whether `pid` is a live (not zombie) process here that already existed when `recorded_at` was."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X", "x"):
+        return False
+    started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return started <= recorded_at + START_SLACK_S
+
+
+def runs_here(instance: dg.DagsterInstance) -> bool:
+    """Whether every run of the instance runs on this machine (a process launcher, not containers
+    or another host), so a run's recorded pid names a process here."""
+    try:
+        return isinstance(instance.run_launcher, dg.DefaultRunLauncher)
+    except Exception:  # a launcher that cannot be loaded here decides nothing
+        return False
+
+
+def fail_dead_runs(instance: dg.DagsterInstance, besides: str | None = None) -> list[str]:
+    """Mark failed every STARTED run (but `besides`) whose process on this machine is gone; returns
+    their ids. Nothing on an instance whose runs run elsewhere."""
+    if not runs_here(instance):
+        return []
+    failed = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]), limit=100):
+        if run.run_id == besides:
+            continue
+        found = run_process(instance, run.run_id)
+        if found is None or process_alive(*found):
+            continue
+        pid, at = found
+        instance.report_run_failed(run, message=(
+            f"the run's process (pid {pid}, recorded {time.strftime('%H:%M:%S', time.localtime(at))}) is gone: "
+            f"killed; marked failed by the next run on this instance. Its node lease ended with it, and the next "
+            f"run on its node finishes what it left (its journal)"))
+        failed.append(run.run_id)
+    return failed
+
+
+def run_ended(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Whether the instance knows the run `run_id` ended (False: in progress, or not a run of it)."""
+    run = instance.get_run_by_id(run_id) if run_id else None
+    return run is not None and run.status not in IN_PROGRESS

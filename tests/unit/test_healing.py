@@ -297,3 +297,40 @@ def test_a_dead_deploy_is_repaired_at_once_whatever_the_verdict_and_outside_the_
     assert d.action is not None and "stays quarantined (crash-loop: x)" in d.note
     # Without a dead journal the ordinary policy: nothing on the first sweep.
     assert decide(v("engine-down"), None, S, now=T0).action is None
+
+
+def test_a_dead_procedure_is_finished_by_a_run_of_its_own_job_once_per_dead_run():
+    """Phase 0's reboot, a bench's drain, a newcomer, a cold drain a dead run left (runbook/journal.py):
+    the procedure's own job, keyed by the dead run, whatever the verdict and at once."""
+    from spark_pipelines.core import steps
+
+    for proc, job in steps.FINISHED_BY.items():
+        u = healing.Unfinished(proc, "0123456789abcdef", "drained", f"the {proc} of run 01234567")
+        d = decide(v("healthy"), None, S, now=T0, unfinished=u)
+        assert d.action is not None and d.action.job == job and d.action.kind == "finish"
+        assert d.action.run_key == f"finish-spark2-{proc}-01234567" and "01234567" in d.action.reason
+
+
+def test_a_node_a_dead_reboot_left_unreachable_is_quarantined_with_the_hard_reset_advice():
+    """A node that did not come back from a dead run's Phase 0 reboot cannot be finished over SSH;
+    a dead cold drain's own rerun turns the smart plug on, so it is requested as the others."""
+    u = healing.Unfinished("node_os", "0123456789abcdef", "rebooting", "the node os of run 01234567")
+    d = decide(v("unreachable"), None, S, now=T0, unfinished=u)
+    assert d.action.job == "quarantine_job" and d.action.config["verdict"] == "unreachable"
+    assert "hard reset" in d.action.config["reason"] and "node_os_job" in d.action.config["reason"]
+    cold = healing.Unfinished("cold_drain", "0123456789abcdef", "power-off", "the cold drain of run 01234567")
+    assert decide(v("unreachable"), None, S, now=T0, unfinished=cold).action.job == "cold_drain_job"
+
+
+def test_a_dead_deploy_is_repaired_before_another_procedure():
+    u = healing.Unfinished("bench", "0123456789abcdef", "drained", "the bench of run 01234567")
+    d = decide(v("engine-down"), None, S, now=T0, interrupted="fedcba9876543210", unfinished=u)
+    assert d.action.job == "deploy_node_job" and d.action.run_key == "repair-spark2-fedcba98"
+
+
+def test_a_node_with_a_procedure_in_flight_is_not_put_back():
+    nodes = {"spark1": NodeState("healthy", serving=True),
+             "spark2": NodeState("healthy", serving=True, busy="the bench of run 01234567 (phase drained)")}
+    plan = reconcile(nodes, ["spark1"], {"spark2": "bench (run 01234567) since 2026-01-01T00:00:00Z"},
+                     settings=S, min_in_rotation=1, now=T0)
+    assert plan.put_back == () and any("bench of run 01234567" in h for h in plan.held), plan

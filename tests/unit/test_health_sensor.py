@@ -218,3 +218,32 @@ def test_a_dead_deploys_journal_requests_its_repair_on_the_first_sweep(defs, mon
             defs.resolve_job_def("deploy_node_job"), repair[0].run_config)
         latest = observations(instance, "spark2")[0]
         assert latest["verdict"].value == "engine-down" and "died in phase launching" in latest["evidence"].value
+
+
+def test_a_dead_procedures_journal_in_the_ledger_requests_a_run_of_its_own_job(defs, monkeypatch):
+    """The ledger holds a journal on each node: spark1's bench while a run holds spark1's lease (in
+    progress: nothing), spark2's cold drain that powered it off, past the time its run would wait
+    (dead: cold_drain_job, whose rerun turns the plug back on); and the reconcile leaves both out."""
+    from spark_pipelines.state.ledger import Procedure
+
+    defs, _ = defs
+    bench = Procedure(procedure="bench", run_id="aaaaaaaa11111111", token="b", phase="drained", was_in=True,
+                      drain_reason="bench (run aaaaaaaa)")
+    cold = Procedure(procedure="cold_drain", run_id="0123456789abcdef", token="c", phase="power-off",
+                     down_until=1.0, engine="vllm-qwen35-v2")
+
+    def fake_sweep(s, nodes=None, **kw):
+        up = health.Observation(node="spark1", probed_at=0.0, ssh_ok=True, health_ok=True, lease_held=True,
+                                container=health.ContainerState(exists=True, status="running", running=True))
+        down = health.Observation(node="spark2", probed_at=0.0, ssh_ok=False, ssh_error="timed out")
+        return {"spark1": sweep.NodeReport(up, health.judge(up)), "spark2": sweep.NodeReport(down, health.judge(down))}
+
+    monkeypatch.setattr(sweep, "sweep", fake_sweep)
+    monkeypatch.setattr(reconcile, "read_view", lambda s, healthy: reconcile.View(
+        Snapshot({"model_list": []}), {}, {n: True for n in healthy}, {"spark1": [bench], "spark2": [cold]}))
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance)
+        assert [(r.job_name, r.partition_key, r.run_key) for r in res.run_requests] == [
+            ("cold_drain_job", "spark2", "finish-spark2-cold_drain-01234567")], res.run_requests
+        note = observations(instance, "spark2")[0]["policy"].value
+        assert "the cold drain of run 01234567" in note and "cold_drain_job finishes it" in note
