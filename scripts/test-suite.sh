@@ -3,8 +3,9 @@
 # boots, drains and proxy reloads, not on the CPU, so two sessions on the machine's two cores end in
 # a little over the longer one's time instead of the sum (CI: 79 min in one session).
 #
-#   e2e        tests/e2e but the demo test: one simulated fleet, test_chain's first deploy first
-#   the rest   unit, integration, the `make demo` test (its own clone and slot), then the faults
+#   e2e        tests/e2e: one simulated fleet (test_chain's first deploy first), plus the `make demo`
+#              and first-contact tests on fleets of their own
+#   the rest   unit, integration, then the faults (their fleet lives until the session ends)
 #
 # Each session takes its own simulated-fleet slot (tests/plugins/sim.py), so they share nothing on
 # the nodes. `scripts/test-suite.sh -- <pytest args>` or SPARK_TEST_STREAMS=1 runs one session.
@@ -14,18 +15,17 @@ py=.venv/bin/python
 if [[ "${1:-}" == "--" ]]; then shift; exec "$py" -m pytest "$@"; fi
 if [[ "${SPARK_TEST_STREAMS:-2}" == 1 ]]; then exec "$py" -m pytest; fi
 
-demo=tests/e2e/test_demo_nodes.py
 logs=$(mktemp -d)
 e2e_pid=
 trap '[[ -n $e2e_pid ]] && kill -- -"$e2e_pid" 2>/dev/null; rm -rf "$logs"' EXIT
 # The e2e session in its own process group, its output kept for the end (read it live: tail -f).
 set -m
-"$py" -m pytest tests/e2e --deselect "$demo" -p no:cacheprovider >"$logs/e2e.log" 2>&1 &
+"$py" -m pytest tests/e2e -p no:cacheprovider >"$logs/e2e.log" 2>&1 &
 e2e_pid=$!
 set +m
 echo "test-suite: e2e session $e2e_pid, its output: $logs/e2e.log (printed when it ends)"
-"$py" -m pytest tests/unit tests/integration "$demo" tests/faults
-rest=$?
+"$py" -m pytest tests/unit tests/integration tests/faults
+rest=$? rest_s=$SECONDS
 wait "$e2e_pid"
 e2e=$?
 e2e_pid=
@@ -33,5 +33,5 @@ echo
 echo "================================ e2e session ================================="
 cat "$logs/e2e.log"
 echo
-echo "test-suite: unit+integration+demo+faults exit $rest, e2e exit $e2e"
+echo "test-suite: unit+integration+faults exit $rest after ${rest_s}s, e2e exit $e2e; ${SECONDS}s in all"
 [[ $rest == 0 && $e2e == 0 ]]
