@@ -42,7 +42,8 @@ from spark_pipelines.resources import engine, lease
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import NodeBusy
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, finish_interrupted
+from spark_pipelines.runbook.deploy import finish_interrupted
+from spark_pipelines.runbook.transaction import ROLLBACK_HEALTH_S
 from spark_pipelines.runbook.rotation import put_back
 from spark_pipelines.state import ledger
 from spark_pipelines.state.ledger import Procedure

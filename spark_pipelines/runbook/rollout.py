@@ -33,7 +33,8 @@ from spark_pipelines.runbook.journal import finish_dead
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import RolloutPoint
-from spark_pipelines.runbook.deploy import ROLLBACK_HEALTH_S, ROLLOUT_POINT, labels_of, restore_deploy_marker
+from spark_pipelines.runbook.deploy import ROLLOUT_POINT, labels_of
+from spark_pipelines.runbook.transaction import ROLLBACK_HEALTH_S, restore_deploy_marker
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.resources.lease import NodeBusy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
