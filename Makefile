@@ -38,7 +38,7 @@ ui:
 sim-down:
 	.venv/bin/spark-pipelines sim down
 
-# The team instance on this machine (README "Two modes"): PostgreSQL, the Dagster daemon and UI on
+# The team instance on this machine (docs/team-instance.md): PostgreSQL, the Dagster daemon and UI on
 # http://127.0.0.1:3000, the code server and every run in containers of the offline-built image.
 # State under $$SPARK_TEAM_ROOT (default /var/lib/spark-pipelines/team); team-down keeps the database.
 team-up:

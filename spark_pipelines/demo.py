@@ -262,7 +262,7 @@ def demo_command(args: argparse.Namespace) -> int:
     (home / DEMO_KEY_RECORD).write_text(f"{sim.master_key_file}\n" if sim.master_key_file.exists() else "")
     print(f"Dagster instance: {home}")
     instance = dg.DagsterInstance.get()
-    # Stopped at the end (see README "What else"): `make ui` then serves the same code location, so
+    # Stopped at the end (see docs/commands.md, `make ui`): `make ui` then serves the same code location, so
     # the runs stay on their jobs' pages, and no daemon is left to compete with a second daemon or
     # the test suite.
     console = Console(home, fleet_path, log=print)

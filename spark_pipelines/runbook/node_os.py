@@ -105,7 +105,8 @@ def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
     why = first_line(r.stderr or r.tail) or "no output"
     if "password" in why.lower():
         raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` wants a password; add the Phase 0 sudoers lines of "
-                           f"the README (\"Pointing it at real nodes\") for user {node.user} on {n}")
+                           f"docs/real-nodes.md (step 3; `spark-pipelines sudoers` prints them) for user "
+                           f"{node.user} on {n}")
     raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` exited {r.exit_status} ({why})")
 
 
@@ -225,8 +226,9 @@ def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str, j: jo
             j.update(phase="rebooting", down_until=time.time() + _down_s(s.fleet))
             r = s.run(n, ["reboot"], sudo=True, check=False, timeout=30)
             if not r.ok and "password" in (r.stderr + r.tail).lower():
-                raise RunbookError(f"{n}: `sudo -n reboot` wants a password; add the Phase 0 sudoers lines of the "
-                                   f"README for user {node.user} on {n}")
+                raise RunbookError(f"{n}: `sudo -n reboot` wants a password; add the Phase 0 sudoers lines of "
+                                   f"docs/real-nodes.md (step 3; `spark-pipelines sudoers` prints them) for user "
+                                   f"{node.user} on {n}")
             result.steps.append(f"sudo reboot: exit {r.exit_status}")
         except RemoteError as e:  # the connection may end with the OS
             result.steps.append(f"sudo reboot: connection ended ({first_line(e)[:60]})")
