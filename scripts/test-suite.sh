@@ -4,7 +4,8 @@
 # a little over the longer one's time instead of the sum (CI: 79 min in one session).
 #
 #   e2e        tests/e2e: one simulated fleet (test_chain's first deploy first), plus the `make demo`
-#              and first-contact tests on fleets of their own
+#              and first-contact tests on fleets of their own; then the two distribution tests that
+#              bring up 4 and 8 nodes of their own (they balance the two sessions' times)
 #   the rest   unit, integration, then the faults (their fleet lives until the session ends)
 #
 # Each session takes its own simulated-fleet slot (tests/plugins/sim.py), so they share nothing on
@@ -15,16 +16,17 @@ py=.venv/bin/python
 if [[ "${1:-}" == "--" ]]; then shift; exec "$py" -m pytest "$@"; fi
 if [[ "${SPARK_TEST_STREAMS:-2}" == 1 ]]; then exec "$py" -m pytest; fi
 
+own_fleets=(tests/integration/test_distribution_tree.py tests/integration/test_fleet_of_eight.py)
 logs=$(mktemp -d)
 e2e_pid=
 trap '[[ -n $e2e_pid ]] && kill -- -"$e2e_pid" 2>/dev/null; rm -rf "$logs"' EXIT
 # The e2e session in its own process group, its output kept for the end (read it live: tail -f).
 set -m
-"$py" -m pytest tests/e2e -p no:cacheprovider >"$logs/e2e.log" 2>&1 &
+"$py" -m pytest tests/e2e "${own_fleets[@]}" -p no:cacheprovider >"$logs/e2e.log" 2>&1 &
 e2e_pid=$!
 set +m
 echo "test-suite: e2e session $e2e_pid, its output: $logs/e2e.log (printed when it ends)"
-"$py" -m pytest tests/unit tests/integration tests/faults
+"$py" -m pytest tests/unit tests/integration "${own_fleets[@]/#/--ignore=}" tests/faults
 rest=$? rest_s=$SECONDS
 wait "$e2e_pid"
 e2e=$?

@@ -30,10 +30,11 @@ from typing import Any, Literal
 from spark_pipelines.core import diagnosis as d
 from spark_pipelines.core.fleet_settings import HealthSettings
 from spark_pipelines.core.health import NodeVerdict
-from spark_pipelines.core.steps import (BENCH_JOB, DEPLOY_JOB, FINISHED_BY, PROC_COLD_DRAIN,  # the jobs the actions run
-                                       QUARANTINE_JOB)
+from spark_pipelines.core.steps import (BENCH_JOB, DEPLOY_JOB, FINISHED_BY, NODE_OS_JOB,  # the jobs the actions run
+                                       PROC_COLD_DRAIN, QUARANTINE_JOB)
 
 FRESH_JIT_CACHE = "fresh_jit_cache"  # node_deployment's config field (assets/nodes.py DeployConfig)
+NODE_OS_CHECK = "check"  # node_os's config field (assets/node_os.py NodeOsConfig)
 # Verdicts that quarantine: relaunching cannot help (a reboot or an operator must).
 QUARANTINE_VERDICTS = frozenset({"crash-loop", "residue"})
 # Verdicts that count as a failed sweep for the gateway (the node does not serve, or cannot be
@@ -226,8 +227,10 @@ def finish_action(node: str, verdict: str, u: Unfinished) -> Action:
         reason = (f"{u.describe} died and {node} does not answer SSH: hard reset (runbook lesson 5: power-cycle "
                   f"it), then {job} for it (it finishes what the dead run left)")
         return Action("quarantine", QUARANTINE_JOB, key, reason, {"verdict": "unreachable", "reason": reason})
+    # Phase 0's job only reads by default (check: true); its finisher applies, as the dead run did.
+    config = {NODE_OS_CHECK: False} if job == NODE_OS_JOB else {}
     return Action("finish", job, key, f"{u.describe} died on {node}: {job} finishes it (the engine it stopped "
-                                      f"started, its drain undone, or the node held out with the reason)")
+                                      f"started, its drain undone, or the node held out with the reason)", config)
 
 
 def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSettings, *, now: float,

@@ -29,6 +29,7 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.assets.health import QuarantineConfig, ReconcileConfig
+from spark_pipelines.assets.node_os import NodeOsConfig
 from spark_pipelines.assets.nodes import DeployConfig
 from spark_pipelines.core import health, healing, steps
 from spark_pipelines.core import record_keys as keys
@@ -104,6 +105,7 @@ def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | Non
 ACTION_CONFIG: dict[str, tuple[str, type[dg.Config]]] = {
     steps.QUARANTINE_JOB: (steps.QUARANTINE_OP, QuarantineConfig),
     steps.DEPLOY_JOB: (steps.DEPLOY_OP, DeployConfig),
+    steps.NODE_OS_JOB: (steps.NODE_OS, NodeOsConfig),
 }
 
 

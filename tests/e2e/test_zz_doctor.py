@@ -52,9 +52,14 @@ def deployed(sim_fleet, tmp_path_factory):
 
 
 def doctor(capsys, *args):
+    """rc, the node lines, stderr. The text starts with one line naming the fleet file it read."""
     rc = cli.main(["doctor", *args])
     out = capsys.readouterr()
-    return rc, out.out, out.err
+    if "json" in args:
+        return rc, out.out, out.err
+    header, _, lines = out.out.partition("\n")
+    assert header.startswith("# fleet file: "), out.out
+    return rc, lines, out.err
 
 
 def doctor_json(capsys, fleet_file, *args):

@@ -32,6 +32,7 @@ from tests.plugins import faults as fx
 pytestmark = pytest.mark.slow
 
 NODE = "spark2"
+APPLY = {"ops": {"node_os": {"config": {"check": False}}}}  # node_os_job only reads by default
 RUN = """
 import json, sys
 import dagster as dg
@@ -229,11 +230,11 @@ def test_phase0_killed_while_waiting_for_the_reboot_is_finished_by_the_next_node
     c = needs_reboot
     m = c.sim.node(NODE)
     with clients(c):
-        k = Killed(c, "node_os_job").kill_when(lambda: not fx._banner(m.ip), "the reboot wait")
+        k = Killed(c, "node_os_job", config=APPLY).kill_when(lambda: not fx._banner(m.ip), "the reboot wait")
         assert journal_phase(c, "node_os") == "rebooting", procedures(c)
         fx.wait_for(lambda: fx._banner(m.ip), 60, f"{NODE} back from its reboot")
         assert not routed(c) and not fx.engine_healthy(m), "the dead run's node is not as the issue found it"
-        res = c.run("node_os_job", NODE)
+        res = c.run("node_os_job", NODE, run_config=APPLY)
         assert res.success, failure_text(res)
         k.seconds_back("Phase 0 killed during the reboot wait, node_os_job again")
     assert_back(c)
@@ -258,10 +259,12 @@ def test_phase0_killed_after_the_reboot_before_the_engine_start_is_finished_by_t
         return bool(went_down)
 
     with clients(c):
-        k = Killed(c, "node_os_job").kill_when(back_from_reboot, "the verify after the reboot")
+        k = Killed(c, "node_os_job", config=APPLY).kill_when(back_from_reboot, "the verify after the reboot")
         assert not fx.engine_healthy(m), "vLLM had started already: not the case under test"
         reqs = sweep_requests(c)
         assert [(r.job_name, r.run_key) for r in reqs] == [("node_os_job", f"finish-{NODE}-node_os-{k.run_id[:8]}")], reqs
+        # The finisher applies, as the dead run did (a check would leave the node as the issue found it).
+        assert reqs[0].run_config["ops"]["node_os"]["config"]["check"] is False, reqs[0].run_config
         res = run_request(c, reqs[0])
         assert res.success, failure_text(res)
         k.seconds_back("Phase 0 killed after the reboot, before the engine start; the sweep's node_os_job")

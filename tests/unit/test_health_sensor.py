@@ -189,6 +189,19 @@ def test_a_regressed_redeploy_runs_with_a_fresh_jit_cache(defs):
     assert not plain.run_config
 
 
+def test_a_dead_phase0_is_finished_by_a_node_os_run_that_applies(defs):
+    """node_os_job only reads by default (check: true); the run that finishes a dead Phase 0 applies,
+    as the dead run did, and its config is valid for the job (a check would leave the node stopped)."""
+    from spark_pipelines.core import healing, steps
+
+    defs, _ = defs
+    u = healing.Unfinished(steps.PROC_NODE_OS, "abcdef1234", "rebooting", "the node os of run abcdef12")
+    action = healing.finish_action("spark2", "engine-down", u)
+    req = sensor_mod._request("spark2", action, "engine-down")
+    assert req.job_name == "node_os_job" and req.run_config["ops"] == {"node_os": {"config": {"check": False}}}
+    assert dg.validate_run_config(defs.resolve_job_def("node_os_job"), req.run_config)
+
+
 def health_core_action(job, config):
     from spark_pipelines.core.healing import Action
 
