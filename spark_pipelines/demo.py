@@ -238,6 +238,7 @@ def demo_command(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from spark_sim.fleet import SimFleet
+    from spark_sim.layout import SimError
 
     # Output(data_version=...) is how steps skip; Dagster flags it beta on every materialization.
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -251,7 +252,13 @@ def demo_command(args: argparse.Namespace) -> int:
         if sim.is_up:
             sim.down()
         print(f"simulated fleet: bringing up {args.nodes} nodes ...")
-        fleet_path = str(sim.up(nodes=args.nodes, fleet_out=args.fleet_out))
+        try:
+            fleet_path = str(sim.up(nodes=args.nodes, fleet_out=args.fleet_out))
+        except SimError as e:  # e.g. another fleet's leftovers on this slot: one line, no traceback
+            print(f"spark-pipelines demo: the simulated fleet did not come up: {e} (slot {sim.layout.slot}, root "
+                  f"{sim.layout.root}: `spark-pipelines sim down` with the same SPARK_SIM_SLOT and SPARK_SIM_ROOT "
+                  "removes what a fleet left there, or choose another SPARK_SIM_SLOT)", file=sys.stderr)
+            return 1
     print(f"fleet file: {fleet_path}")
     if "LITELLM_MASTER_KEY" not in os.environ and sim.master_key_file.exists():
         os.environ["LITELLM_MASTER_KEY"] = sim.master_key_file.read_text().strip()

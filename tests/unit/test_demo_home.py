@@ -197,3 +197,23 @@ def test_make_ui_runs_dg_dev_on_the_port_asked_with_the_key(tmp_path, monkeypatc
     assert env["SPARK_FLEET"] == str(fleet) and env["LITELLM_MASTER_KEY"] == "sk-sim-secret"
     assert env["DAGSTER_HOME"] == str(home)
     assert demo.ui_command("99999") == 2
+
+
+def test_a_fleet_that_does_not_come_up_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Another fleet's leftovers on the slot (a network namespace of the same name): `make demo`
+    says what failed, where, and what to run, in one line, exit 1."""
+    from spark_pipelines import demo
+    from spark_pipelines.cli import parser
+    from spark_sim.fleet import SimFleet
+    from spark_sim.layout import SimError
+
+    monkeypatch.setenv("SPARK_SIM_ROOT", str(tmp_path / "sim"))
+    monkeypatch.setenv("SPARK_SIM_SLOT", "29")
+
+    def up(self, **_):
+        raise SimError('ip netns add sp29-net failed (exit 1): Cannot create namespace file "/run/netns/sp29-net": File exists')
+
+    monkeypatch.setattr(SimFleet, "up", up)
+    rc = demo.demo_command(parser().parse_args(["demo", "--nodes", "2"]))
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "File exists" in err and "slot 29" in err and "sim down" in err, err
