@@ -7,8 +7,7 @@ key, from the first node whose boot on that key was healthy.
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable
-from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.assets import node_partitions, fail, retry_unreachable
 from spark_pipelines.core.artifacts import Deployment, NodeArtifacts
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.jit_cache import key_for

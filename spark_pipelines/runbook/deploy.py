@@ -45,13 +45,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spark_pipelines.core import diagnosis
+from spark_pipelines.core import layout
+from spark_pipelines.core.artifacts import Deployment, NodeArtifacts
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.launch import (CHECKPOINT_LABEL, CHECKPOINT_VERSION_LABEL, DEPLOY_LABEL, IMAGE_LABEL,
-                                         KERNELS_LABEL, LaunchSpec)
+                                         KERNELS_LABEL, LaunchSpec, launch_spec)
 from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources import lease
@@ -446,3 +448,57 @@ def _headline(why: str, outcome: str) -> str:
     # The e2e and operators read "<what failed>; <what the rollback left>. Diagnosis: ..."
     head, sep, diag = why.partition(". Diagnosis: ")
     return f"{head}; {outcome}" + (f". Diagnosis: {diag}" if sep else "")
+
+
+@dataclass
+class NodeDeployed:
+    """A deploy of the node's artifacts as node_deployment records it (its own run, a rollout's
+    step, add_node's): what runs, the step marker's signature (the data version) and whether what
+    runs is what was meant (`mismatch` None)."""
+
+    deployment: Deployment
+    done: Deployed
+    spec: LaunchSpec
+    running: dict[str, Any] | None
+    data_version: str
+    mismatch: str | None
+    check_text: str
+
+
+def deploy_artifacts(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str, log: Any, *,
+                     run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False,
+                     gated: bool = False) -> NodeDeployed:
+    """`deploy` of the fleet's launch spec with the node's artifacts, then the step marker
+    node_deployment skips on, written only when what runs is what was meant. `gated`: the node
+    stays out of the gateway until its bench promotes it. Raises RunbookError."""
+    spec = launch_spec(s.fleet, node)
+    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_core.key_for(artifacts, spec),
+                  fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
+                  version=artifacts.path, gated=gated)
+    running = NodeDocker(s).inspect_container(node.name, spec.container_name)
+    mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint,
+                                checkpoint=artifacts.manifest)
+    if mismatch is None:
+        markers.write_deploy(s, node, DeployMarker(signature=sig, container_id=done.container_id, metadata=done.metadata))
+    return NodeDeployed(Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
+                        done, spec, running, sig if mismatch is None else f"mismatch-{sig}", mismatch,
+                        mismatch or f"{node.name}: healthy; smoke test answered {done.smoke_tokens} tokens")
+
+
+def serves_as_marked(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str,
+                     current: dict[str, Any] | None) -> DeployMarker | None:
+    """The node's deploy marker when the running container (`current`) IS what it says: its id, the
+    image node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
+    an adopted hand deploy's labels are in its marker), healthy, and no deploy journal on the node
+    (a dead run's deploy: the deploy finishes it first). Else None: the deploy has work to do."""
+    spec = launch_spec(s.fleet, node)
+    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    marker = markers.read_deploy(s, node)
+    if (marker and marker.signature == sig and current and marker.container_id == current.get("Id")
+            and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
+            and serving_mismatch(node.name, current, artifacts.image_id, spec.fingerprint, marker,
+                                 checkpoint=artifacts.manifest) is None
+            and engine.healthy(s.fleet, node)):
+        return marker
+    return None

@@ -28,6 +28,8 @@ from typing import Any
 from spark_pipelines.core import distribution as plan_core
 from spark_pipelines.core import layout
 from spark_pipelines.core import versions as versions_core
+from spark_pipelines.core import steps
+from spark_pipelines.core.artifacts import BuiltImage, Checkpoint
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.lease import node_lease
@@ -176,3 +178,12 @@ def distribute(s: FleetSession, receivers: list[Node], payload: Payload, *, log:
         failed.report = report
         raise failed
     return report
+
+
+def distribution_payload(cv: dict[str, str], mtp_weights: Checkpoint, serving_image: BuiltImage) -> Payload:
+    """What the tree fans out: the build host's checkpoint and image, and the node_artifacts
+    marker signature a verified receiver gets (artifact_distribution and a rollout)."""
+    return Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
+                   manifest=mtp_weights.manifest,
+                   signature=markers.signature(cv[steps.NODE_ARTIFACTS], mtp_weights.index, mtp_weights.manifest))
+

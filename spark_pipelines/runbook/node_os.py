@@ -187,7 +187,7 @@ def _back_up(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], 
     """Wait for SSH after the reboot; past the bound, the smart plug by policy or the quarantine."""
     f, n = s.fleet, node.name
     bound = f.node_os.reboot_ssh_timeout_s
-    if wedge._wait_ssh(node, True, bound):
+    if wedge.wait_ssh(node, True, bound):
         return ["SSH answers again after the reboot"]
     plug = f.cold_drain.smart_plugs.get(n)
     if plug is not None and f.node_os.power_cycle == "auto":
@@ -330,7 +330,7 @@ def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str],
                            drain_reason=reason) as j, rotation.drained(gw, n, reason=reason) as d:
         was_running = _reboot(s, node, result, run_id, j)
         d.keep_out = j.keep = True  # out until it serves again; this run's or the next run's to bring back
-        if not wedge._wait_ssh(node, False, DOWN_TIMEOUT_S):
+        if not wedge.wait_ssh(node, False, DOWN_TIMEOUT_S):
             if was_running:  # the undo of the stop: the node never went down
                 s.run(n, ["docker", "start", container], check=False, timeout=120)
                 engine.wait_healthy(f, node, f.cold_drain.engine_timeout_s)

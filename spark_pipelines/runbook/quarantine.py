@@ -16,6 +16,7 @@ from spark_pipelines.core.healing import NOTE_PREFIX
 from spark_pipelines.resources import engine
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.runbook import rotation
 from spark_pipelines.state import ledger
 from spark_pipelines.state.ledger import RELEASED_BY_DEPLOY, Quarantine
 
@@ -45,7 +46,7 @@ def quarantine(s: FleetSession, node: str | Node, verdict: str, reason: str, by:
         return Outcome(rec, False, f"{name} is not in the gateway")
     serving = engine.healthy(s.fleet, n)
     try:
-        gw.drain(name, reason=f"{NOTE_PREFIX}quarantined ({verdict})", wait_s=0, dead=not serving)
+        rotation.take_out(gw, name, f"{NOTE_PREFIX}quarantined ({verdict})", dead=not serving)
     except gateway_core.RotationRefused as e:
         return Outcome(rec, False, f"{name} stays in the gateway for now: {e}")
     return Outcome(rec, True, f"{name} taken out of the gateway" + ("" if serving else " (not serving)"))

@@ -17,6 +17,7 @@ from spark_pipelines.core import healing
 from spark_pipelines.resources.gateway import GatewayHost, Snapshot
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
+from spark_pipelines.runbook import rotation
 from spark_pipelines.state import ledger
 from spark_pipelines.state.ledger import Procedure, Quarantine
 
@@ -55,7 +56,7 @@ def apply(s: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list
     held = ledger.quarantined(s) if plan.put_back else {}
     for m in plan.take_out:
         try:
-            gw.drain(m.node, reason=f"{healing.NOTE_PREFIX}{m.reason[:100]}", wait_s=0, dead=m.dead)
+            rotation.take_out(gw, m.node, f"{healing.NOTE_PREFIX}{m.reason[:100]}", dead=m.dead)
             said.append(f"{m.node} taken out: {m.reason}")
         except gateway_core.RotationRefused as e:
             said.append(f"{m.node} stays in: {e}")
@@ -65,7 +66,7 @@ def apply(s: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list
         elif not engine.healthy(s.fleet, s.fleet.node(m.node)):
             said.append(f"{m.node} not put back: /health no longer answers")
         else:
-            gw.restore(m.node)
+            rotation.admit(gw, m.node)
             said.append(f"{m.node} put back: {m.reason}")
     return said
 

@@ -27,7 +27,7 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import jit_cache, preflight, versions
+from spark_pipelines.runbook import jit_cache, preflight, rotation, versions
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import DeployMarker, RolloutPoint
@@ -379,10 +379,10 @@ class Transaction:
             gw = GatewayHost(self.s)
             if self.drain is not None and self.drain.was_in:
                 self.drain.keep_out = True  # the deploy's drain is not undone
-                gw.note(n, note)
+                rotation.note_out(gw, n, note)
                 said.insert(0, f"{n} taken out of the gateway (its deploy drained it; it stays out)")
             elif n in gw.rotation():
-                gw.drain(n, reason=note, dead=True)
+                rotation.take_out(gw, n, note, None, dead=True)
                 said.insert(0, f"{n} taken out of the gateway")
             else:
                 said.insert(0, f"{n} is not in the gateway")

@@ -38,7 +38,7 @@ from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources import engine
 from spark_pipelines.core import steps as steps_
 from spark_pipelines.resources.lease import NodeBusy
-from spark_pipelines.runbook import journal, quarantine
+from spark_pipelines.runbook import journal, quarantine, rotation
 from spark_pipelines.state import ledger
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import GPU_QUERY
@@ -79,7 +79,7 @@ def lift_quarantine(s: FleetSession, node: Node, reason: str, gw: GatewayHost, *
     back in every pool (never refused)."""
     ledger.end_quarantine(s, node.name)
     s.log.info(f"[{node.name}] quarantine lifted: {reason}" + "".join(f"; {k} {v}" for k, v in facts.items()))
-    gw.restore(node.name)
+    rotation.admit(gw, node.name)
 
 
 def in_rotation(gw: GatewayHost, node: Node) -> bool:
@@ -339,7 +339,8 @@ def run_plug(node: Node, plug: SmartPlug, which: str) -> str:
     return (p.stdout.strip().splitlines() or [f"plug {which}"])[-1][:200]
 
 
-def _wait_ssh(node: Node, up: bool, timeout_s: float) -> bool:
+def wait_ssh(node: Node, up: bool, timeout_s: float) -> bool:
+    """Until the node's SSH port answers (`up`) or stops answering, up to `timeout_s`: whether it did."""
     return poll_until(lambda: ssh_answers(node), lambda a: a == up, timeout_s=timeout_s, every_s=2.0).done
 
 
@@ -378,7 +379,7 @@ def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None], *, note
     if plug is None:
         tell("power-off", time.time())
         say(f"OPERATOR: {wedge_core.OPERATOR_STEPS.format(node=n)} (waiting up to {cd.operator_timeout_s} s)")
-        if not _wait_ssh(node, True, cd.operator_timeout_s):
+        if not wait_ssh(node, True, cd.operator_timeout_s):
             raise RunbookError(f"{n} did not answer SSH within {cd.operator_timeout_s} s of the request to unplug "
                                f"it at the wall; power it on, then run cold_drain_job for {n} again")
         tell("booting", time.time())
@@ -392,7 +393,7 @@ def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None], *, note
     finally:  # AC back in every outcome, a terminated run included
         steps.append(f"smart plug on: {run_plug(node, plug, 'on')}")
         tell("booting", time.time())
-    if not _wait_ssh(node, True, cd.boot_timeout_s):
+    if not wait_ssh(node, True, cd.boot_timeout_s):
         raise RunbookError(f"{n} did not answer SSH within {cd.boot_timeout_s} s of its power coming back; check "
                            f"the unit (the plug's on command ran: {' '.join(plug.on_command)})")
     return steps
@@ -504,7 +505,7 @@ def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str]
         j.update(phase="powering-off", down_until=time.time() + _down_s(s, node))
         steps += power_off(s, node)
     s.close()  # the node's connections went with it; the next command reconnects
-    if not _wait_ssh(node, False, f.cold_drain.power_down_timeout_s):
+    if not wait_ssh(node, False, f.cold_drain.power_down_timeout_s):
         raise RunbookError(f"{n} still answers SSH {f.cold_drain.power_down_timeout_s} s after "
                            "`sudo poweroff`; check the unit (LEDs, fan) before cutting power; its vLLM container "
                            "is stopped, the node stays out of the gateway")

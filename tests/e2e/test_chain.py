@@ -15,7 +15,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
-from spark_pipelines.demo import run_chain
+from spark_pipelines.cli.demo import run_chain
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.ssh import read_command_log

@@ -49,7 +49,7 @@ def test_bad_input_exit_2_one_line_no_traceback(tmp_path):
 
 
 def test_every_command_shares_the_one_parser_one_line_per_bad_input():
-    from spark_pipelines.cli import main
+    from spark_pipelines.cli.main import main
 
     cases = [
         (["bench", "--model", "m"], "spark-pipelines bench: the following arguments are required: --base-url"),
@@ -168,7 +168,7 @@ def _options(ap):
 def test_every_option_says_what_it_does_and_its_default():
     """Issue 35, item 15: `bench --suite` / `--concurrency`, `doctor --fleet` and `metrics serve`'s
     options said neither what they do nor their default."""
-    from spark_pipelines.cli import parser
+    from spark_pipelines.cli.main import parser
 
     silent, no_default = [], []
     for prog, a in _options(parser()):

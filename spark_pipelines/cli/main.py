@@ -218,7 +218,7 @@ PLAN_DESCRIPTION = ("Render what a deploy of the fleet file would do, touching n
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     ap.add_argument("--fleet", default=None, help=FLEET_HELP)
     ap.add_argument("--node", metavar="NAME", help="one serve node (default: every serve node)")
@@ -230,7 +230,7 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
+    from spark_pipelines.cli.console import demo_gateway_key, find_fleet, read_hint
 
     choice = find_fleet(args.fleet)
     if choice.warning:
@@ -240,7 +240,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     live = phase0 = None
     key = None
     if args.live:
-        from spark_pipelines import adopt_command, node_os_command
+        from spark_pipelines.cli import adopt as adopt_command, node_os as node_os_command
 
         key = demo_gateway_key(choice.path, fleet.gateway.master_key_env)
         try:
@@ -267,7 +267,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print("\n== live: what the chain would do to the fleet as it runs now (nothing was changed)")
             print(render_text(live))
         if phase0 is not None:
-            from spark_pipelines.node_os_command import render_text as phase0_text
+            from spark_pipelines.cli.node_os import render_text as phase0_text
 
             print("\n== Phase 0 (node_os_job): what it would change on each node (nothing was changed)")
             print(phase0_text(phase0))
@@ -277,8 +277,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_metrics(args: argparse.Namespace) -> int:
     """`metrics`: the fleet file and the instance found as every command finds them, named on stderr
     (stdout is the metrics themselves)."""
-    from spark_pipelines import metrics_command
-    from spark_pipelines.console import find_fleet, instance_home
+    from spark_pipelines.cli import metrics as metrics_command
+    from spark_pipelines.cli.console import find_fleet, instance_home
 
     choice = find_fleet(args.fleet)
     args.fleet = choice.path
@@ -320,8 +320,8 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import adopt_command, bench_command, demo, doctor, metrics_command, node_os_command
-    from spark_pipelines.team import command as team_command
+    from spark_pipelines.cli import adopt as adopt_command, bench as bench_command, demo, doctor, metrics as metrics_command, node_os as node_os_command
+    from spark_pipelines.cli.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
@@ -350,7 +350,7 @@ def parser() -> Parser:
                            description="Print the nginx site of the gateway's front: clients on gateway.proxy_port, "
                                        "LiteLLM behind it on 127.0.0.1:gateway.front.litellm_port (put it in "
                                        "/etc/nginx/conf.d/ on the gateway host; core/gateway_front.py says why).")
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     front.add_argument("--fleet", default=None, help=FLEET_HELP)
     front.set_defaults(run=cmd_gateway_front)
@@ -370,7 +370,7 @@ def parser() -> Parser:
 def cmd_gateway_front(args: argparse.Namespace) -> int:
     from spark_pipelines.core.gateway_front import nginx_site
 
-    from spark_pipelines.console import find_fleet
+    from spark_pipelines.cli.console import find_fleet
 
     args.fleet = find_fleet(args.fleet).path
     fleet = load_fleet(args.fleet)
@@ -411,6 +411,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
