@@ -63,6 +63,7 @@ class Link:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rank: int) -> None:
         self.reader, self.writer, self.rank = reader, writer, rank
+        self.server: asyncio.AbstractServer | None = None  # the head's store, held while it lives
 
     async def watch(self) -> None:
         """Return never: when the other rank goes away, report it and exit."""
@@ -81,8 +82,8 @@ async def head_rendezvous(args: argparse.Namespace, timeout_s: float) -> Link:
     async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             hello = json.loads(await asyncio.wait_for(reader.readline(), 5))
-        except (ValueError, asyncio.TimeoutError, ConnectionError):
-            writer.close()
+        except (ValueError, asyncio.TimeoutError, ConnectionError, AttributeError):
+            writer.close()  # not a rank (a port probe, say)
             return
         if joined.done() or hello.get("rank") != 1:
             writer.close()
@@ -116,7 +117,8 @@ async def head_rendezvous(args: argparse.Namespace, timeout_s: float) -> Link:
             f"torch.distributed.DistStoreError: Timed out after {int(time.monotonic() - started) + 1} seconds "
             f"waiting for clients. 1/{WORLD} clients joined.")
         die(1)
-    server.close()  # one worker: the store takes no other
+    # torch's store keeps listening for the process's life (later ranks are turned away here).
+    link.server = server
     _process_group(args, 0)
     return link
 

@@ -780,3 +780,9 @@ def _headline(why: str, outcome: str) -> str:
     # The e2e and operators read "<what failed>; <what the rollback left>. Diagnosis: ..."
     head, sep, diag = why.partition(". Diagnosis: ")
     return f"{head}; {outcome}" + (f". Diagnosis: {diag}" if sep else "")
+
+
+# The transaction's pieces a node pair's deploy runs once per node (runbook/pair.py): one journal,
+# one set-aside and one rollback per node, as here.
+Transaction, Journal, NotServing, labelled, version_to_launch, gateway_of = (
+    _Transaction, _Journal, _NotServing, _labelled, _version_to_launch, _gateway)
