@@ -299,8 +299,9 @@ def _transaction(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
 
 def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, journals: dict[str, Any],
                  drains: dict[str, Drain], txns: list[Any], reports: list[str], logs: dict[str, str]) -> dict[str, str]:
-    """Set aside, per-node preflight and launch, the worker then the head (each transaction added
-    to `txns` as it starts: the rollback's list); returns node -> the container verified there."""
+    """Both nodes set aside and through their own preflight and memory gate first, then the worker
+    launched, then the head right after its milestone (each transaction added to `txns` as it
+    starts: the rollback's list); returns node -> the container verified there."""
     f = s.fleet
     docker = NodeDocker(s)
     for node_name, spec in ((pair.worker, launch.worker), (pair.head, launch.head)):
@@ -323,10 +324,9 @@ def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
                 f"{c.name}: {c.detail} -> {c.fix}" for c in rep.failures()), {"preflight": rep.explain()})
         if spec.model_source:
             txn.point_checkpoint(posixpath.basename(spec.model_source))
-        if n.name == pair.worker:
-            _launch_worker(s, pair, n, spec, logs)
-        else:
-            _launch_head(s, pair, n, spec, logs)
+    worker_txn, head_txn = txns
+    _launch_worker(s, pair, worker_txn.node, worker_txn.spec, logs)
+    _launch_head(s, pair, head_txn.node, head_txn.spec, logs)
     ids = {}
     for txn in txns:  # the worker too, once the head came up: a worker that went is a pair that is down
         live = docker.inspect_container(txn.node.name, txn.spec.container_name) or {}
