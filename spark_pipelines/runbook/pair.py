@@ -5,7 +5,7 @@
   same image id and checkpoint version, the image loads the validated NCCL (a pip / system NCCL
   mismatch named). core/pair.py judges; the scripts here only observe.
 - the deploy holds both nodes' leases for the whole pair and drains both from the gateway, then runs
-  runbook/deploy.py's transaction once per node: the worker (rank 1) first, set aside, per-node
+  runbook/transaction.py's transaction once per node: the worker (rank 1) first, set aside, per-node
   preflight and memory gate at its GMU, launched, until its headless milestone (the runbook sleeps
   ~15 s and reads the log); then the head (rank 0), until vLLM's startup line, /health and the smoke
   test; the worker still running. Then both commit; the head is the pair's one gateway backend, the
@@ -40,6 +40,8 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import deploy, preflight, versions
 from spark_pipelines.runbook.rotation import Drain, drained, put_back
+from spark_pipelines.runbook.transaction import (Deployed, NotServing, Transaction, TransactionJournal,
+                                                 launch_and_wait)
 
 # vLLM's headless worker, once its executor starts: "Launching vLLM (v...) headless multiproc
 # executor, with head node address ADDR:PORT for torch.distributed process group." It then waits
@@ -251,7 +253,7 @@ def deploy_pair(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") 
                 f"{c.name}: {c.detail} -> {c.fix}" for c in report.failures()), {"preflight": report.explain()})
         gw = deploy.gateway_of(s, head)
         reason = f"{gateway_core.DEPLOY_DRAIN} pair {pair.name} (run {run_id[:8] or '-'})"
-        journals = {n.name: deploy.Journal.begin(s, n, spec, run_id, keep_previous=False,
+        journals = {n.name: TransactionJournal.begin(s, n, spec, run_id, keep_previous=False,
                                                  drain_reason=reason if gw is not None else None)
                     for n, spec in ((worker, launch.worker), (head, launch.head))}
         try:
@@ -277,7 +279,7 @@ def _transaction(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
                  drains: dict[str, Drain], pair_report: str) -> PairDeployed:
     f = s.fleet
     started = time.monotonic()
-    txns: list[Any] = []  # deploy.Transaction, in launch order
+    txns: list[Any] = []  # Transaction, in launch order
     reports = [pair_report]
     logs: dict[str, str] = {}
     try:
@@ -308,9 +310,9 @@ def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
         n = f.node(node_name)
         image_id = docker.image_id(n.name, spec.image)
         if image_id is None:
-            raise deploy.NotServing(f"image {spec.image} is gone from {n.name}", {})
+            raise NotServing(f"image {spec.image} is gone from {n.name}", {})
         spec = deploy.labelled(spec, image_id, None, deploy.version_to_launch(s, n, None))
-        txn = deploy.Transaction(s, n, spec, log, drains.get(n.name))
+        txn = Transaction(s, n, spec, log, drains.get(n.name))
         txn.journal = journals[n.name]
         txn.journal.update(new_fingerprint=spec.fingerprint, new_image_id=image_id)
         txns.append(txn)
@@ -320,7 +322,7 @@ def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
         rep = preflight.evaluate(s, n, preflight.observe(s, n, spec.image, txn.prepared), spec.gpu_memory_utilization)
         reports.append(rep.explain())
         if not rep.passed:
-            raise deploy.NotServing(f"preflight blocked {n.name}: " + "; ".join(
+            raise NotServing(f"preflight blocked {n.name}: " + "; ".join(
                 f"{c.name}: {c.detail} -> {c.fix}" for c in rep.failures()), {"preflight": rep.explain()})
         if spec.model_source:
             txn.point_checkpoint(posixpath.basename(spec.model_source))
@@ -331,7 +333,7 @@ def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
     for txn in txns:  # the worker too, once the head came up: a worker that went is a pair that is down
         live = docker.inspect_container(txn.node.name, txn.spec.container_name) or {}
         if not live.get("State", {}).get("Running") or live.get("Image") != txn.spec.labels.get(IMAGE_LABEL):
-            raise deploy.NotServing(f"{txn.node.name}'s pair container is not running the image it was launched "
+            raise NotServing(f"{txn.node.name}'s pair container is not running the image it was launched "
                                     "with after the head came up", {})
         ids[txn.node.name] = str(live.get("Id", ""))
         txn.note(phase="committing", new_container_id=ids[txn.node.name])
@@ -347,15 +349,15 @@ def _launch_worker(s: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, l
     if not watch.matched:
         logs[n.name] = docker.logs(n.name, spec.container_name, tail="all")
         how = "its container exited" if watch.ended else f"within {pair.worker_ready_s} s (pairs[].worker_ready_s)"
-        raise deploy.NotServing(f"the worker {n.name} did not reach its headless milestone: {how}", {})
+        raise NotServing(f"the worker {n.name} did not reach its headless milestone: {how}", {})
     s.log.info(f"[{n.name}] worker (rank 1) up: {watch.matched.strip()[:160]}; launching the head {pair.head}")
 
 
 def _launch_head(s: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, logs: dict[str, str]) -> None:
-    ok, log_text, _ = deploy.launch_and_wait(s, n, spec, s.fleet.launch_for(n).health_timeout_s)
+    ok, log_text, _ = launch_and_wait(s, n, spec, s.fleet.launch_for(n).health_timeout_s)
     logs[n.name] = log_text
     if not ok:
-        raise deploy.NotServing(f"the head {n.name} did not become healthy", {})
+        raise NotServing(f"the head {n.name} did not become healthy", {})
 
 
 def _roll_back(s: FleetSession, pair: NodePair, txns: list[Any], cause: BaseException, logs: dict[str, str],
@@ -409,7 +411,7 @@ def _roll_back(s: FleetSession, pair: NodePair, txns: list[Any], cause: BaseExce
 # ----------------------------------------------------------------- the pair turned off again
 
 
-def separate(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> list[deploy.Deployed]:
+def separate(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> list[Deployed]:
     """Both nodes back to TP=1 serving, each its own gateway backend again. The head leaves the
     gateway first and its requests in flight end (nothing a client sent fails); then each node is
     deployed at its own launch (runbook.deploy) and put back. Holds both leases throughout."""
@@ -418,7 +420,7 @@ def separate(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> 
     purpose = f"pair {pair.name} off"
     with node_lease(s, worker.name, purpose, run_id=run_id), node_lease(s, head.name, purpose, run_id=run_id):
         gw = deploy.gateway_of(s, head)
-        done: list[deploy.Deployed] = []
+        done: list[Deployed] = []
         with ExitStack() as stack:
             if gw is not None:
                 stack.enter_context(drained(gw, head.name, reason=f"pair {pair.name} off (run {run_id[:8] or '-'})",
