@@ -67,6 +67,9 @@ except OSError as e:
 t = None
 try:
     t = socket.socket(fam, socket.SOCK_STREAM)
+    # As torch's store: else a probe connection in TIME_WAIT here keeps the head's store off the port
+    # for a minute (EADDRINUSE). A listening socket still holds it: a head left running is seen.
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     t.bind(("::" if v6 else "0.0.0.0", port))
     t.listen(4)
     t.settimeout(0.2)
@@ -79,7 +82,13 @@ end, accepted = time.monotonic() + seconds, t is None
 while time.monotonic() < end and not (accepted and out["echoed"]):
     try:
         if t is not None:
-            c, _ = t.accept(); c.close(); accepted = True
+            c, _ = t.accept(); accepted = True
+            c.settimeout(1.0)  # the worker closes first: its side keeps the TIME_WAIT
+            try:
+                c.recv(1)
+            except OSError:
+                pass
+            c.close()
     except OSError:
         pass
     try:

@@ -238,7 +238,8 @@ def test_a_link_that_drops_after_the_preflight_fails_naming_the_worker_and_rolls
         fault.join(5)
         subprocess.run(["ip", "-n", ns, "link", "set", "dac0", "up"], check=True, timeout=30)
     said = str(e.value)
-    assert "spark2: the worker (rank 1) could not reach the head's --master-addr:--master-port" in said, said
+    assert "spark2: the worker (rank 1) could not reach the head's --master-addr:--master-port" in said, (
+        said, e.value.details)
     assert "verify --master-addr is the head's address on the link" in said and "check the firewall for port 29501" in said
     assert "pair-worker-never-connects" in e.value.details["diagnosis"]
     _assert_both_back_at_tp1(env, env["key"])

@@ -287,3 +287,42 @@ def test_the_sims_runtime_clamps_a_privileged_containers_spec_to_this_machine(mo
     if hard != resource.RLIM_INFINITY:
         assert spec["process"]["rlimits"][0]["hard"] == hard
     assert said and runtime_shim.clamp(spec) == []
+
+
+def test_the_link_probe_leaves_the_master_port_free_for_the_heads_store():
+    """The pair's preflight listens on the master port for the worker's connection; the head's
+    store (SO_REUSEADDR, as torch's) binds it right after. A probe connection the listener closed
+    first sat in TIME_WAIT on the head for a minute and the head died with EADDRINUSE."""
+    import socket
+    import time
+
+    from spark_pipelines.runbook.pair import LINK_LISTEN
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    listener = subprocess.Popen([sys.executable, "-c", LINK_LISTEN, "127.0.0.1", str(port), "10"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                c = socket.create_connection(("127.0.0.1", port), timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the listener never listened"
+                time.sleep(0.05)
+        time.sleep(0.3)  # the worker's probe holds the connection a moment: the listener may close first
+        c.close()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.settimeout(2)
+            u.sendto(b"x", ("127.0.0.1", port))
+            assert u.recvfrom(16)[0] == b"x"
+        out, _ = listener.communicate(timeout=15)
+    finally:
+        listener.kill()
+    assert json.loads(out)["listened"] is True
+    with socket.socket() as store:
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        store.bind(("0.0.0.0", port))  # EADDRINUSE on the old listener
+        store.listen(1)
