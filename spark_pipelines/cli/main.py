@@ -34,7 +34,9 @@ from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
-from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, NodePair, load_fleet
+from spark_pipelines.core import pair as pair_core
+from spark_pipelines.core.pair_launch import pair_launch
 
 
 
@@ -156,6 +158,40 @@ def node_plan(fleet: Fleet, name: str) -> dict[str, Any]:
     }
 
 
+def pair_plan(fleet: Fleet, pair: NodePair) -> dict[str, Any]:
+    """A node pair (Phase 4-alt): on or off and why, and its two launches in launch order."""
+    out: dict[str, Any] = {"head": pair.head, "worker": pair.worker, "enabled": pair.enabled, "reason": pair.reason,
+                           "link": pair.link.model_dump() if pair.link else None, "master_port": pair.master_port,
+                           "preflight": [what for _, what in pair_core.CHECKS]}
+    if {pair.head, pair.worker} <= set(fleet.node_names):  # an off pair may name nodes this fleet left out
+        launch = pair_launch(fleet, pair)
+        out["launch"] = [{"node": spec.node, "rank": 1 if spec is launch.worker else 0,
+                          "docker_run_argv": spec.docker_run_argv(), "docker_run": shlex.join(spec.docker_run_argv())}
+                         for spec in launch.specs]
+    return out
+
+
+def render_pair_text(name: str, p: dict[str, Any]) -> list[str]:
+    state = "ON" if p["enabled"] else f"OFF: {p['reason'] or 'enabled: false'}"
+    out = [f"== node pair {name} (Phase 4-alt, TP=2): {p['head']} head (rank 0) + {p['worker']} worker (rank 1): {state}"]
+    link = p["link"]
+    if link:
+        out.append(f"link: {link['head_address']} ({p['head']}) <-> {link['worker_address']} ({p['worker']}), "
+                   f"MTU {link['mtu']}, master port {p['master_port']}")
+    else:
+        out.append("link: none; to turn it on, add link: {head_address, worker_address, mtu} and enabled: true")
+    if p["enabled"]:
+        out.append(f"gateway: one backend, {p['head']}; {p['worker']} runs headless, out of the rotation")
+    out.append("preflight of the pair:")
+    out += [f"  {what}" for what in p["preflight"]]
+    if "launch" in p:
+        out.append("launch" + (" once on" if not p["enabled"] else "") + " (worker first, the head after its "
+                   "headless milestone):")
+        out += [f"  {x['node']} (rank {x['rank']}): {x['docker_run']}" for x in p["launch"]]
+    out.append("")
+    return out
+
+
 def build_plan(fleet: Fleet, only: str | None) -> dict[str, Any]:
     names = [only] if only else [n.name for n in fleet.serve_nodes]
     for n in names:
@@ -170,6 +206,7 @@ def build_plan(fleet: Fleet, only: str | None) -> dict[str, Any]:
         rollout = {"waves": [], "text": f"refused: {e}"}
     return {
         "nodes": {n: node_plan(fleet, n) for n in names},
+        "pairs": {p.name: pair_plan(fleet, p) for p in fleet.pairs if not only or only in (p.head, p.worker)},
         "rollout": rollout,
         "gateway": {
             "host": fleet.gateway.host,
@@ -197,6 +234,8 @@ def render_plan_text(plan: dict[str, Any]) -> str:
         out.append("launch:")
         out.append("  " + p["docker_run"])
         out.append("")
+    for name, p in plan.get("pairs", {}).items():
+        out += render_pair_text(name, p)
     out.append("== rollout of a new image, checkpoint or launch profile (rollout_job)")
     out += ["  " + line for line in plan["rollout"]["text"].splitlines()]
     out.append("  each node: deploy (previous version kept) -> health -> bench vs floors and the fleet's baseline; "

@@ -34,10 +34,12 @@ from spark_pipelines.core.fleet_settings import (
     VersionSettings,
     GatewayFront,
     HealthSettings,
+    NodePair,
     PreflightSettings,
     RetentionSettings,
     RolloutSettings,
     StepRetrySettings,
+    check_pairs,
 )
 from spark_pipelines.core.fleet_types import (
     AbsPath,
@@ -471,6 +473,7 @@ class Fleet(Strict):
     health: HealthSettings = HealthSettings()
     ssh: StepRetrySettings = StepRetrySettings()
     retention: RetentionSettings = RetentionSettings()
+    pairs: tuple[NodePair, ...] = Field(default=(), description="node pairs serving one model at TP=2 (Phase 4-alt)")
 
     @field_validator("nodes")
     @classmethod
@@ -534,6 +537,7 @@ class Fleet(Strict):
         for name in self.gateway.api_host_overrides:
             if name not in {n.name for n in self.nodes}:
                 raise ValueError(f"gateway.api_host_overrides names unknown node {name!r}")
+        check_pairs(self.pairs, self.node_names, [n.name for n in self.serve_nodes])
         return self
 
     # -- lookups used everywhere --

@@ -47,6 +47,7 @@ from typing import Any
 from spark_pipelines.core import diagnosis
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import Deployment, NodeArtifacts
+from spark_pipelines.core.pair_launch import enabled_pair_of
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import record_keys as keys
@@ -471,6 +472,10 @@ def deploy_artifacts(s: FleetSession, node: Node, artifacts: NodeArtifacts, code
     """`deploy` of the fleet's launch spec with the node's artifacts, then the step marker
     node_deployment skips on, written only when what runs is what was meant. `gated`: the node
     stays out of the gateway until its bench promotes it. Raises RunbookError."""
+    pair = enabled_pair_of(s.fleet, node.name)
+    if pair is not None:
+        raise RunbookError(f"{node.name} serves in node pair {pair.name} (pairs: enabled): a rollout does not move a "
+                           f"pair; deploy the pair with deploy_node_job for {pair.head}, or turn it off first")
     spec = launch_spec(s.fleet, node)
     sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
     done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_core.key_for(artifacts, spec),
@@ -502,3 +507,8 @@ def serves_as_marked(s: FleetSession, node: Node, artifacts: NodeArtifacts, code
             and engine.healthy(s.fleet, node)):
         return marker
     return None
+
+
+# What a node pair's deploy (runbook/pair.py) reads as a single node's deploy does; the transaction
+# itself (journal, set-aside, rollback) is runbook/transaction.py's, once per node.
+labelled, version_to_launch, gateway_of = _labelled, _version_to_launch, _gateway

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import pair as pair_core
+from spark_pipelines.core.pair_launch import enabled_pair_of
 from spark_pipelines.resources import lease
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
@@ -40,8 +42,11 @@ def promotion(s: FleetSession) -> tuple[list[str], dict[str, str]]:
     led = ledger.read(s)
     for node in f.serve_nodes:
         held = led.why_held(node.name)
+        pair = enabled_pair_of(f, node.name)
         if held:
             out[node.name] = held
+        elif pair is not None and pair.worker == node.name:  # headless: the pair is its head's backend
+            out[node.name] = pair_core.WORKER_OUT.format(pair=pair.name, head=pair.head)
         elif not engine.healthy(f, node):
             out[node.name] = "vLLM /health does not answer"
         else:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_pipelines.core import gpu, health, remote
+from spark_pipelines.core import pair as pair_core
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.core.errors import first_line
@@ -278,7 +279,24 @@ def sweep(s: FleetSession, nodes: Iterable[Node] | None = None, *,
                             thread_name_prefix="health-probe") as pool:
         futures = {n.name: pool.submit(probe_and_judge, s, n, bench=bench.get(n.name),
                                        earlier=earlier.get(n.name), clock=clock) for n in targets}
-        return {name: f.result() for name, f in futures.items()}
+        return pairs_judged(s.fleet, {name: f.result() for name, f in futures.items()})
+
+
+def pairs_judged(fleet: Fleet, reports: dict[str, NodeReport]) -> dict[str, NodeReport]:
+    """A node pair that is on is judged as one engine (core.pair.judge_pair): its headless worker
+    answers no /health of its own."""
+    for p in fleet.pairs:
+        if not p.enabled or p.head not in reports or p.worker not in reports:
+            continue
+        h, w = reports[p.head], reports[p.worker]
+
+        def running(r: NodeReport) -> bool | None:
+            c = r.observation.container
+            return None if c is None else c.running
+
+        hv, wv = pair_core.judge_pair(p, h.verdict, w.verdict, head_running=running(h), worker_running=running(w))
+        reports[p.head], reports[p.worker] = NodeReport(h.observation, hv), NodeReport(w.observation, wv)
+    return reports
 
 
 def open_session(fleet: Fleet, logger: Any = None, base: SshSettings | None = None) -> FleetSession:

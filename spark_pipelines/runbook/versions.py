@@ -52,6 +52,12 @@ def _manifest_digest(s: FleetSession, node: Node, directory: str) -> str | None:
         return None
 
 
+def serving_digest(s: FleetSession, node: Node) -> str | None:
+    """The manifest digest of what the runbook's path serves on the node (a version or a plain
+    directory; None: no manifest there)."""
+    return _manifest_digest(s, node, serving_path(s, node))
+
+
 def make_version(s: FleetSession, node: Node, digest: str | None = None) -> str | None:
     """The runbook's plain directory becomes a version beside it, and the path a link to it: one
     rename and one symlink, nothing copied; a running container keeps its open files, and one that

@@ -19,7 +19,9 @@ def test_plan_json_shape_and_argv():
     p = run("plan", "--fleet", "fleets/seed.yaml", "--format", "json")
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
-    assert set(plan) == {"fleet_file", "nodes", "gateway", "rollout"}
+    assert set(plan) == {"fleet_file", "nodes", "gateway", "rollout", "pairs"}
+    tp2 = plan["pairs"]["tp2"]  # Phase 4-alt: off in the seed, with the runbook's reason
+    assert tp2["enabled"] is False and tp2["reason"].startswith("not DAC-connected")
     assert plan["fleet_file"] == str(Path("fleets/seed.yaml").resolve())
     assert plan["rollout"]["waves"] == [["spark1"], ["spark2"]]  # canary alone, then max_unavailable 1
     assert plan["nodes"]["spark1"]["docker_run_argv"] == runbook_argv("/home/operator")
