@@ -77,12 +77,15 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "dagster").mkdir()
-            instance = dg.DagsterInstance.local_temp(str(Path(tmp) / "dagster"))
+            # No compute-log capture: it points the whole process's stdout at one run's file,
+            # and the soak runs several at once beside its own output.
+            instance = dg.DagsterInstance.local_temp(str(Path(tmp) / "dagster"), overrides={"compute_logs": {
+                "module": "dagster._core.storage.noop_compute_log_manager", "class": "NoOpComputeLogManager"}})
             try:
                 from spark_pipelines.core.fleet import load_fleet
 
                 chain(path, instance, [n.name for n in load_fleet(path).serve_nodes])
-                soak = Soak(sim, path, instance, cfg, key, log=lambda s: print(s, flush=True))
+                soak = Soak(sim, path, instance, cfg, key)
                 soak.run_soak()
                 result = soak.check()
                 md = soak_report.write(soak, result, Path(args.out), name, command)

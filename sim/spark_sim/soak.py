@@ -87,10 +87,14 @@ class SoakConfig:
 
 class Soak:
     def __init__(self, sim: SimFleet, fleet_path: str, instance: dg.DagsterInstance, cfg: SoakConfig,
-                 key: str, log: Callable[[str], None] = print) -> None:
+                 key: str, log: Callable[[str], None] | None = None) -> None:
         from spark_pipelines.core.fleet import load_fleet
 
-        self.sim, self.path, self.instance, self.cfg, self.key, self.log = sim, fleet_path, instance, cfg, key, log
+        self.sim, self.path, self.instance, self.cfg, self.key = sim, fleet_path, instance, cfg, key
+        # An in-process run points this process's fd 1 and 2 at its compute log while it runs:
+        # the soak's own lines go to a copy of stdout taken now.
+        self._out = os.fdopen(os.dup(1), "w", buffering=1) if log is None else None
+        self.log = log or (lambda line: self._out.write(line + "\n"))
         self.rng = random.Random(cfg.seed)
         self.fleet = load_fleet(fleet_path)
         self.nodes = [n.name for n in self.fleet.serve_nodes]
@@ -107,7 +111,7 @@ class Soak:
         self.seen_keys: set[str] = set()
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="soak-run")
         self.futures: list[Any] = []
-        self.quarantined: dict[str, str] = {}
+        self.reserved: set[str] = set()
         self.t0 = time.time()
 
     # -- the code location, reloaded after a fleet-file edit --------------------------------
@@ -246,12 +250,27 @@ class Soak:
 
     # -- faults ------------------------------------------------------------------------------
 
+    def _fault_when_free(self, kind: str, node: str | None) -> None:
+        """A fault whose every candidate is busy with an earlier one waits (up to the largest gap)."""
+        deadline = time.time() + self.cfg.fault_gap_s[1]
+        with self.lock:
+            node = node or self.pick(kind)
+        while node is None and time.time() < deadline:
+            time.sleep(3)
+            with self.lock:
+                node = self.pick(kind)
+        if node is None:
+            self.log(f"  [{self.rel(time.time()):6.0f}] fault {kind}: no node free for it, skipped")
+            return
+        self._fault(kind, node)
+
     def _fault(self, kind: str, node: str) -> None:
         """Inject, hold, undo, then follow the node until it serves and is routed, or is quarantined."""
         spec = FAULTS[kind]
         m = Mark("fault", kind, node if spec.scope == "node" else "gateway", time.time())
         with self.lock:
             self.marks.append(m)
+            self.reserved.discard(m.node)
         hold = self.rng.uniform(*spec.hold_s)
         self.log(f"  [{self.rel(m.start):6.0f}] fault {kind} on {m.node} for {hold:.0f} s")
         try:
@@ -315,9 +334,8 @@ class Soak:
         self.run("release_quarantine_job", node, source="operator release")
 
     def busy_nodes(self) -> set[str]:
-        with self.lock:
-            return {m.node for m in self.marks if m.kind == "fault" and m.settled is None
-                    and m.outcome != "not injected" and m.node}
+        return {m.node for m in list(self.marks) if m.kind == "fault" and m.settled is None
+                and m.outcome != "not injected" and m.node}
 
     # -- operator actions ---------------------------------------------------------------------
 
@@ -344,16 +362,44 @@ class Soak:
                 r = self.run("rollout_job", source="operator rollout")
             while r.end is None:
                 time.sleep(1)
+            if not r.ok and "refused" in r.detail:
+                # Refused with nothing changed (a node out): the operator launches it again once
+                # every node serves, as a person reading the refusal would.
+                self.wait_whole(self.cfg.settle_s)
+                m.detail += "; refused, launched again by the operator once the fleet was whole"
+                r = self.run("rollout_job", source="operator rollout (again)")
             m.ok = r.ok
         elif what == "bench":
             node = self.rng.choice([n for n in self.nodes if n not in self.busy_nodes()] or self.nodes)
             m.node = node
             m.ok = self.run("bench_job", node, source="operator bench").ok
+        elif what == "add_node":
+            m.node, m.ok = self.add_node(), None
+            m.ok = self.run("add_node_job", m.node, source="operator add_node").ok
         elif what == "reload":
             backoff = 60 + 30 * (i % 3)
             self.edit_fleet(lambda d: d.setdefault("health", {}).__setitem__("backoff_s", backoff))
             m.detail, m.ok = f"health.backoff_s={backoff}; fleet file reloaded", True
         m.end = time.time()
+
+    def add_node(self) -> str:
+        """A GB10 joins: the simulator starts it, the operator adds it to the fleet file (as its
+        neighbours are written) and reloads; add_node_job is the pipeline's."""
+        member = self.sim.add_node()
+
+        def add(d: dict[str, Any]) -> None:
+            like = dict(next(n for n in d["nodes"] if n["name"] == self.nodes[-1]))
+            like.update(name=member.name, host=member.ip, user=member.user, home=str(member.home),
+                        hardware=member.hardware, roles=["serve"])
+            d["nodes"].append(like)
+
+        self.edit_fleet(add)
+        from spark_pipelines.core.fleet import load_fleet
+
+        self.fleet = load_fleet(self.path)
+        with self.lock:
+            self.nodes.append(member.name)
+        return member.name
 
     # -- the soak ----------------------------------------------------------------------------
 
@@ -405,11 +451,8 @@ class Soak:
                     th = threading.Thread(target=self.action, args=(name, actions), daemon=True, name=f"soak-{name}")
                     actions += 1
                 else:
-                    node = node or self.pick(name)
-                    if node is None:
-                        self.log(f"  [{self.rel(time.time()):6.0f}] fault {name}: no node free for it, skipped")
-                        continue
-                    th = threading.Thread(target=self._fault, args=(name, node), daemon=True, name=f"soak-{name}")
+                    th = threading.Thread(target=self._fault_when_free, args=(name, node), daemon=True,
+                                          name=f"soak-{name}")
                 th.start()
                 workers.append(th)
                 time.sleep(1)  # a fault's first mark before the next pick
@@ -432,27 +475,38 @@ class Soak:
     def pick(self, kind: str) -> str | None:
         spec = FAULTS[kind]
         if spec.scope == "gateway":
-            return "gateway" if "gateway" not in self.busy_nodes() else None
-        busy = self.busy_nodes()
-        # At least one node is never faulted at the same time: the gateway's last backend is the
-        # pipeline's to keep, not the chaos's to take.
-        if len([n for n in self.nodes if n in busy]) >= len(self.nodes) - 1:
+            if "gateway" in self.busy_nodes() | self.reserved:
+                return None
+            self.reserved.add("gateway")
+            return "gateway"
+        busy = self.busy_nodes() | self.reserved
+        # Half the nodes at most are faulted at once (one of two): the gateway's last backends are
+        # the pipeline's to keep, not the chaos's to take.
+        if len([n for n in self.nodes if n in busy]) >= max(1, len(self.nodes) // 2):
             return None
         free = [n for n in self.nodes if n not in busy and (spec.build_ok or n != self.fleet.build_node.name)]
-        return self.rng.choice(free) if free else None
+        node = self.rng.choice(free) if free else None
+        if node:
+            self.reserved.add(node)  # until its fault's mark is in
+        return node
 
     def settle_end(self) -> None:
         """After the last fault: the sweep gets settle_s to bring every node back (or hold it out)."""
-        deadline = time.time() + self.cfg.settle_s
+        self.wait_whole(self.cfg.settle_s, held_ok=True)
+
+    def wait_whole(self, seconds: float, held_ok: bool = False) -> bool:
+        """Until every node serves and is routed (or, held_ok, is quarantined), up to `seconds`."""
+        deadline = time.time() + seconds
         while time.time() < deadline:
             routes = self.proxy_routes() or []
             try:
-                held = self.ledger_quarantined()
+                held = self.ledger_quarantined() if held_ok else {}
             except Exception:
                 held = {}
-            if all((n in routes and engine_healthy(self.sim.node(n))) or n in held for n in self.nodes):
-                return
+            if all((n in routes and engine_healthy(self.sim.node(n))) or n in held for n in list(self.nodes)):
+                return True
             time.sleep(5)
+        return False
 
     # -- the checker -------------------------------------------------------------------------
 

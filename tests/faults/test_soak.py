@@ -32,7 +32,7 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
     # sweep (every 5 s) must heal it without a client request failing on the pipeline's account.
     cfg = SoakConfig(seed=37, duration_s=60, tick_s=5, actions=("rollout",), first_action_s=3, action_every_s=600,
                      plan=(("engine-killed", "spark2", 25.0),), settle_s=150, clients=clients)
-    soak = Soak(fleet.sim, str(path), fleet.instance, cfg, os.environ["LITELLM_MASTER_KEY"], log=print)
+    soak = Soak(fleet.sim, str(path), fleet.instance, cfg, os.environ["LITELLM_MASTER_KEY"])
     soak.run_soak()
     result = soak.check()
     report = soak_report.write(soak, result, tmp_path, "soak-ci", "tests/faults/test_soak.py")
