@@ -54,6 +54,8 @@ def main() -> int:
     ap.add_argument("--gap", type=float, nargs=2, default=(60, 120), metavar=("MIN", "MAX"),
                     help="seconds between two faults (seeded uniform)")
     ap.add_argument("--every", type=float, default=300, help="seconds between operator actions")
+    ap.add_argument("--actions", default="rollout,bench,reload,add_node,bench",
+                    help="operator actions in turn: rollout, bench, reload (a fleet-file edit), add_node")
     ap.add_argument("--faults", default="", help=f"comma-separated kinds (default all: {', '.join(FAULTS)})")
     ap.add_argument("--out", default="docs/soak")
     ap.add_argument("--keep", action="store_true", help="leave the simulated fleet up afterwards")
@@ -65,7 +67,7 @@ def main() -> int:
     os.environ.setdefault("LITELLM_MASTER_KEY", "sk-soak-" + secrets.token_urlsafe(12))
     key = os.environ["LITELLM_MASTER_KEY"]
     cfg = SoakConfig(seed=args.seed, duration_s=args.minutes * 60, tick_s=args.tick, fault_gap_s=tuple(args.gap),
-                     action_every_s=args.every, faults=tuple(f for f in args.faults.split(",") if f))
+                     action_every_s=args.every, actions=tuple(args.actions.split(",")), faults=tuple(f for f in args.faults.split(",") if f))
     sim = SimFleet()
     sim.down()
     t0 = time.monotonic()

@@ -31,7 +31,8 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
     # engine of spark2 is killed at 25 s, while the rollout drains, relaunches and benches: the
     # sweep (every 5 s) must heal it without a client request failing on the pipeline's account.
     cfg = SoakConfig(seed=37, duration_s=60, tick_s=5, actions=("rollout",), first_action_s=3, action_every_s=600,
-                     plan=(("engine-killed", "spark2", 25.0),), settle_s=150, clients=clients)
+                     plan=(("engine-killed", "spark2", 25.0),), settle_s=150, clients=clients,
+                     max_tokens=96, pause_s=0.1)  # streams always in flight: a drain that cuts one shows
     soak = Soak(fleet.sim, str(path), fleet.instance, cfg, os.environ["LITELLM_MASTER_KEY"])
     soak.run_soak()
     result = soak.check()
