@@ -515,10 +515,11 @@ class Soak:
         runs = [m for m in self.marks if m.kind == "run"]
         causes: dict[str, int] = {}
         for r in self.requests:
-            r["cause"] = classify(r, faults, runs)
+            r["cause"] = classify(r, faults, runs, self.routes)
             causes[r["cause"].split(":")[0]] = causes.get(r["cause"].split(":")[0], 0) + 1
         samples = [(t, nodes) for t, nodes in self.routes if nodes is not None]
         empty = [round(self.rel(t), 1) for t, nodes in samples if not nodes]
+        stale = stale_routes(self)
         unanswered = sum(1 for _, nodes in self.routes if nodes is None)
         end = end_state(self)
         by_kind: dict[str, int] = {}
@@ -531,11 +532,14 @@ class Soak:
             problems.append(f"{len(pipeline_failed)} requests failed by the pipeline's own action or unexplained")
         if empty:
             problems.append(f"the proxy routed to no node in {len(empty)} samples (first at {empty[0]} s)")
+        if stale:
+            problems.append(f"the proxy routed to a node down longer than the sweep's detection time "
+                            f"({detect_budget(self):.0f} s) in {len(stale)} samples (first: {stale[0]})")
         problems += end["problems"]
         return {"seed": self.cfg.seed, "duration_s": round(self.t_end - self.t0), "nodes": self.nodes,
                 "faults_by_kind": by_kind, "faults": len(faults), "requests": len(self.requests),
                 "causes": causes, "route_samples": len(samples), "route_unanswered": unanswered,
-                "empty_samples": empty, "end": end, "problems": problems,
+                "empty_samples": empty, "stale_routes": stale, "detect_budget_s": round(detect_budget(self)), "end": end, "problems": problems,
                 "verdict": "PASS" if not problems else "FAIL",
                 "runs": {"ok": sum(1 for m in runs if m.ok), "failed": sum(1 for m in runs if m.ok is False)}}
 
@@ -544,6 +548,29 @@ class Soak:
                                     "marks": [asdict(m) for m in self.marks], "routes": self.routes,
                                     "health": self.health, "verdicts": self.verdicts, "ticks": self.ticks,
                                     "requests": self.requests}, default=str))
+
+
+def detect_budget(soak: Soak) -> float:
+    """How long a dead node may stay routed: the sweeps that must agree, one more tick, and the
+    reconcile run (its reload)."""
+    return soak.cfg.tick_s * (soak.fleet.health.failed_sweeps + 1) + 45.0
+
+
+def stale_routes(soak: Soak) -> list[str]:
+    """Route samples naming a node whose /health had failed for longer than detect_budget."""
+    budget, out = detect_budget(soak), []
+    down_since: dict[str, float | None] = {}
+    events = sorted([(t, "h", n, ok) for t, n, ok in soak.health] + [(t, "r", None, nodes) for t, nodes in soak.routes],
+                    key=lambda e: e[0])
+    for t, what, node, value in events:
+        if what == "h":
+            down_since[node] = None if value else (down_since.get(node) or t)
+        elif value:
+            for n in value:
+                since = down_since.get(n)
+                if since is not None and t - since > budget:
+                    out.append(f"{n} at {soak.rel(t):.0f} s, down since {soak.rel(since):.0f} s")
+    return out
 
 
 def engine_healthy(m: Any, timeout: float = 5) -> bool:
@@ -559,7 +586,8 @@ def request_row(s: Any) -> dict[str, Any]:
             "resent": len(s.resent)}
 
 
-def classify(r: dict[str, Any], faults: list[Mark], runs: list[Mark]) -> str:
+def classify(r: dict[str, Any], faults: list[Mark], runs: list[Mark],
+             routes: list[tuple[float, list[str] | None]] = ()) -> str:
     if r["ok"]:
         return "served"
     a, b = r["at"], r["end"]
@@ -572,9 +600,18 @@ def classify(r: dict[str, Any], faults: list[Mark], runs: list[Mark]) -> str:
         until = min(x for x in (f.out_at, f.settled, f.end and f.end + 60, time.time()) if x is not None)
         if f.start - 1 <= b and a <= until + SLACK_S:
             return f"fault:{f.name}"
-    for m in runs:
-        if m.name in PIPELINE_JOBS and m.start - 2 <= b and a <= (m.end or time.time()) + 2:
-            return f"pipeline:{m.name}"
+    active = [m for m in runs if m.name in PIPELINE_JOBS and m.start - 2 <= b and a <= (m.end or time.time()) + 2]
+    # The proxy's routes when it failed: only nodes under a fault not yet settled (or none)?
+    seen = [nodes for t, nodes in routes if a - 2 <= t <= b + 1 and nodes is not None]
+    for f in faults:
+        # Taken out already, not back yet, while a run had the other nodes out: nothing was left to
+        # serve because of the fault and the run together (two nodes: the canary out, the other dead).
+        unsettled = {g.node for g in faults if g.start <= b and a <= (g.settled or time.time())}
+        if (f.outcome != "not injected" and f.start <= b and a <= (f.settled or time.time()) and active
+                and r["node"] in (None, f.node) and seen and all(set(n) <= unsettled for n in seen)):
+            return f"compound:{f.name}+{active[0].name}"
+    if active:
+        return f"pipeline:{active[0].name}"
     return "unexplained"
 
 

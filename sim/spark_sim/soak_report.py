@@ -48,7 +48,11 @@ def markdown(soak: Soak, result: dict[str, Any], png: str, command: str) -> str:
         lines.append(f"- {r['at'] - t0:.1f} s {r['kind']} via {r['node'] or '?'}: {r['cause']}: {r['error'][:150]}")
     lines += ["", f"Gateway routes sampled (the proxy's /model/info, 1 s): {result['route_samples']} answered, "
               f"{result['route_unanswered']} unanswered (proxy down or reloading), "
-              f"{len(result['empty_samples'])} empty.", "",
+              f"{len(result['empty_samples'])} empty"
+              + (f" (at {', '.join(str(x) for x in result['empty_samples'][:8])} s)" if result['empty_samples'] else "")
+              + f"; routed to a node down longer than the detection time ({result['detect_budget_s']} s): "
+              f"{len(result['stale_routes'])}" + (f" ({'; '.join(result['stale_routes'][:3])})" if result['stale_routes'] else "")
+              + ".", "",
               "## Faults (" + ", ".join(f"{k} {v}" for k, v in sorted(result["faults_by_kind"].items())) + ")", "",
               *fault_rows(soak), "", "## Operator actions and pipeline runs", "",
               "| at s | what | node | took s | ok | by / detail |", "|---|---|---|---|---|---|"]
@@ -90,7 +94,7 @@ def plot(soak: Soak, path: Path) -> None:
             failed.setdefault(r["cause"].split(":")[0], [0] * bins)[b] += 1
     xs = [i * 5 for i in range(bins)]
     ax1.plot(xs, [v / 5 for v in served], color="tab:green", label="served /s")
-    colors = {"fault": "tab:orange", "pipeline": "tab:red", "unexplained": "black"}
+    colors = {"fault": "tab:orange", "compound": "tab:brown", "pipeline": "tab:red", "unexplained": "black"}
     for cause, ys in failed.items():
         ax1.bar(xs, [v / 5 for v in ys], width=4, color=colors.get(cause, "gray"), alpha=0.8,
                 label=f"failed ({cause}) /s")

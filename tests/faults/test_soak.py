@@ -27,11 +27,13 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
         clients[OPENAI] = 1
     except ImportError:
         pass
-    # The operator reloads a new launch profile at 3 s (pins_changed asks for the rollout); the
-    # engine of spark2 is killed at 25 s, while the rollout drains, relaunches and benches: the
-    # sweep (every 5 s) must heal it without a client request failing on the pipeline's account.
+    # The operator reloads a new launch profile at 3 s (pins_changed asks for the rollout, spark1
+    # is its canary); the canary's engine is killed at 25 s, while the rollout has it out and
+    # relaunches and benches it: the rollout and the sweep (every 5 s) must bring it back without a
+    # client request failing on the pipeline's account. (Killing spark2 instead leaves nothing to
+    # serve on two nodes: its loss while the canary is out is an outage no pipeline can avoid.)
     cfg = SoakConfig(seed=37, duration_s=60, tick_s=5, actions=("rollout",), first_action_s=3, action_every_s=600,
-                     plan=(("engine-killed", "spark2", 25.0),), settle_s=150, clients=clients,
+                     plan=(("engine-killed", "spark1", 25.0),), settle_s=150, clients=clients,
                      max_tokens=96, pause_s=0.1)  # streams always in flight: a drain that cuts one shows
     soak = Soak(fleet.sim, str(path), fleet.instance, cfg, os.environ["LITELLM_MASTER_KEY"])
     soak.run_soak()
@@ -42,6 +44,6 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
     fault = next(m for m in soak.marks if m.kind == "fault")
     assert rollout and rollout[0].start < fault.start < (rollout[0].end or 0), \
         f"the fault did not overlap the rollout: {rollout} / {fault}"
-    assert fault.outcome in ("healed", "quarantined"), f"spark2 neither healed nor quarantined: {fault}"
+    assert fault.outcome in ("healed", "quarantined"), f"spark1 neither healed nor quarantined: {fault}"
     assert result["requests"] > 20, f"too little traffic to judge: {result['requests']} requests"
     assert result["verdict"] == "PASS", "; ".join(result["problems"]) + f" (report: {report})"
