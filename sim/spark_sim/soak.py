@@ -248,6 +248,18 @@ class Soak:
         with FleetSession(self.fleet) as s:
             return {n: q.summary() for n, q in quarantine.quarantined(s).items()}
 
+    def held_out(self) -> dict[str, str]:
+        """Nodes out of the gateway with a reason on the gateway host: the quarantine ledger, and
+        the config's drain notes (a bench gate holding a node out says why there)."""
+        from spark_pipelines.resources.gateway import GatewayHost
+        from spark_pipelines.resources.ssh import FleetSession
+
+        out = self.ledger_quarantined()
+        with FleetSession(self.fleet) as s:
+            for n, note in GatewayHost(s).read().drains.items():
+                out.setdefault(n, f"drain note: {note}")
+        return out
+
     # -- faults ------------------------------------------------------------------------------
 
     def _fault_when_free(self, kind: str, node: str | None) -> None:
@@ -621,7 +633,7 @@ def end_state(soak: Soak) -> dict[str, Any]:
     problems: list[str] = []
     routes = soak.proxy_routes() or []
     try:
-        held = soak.ledger_quarantined()
+        held = soak.held_out()
     except Exception as e:
         held, problems = {}, [f"the ledger was not read: {e}"]
     nodes = {}
