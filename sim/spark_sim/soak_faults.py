@@ -8,15 +8,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from spark_sim import faults as fx
 from spark_sim import power
 
-if TYPE_CHECKING:
-    from spark_sim.soak import Soak
+# `soak` below is a spark_sim.soak.Soak (not imported: soak.py imports this module).
+Soak = Any
 
 
 # -- the catalogue ------------------------------------------------------------------------------
