@@ -26,6 +26,7 @@ from spark_pipelines.core import baseline
 from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.fleet import Fleet
+from spark_pipelines.core.jit_cache import key_for as jit_cache_key
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
@@ -167,10 +168,8 @@ class _Steps:
         self.run_id = context.run.run_id
 
     def deploy(self, node: str) -> str:
-        f, n = self.s.fleet, self.s.fleet.node(node)
-        artifacts = NodeArtifacts(node=node, path=checkpoint_version_path(f, n, self.mtp_weights),
-                                  image=self.image.ref, image_id=self.image.image_id, index=self.mtp_weights.index,
-                                  manifest=self.mtp_weights.manifest, architecture=self.mtp_weights.architecture)
+        n = self.s.fleet.node(node)
+        artifacts = self._artifacts(node)
         # gated: out of the gateway from its deploy until its bench gate promotes it (no request
         # reaches a version before its gate); without the bench gate, back after the commit.
         d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
@@ -187,6 +186,7 @@ class _Steps:
     def gate(self, node: str) -> core.GateResult:
         f, n = self.s.fleet, self.s.fleet.node(node)
         if not self.config.bench_gate:
+            self._archive_cache(node)
             return core.judge(node, healthy=True, benched=False)
         # Judged against the baseline inside the bench: a new version below it goes back to the
         # previous one without having served a request.
@@ -194,7 +194,23 @@ class _Steps:
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
                              {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
-        return gate_of(f, n, b, self.base)
+        result = gate_of(f, n, b, self.base)
+        if result.passed:
+            self._archive_cache(node)
+        return result
+
+    def _archive_cache(self, node: str) -> None:
+        """Passed (the canary first): its compile cache archived before the next wave, which boots on it."""
+        n = self.s.fleet.node(node)
+        spec = launch_spec(self.s.fleet, n)
+        node_rollout.archive_cache(self.s, n, spec, jit_cache_key(self._artifacts(node), spec), self.context.log,
+                                   run_id=self.run_id)
+
+    def _artifacts(self, node: str) -> NodeArtifacts:
+        f, n = self.s.fleet, self.s.fleet.node(node)
+        return NodeArtifacts(node=node, path=checkpoint_version_path(f, n, self.mtp_weights), image=self.image.ref,
+                             image_id=self.image.image_id, index=self.mtp_weights.index,
+                             manifest=self.mtp_weights.manifest, architecture=self.mtp_weights.architecture)
 
     def revert(self, node: str, why: str) -> str:
         n = self.s.fleet.node(node)

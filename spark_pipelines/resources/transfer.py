@@ -25,6 +25,7 @@ import paramiko
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import remote
 from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME, MAX_HEADER_BYTES
+from spark_pipelines.core.progress import Progress
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteCommandError, RemoteError
 
@@ -33,22 +34,57 @@ from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteComm
 DIGEST_TIMEOUT_S = 1800
 
 
-def checkpoint_script(session: FleetSession, node: str, args: list[str], timeout: float) -> dict:
-    """Run core/checkpoint.py on the node (stdlib only, piped to python3); its last line is JSON."""
+def checkpoint_script(session: FleetSession, node: str, args: list[str], timeout: float,
+                      progress: Progress | None = None) -> dict:
+    """Run core/checkpoint.py on the node (stdlib only, piped to python3); its last line is JSON.
+    `progress`: fed with the bytes hashed as the script says them (it is given --progress), a
+    line in the session's log whenever one is due."""
     source = Path(checkpoint_core.__file__).read_text()
-    r = session.run(node, ["python3", "-", *args], stdin=source, log=False, timeout=timeout)
+    on_line = None
+    if progress is not None:
+        args = [*args, "--progress"]
+
+        def on_line(stream: str, line: str) -> bool:
+            parts = line.split()
+            if stream == "stderr" and len(parts) == 3 and parts[0] == checkpoint_core.PROGRESS_PREFIX:
+                with _PROGRESS_LOCK:
+                    progress.total = int(parts[2]) if parts[2].isdigit() else progress.total
+                    progress.set(int(parts[1]) if parts[1].isdigit() else 0)
+                    if progress.due(time.monotonic()):
+                        session.log.info(progress.line(time.monotonic()))
+            return False
+
+    r = session.run(node, ["python3", "-", *args], stdin=source, log=False, timeout=timeout, on_line=on_line)
+    if progress is not None:
+        progress.set(progress.total)
+        said = progress.end(time.monotonic())
+        if progress.spoke:
+            session.log.info(said)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def digests_on_node(session: FleetSession, node: str, directory: str, only: list[str] | None = None) -> dict[str, dict]:
-    """{path: {size, sha256}} of the files under directory, hashed on the node itself."""
+_PROGRESS_LOCK = threading.Lock()
+
+
+def hash_progress(node: str, directory: str) -> Progress:
+    """What a hash of `directory` on `node` says while it runs (its total arrives with its first line)."""
+    return Progress(f"[{node}] hashing {directory}", 0, time.monotonic())
+
+
+def digests_on_node(session: FleetSession, node: str, directory: str, only: list[str] | None = None,
+                    progress: Progress | None = None) -> dict[str, dict]:
+    """{path: {size, sha256}} of the files under directory, hashed on the node itself; a long
+    hash says how far it is in the log (`progress`: the caller's, for the figures it records)."""
     args = [directory, "--digests", *(f"--only={p}" for p in only or [])]
-    return checkpoint_script(session, node, args, DIGEST_TIMEOUT_S)["files"]
+    return checkpoint_script(session, node, args, DIGEST_TIMEOUT_S,
+                             progress or hash_progress(node, directory))["files"]
 
 
-def write_manifest(session: FleetSession, node: str, directory: str) -> tuple[dict, str]:
+def write_manifest(session: FleetSession, node: str, directory: str,
+                   progress: Progress | None = None) -> tuple[dict, str]:
     """Hash the directory on the node, write its MANIFEST_NAME there; (manifest, digest)."""
-    manifest = checkpoint_script(session, node, [directory, "--write-manifest"], DIGEST_TIMEOUT_S)
+    manifest = checkpoint_script(session, node, [directory, "--write-manifest"], DIGEST_TIMEOUT_S,
+                                 progress or hash_progress(node, directory))
     return manifest, checkpoint_core.manifest_digest(manifest)
 
 
@@ -301,7 +337,7 @@ class NodeStreams:
     def verify_tree(
         self, src: str, dst: str, src_dir: str, dst_dir: str, *,
         manifest: str | None = None, content: bool = True, only: list[str] | None = None,
-        drop_rsync_leftovers: bool = False,
+        drop_rsync_leftovers: bool = False, progress: Progress | None = None,
     ) -> TreeVerification:
         """Sizes of every file on both sides, the safetensors index, each shard's header span, and
         (content=True) every file's sha256 on dst against the source's manifest (`only`: just
@@ -335,12 +371,12 @@ class NodeStreams:
             if problem:
                 v.problems.append(problem)
         if content:
-            self._verify_content(src, dst, src_abs, dst_abs, v, manifest, only)
+            self._verify_content(src, dst, src_abs, dst_abs, v, manifest, only, progress)
         return v
 
     def _verify_content(
         self, src: str, dst: str, src_abs: str, dst_abs: str, v: TreeVerification,
-        manifest: str | None, only: list[str] | None,
+        manifest: str | None, only: list[str] | None, progress: Progress | None = None,
     ) -> None:
         s = self.session
         text = self._source_manifest_text(src, src_abs)
@@ -365,7 +401,7 @@ class NodeStreams:
                     f"recorded as {manifest[:16]}: the build host's checkpoint changed since; rematerialize mtp_weights"
                 )
                 return
-        actual = digests_on_node(s, dst, dst_abs, only)
+        actual = digests_on_node(s, dst, dst_abs, only, progress)
         v.digests_checked = len(actual)
         diff = checkpoint_core.diff_manifests(expected, actual, only=only)
         # Missing files and size mismatches are already reported by the listing comparison.

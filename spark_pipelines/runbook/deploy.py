@@ -680,6 +680,9 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
             txn.point_checkpoint(posixpath.basename(spec.model_source))
 
         ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
+        if not ok and txn.jit is not None and txn.jit.plan.restore:  # once more, cold, without the shipped cache
+            ok, log_text, ready = jit_cache.boot_cold_after_shipped(s, node, spec, txn.jit, log_text, log, lambda: (
+                launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)))
         findings = diagnosis.diagnose(log_text)
         smoke: dict[str, Any] = {}
         if ok:
@@ -743,6 +746,9 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
     }
     if txn.jit is not None:
         meta.update(jit_cache=txn.jit.plan.verdict, jit_cache_key=txn.jit.plan.key, jit_cache_why=txn.jit.plan.why)
+        if txn.jit.shipped:
+            meta.update(jit_cache_shipped_from=txn.jit.shipped["source"], jit_cache_shipped_bytes=txn.jit.shipped["bytes"],
+                        jit_cache_ship_seconds=txn.jit.shipped["seconds"])
     if txn.checkpoint is not None:
         meta.update(checkpoint_version=txn.checkpoint.after, checkpoint_version_before=txn.checkpoint.before or "none")
     return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,
