@@ -30,9 +30,9 @@ SMALL_FILES = "small files"
 SHARD_MIN_BYTES = 1 << 20  # a file at least this big is a unit of its own; the rest travel together
 IMAGE_PART_MIN_BYTES = 4 << 20
 IMAGE_PART_MAX_BYTES = 4 << 30
-BATCH_UNITS = 4  # units one rsync carries at most from a holder that has them all (then others take turns)
-# Batches a receiver takes at once: the next one starts while the last one's rsync ends and its
-# files are hashed, so neither the handshake nor the hash leaves the link idle.
+BATCH_UNITS = 4  # units one batch carries at most from a holder that has them all (then others take turns)
+# Batches a receiver has under way at once: the next one is queued while the last one is still
+# arriving and being hashed, so the link is never idle between units.
 INCOMING = 2
 
 
@@ -113,7 +113,7 @@ def tree_lines(parent: Mapping[str, str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Batch:
-    """One transfer: `units` (all of one area) from `holder` to `receiver`, one rsync."""
+    """One transfer: `units` (all of one area) from `holder` to `receiver`, sent one after the other."""
 
     holder: str
     receiver: str
@@ -238,8 +238,8 @@ class Pipeline:
                 # for the whole batch (the lag down each level is one batch). A holder with all
                 # of it: a few per rsync, fewer handshakes.
                 limit = self.batch_units if len(picked) == 1 + len(rest) else 1
-                if limit > 1 and self.incoming[r]:
-                    break  # a full batch shares the link with nothing: it waits for the one running
+                if limit > 1 and any(x.holder != holder for x in self.incoming[r]):
+                    break  # a full batch does not share the link with another holder's: it waits
                 self._started += 1
                 b = Batch(holder, r, area, tuple(picked[:limit]), self._started)
                 self.incoming[r].append(b)

@@ -8,7 +8,6 @@ rendering here lets it be unit-tested without a node.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import re
@@ -274,7 +273,6 @@ class LogBatcher:
 # -- ssh and rsync between nodes ------------------------------------------------------------------
 
 PEER_KEY_NAME = "spark-pipelines-peer_ed25519"
-CONTROL_PERSIST_S = 600  # a shared connection left idle this long ends by itself (a run stops its own at its end)
 PEER_KNOWN_HOSTS_NAME = "spark-pipelines-peer_known_hosts"
 # rsync keeps an interrupted file here (inside the destination directory) and reuses it as the
 # basis of the next attempt; files appear under their final names only once complete.
@@ -316,12 +314,8 @@ class PeerRoute:
     key_path: str  # on the source node, absolute
     known_hosts: str  # on the source node, absolute
 
-    def ssh_argv(self, control_path: str | None = None) -> list[str]:
-        """The ssh client command (no destination, no remote command). `control_path`: share one
-        connection among the commands to this destination (a distribution's many small rsyncs:
-        the handshake is a third of a second, a shard's transfer about as long in the sim)."""
-        shared = (["-o", "ControlMaster=auto", "-o", f"ControlPath={control_path}",
-                   "-o", f"ControlPersist={CONTROL_PERSIST_S}"] if control_path else [])
+    def ssh_argv(self) -> list[str]:
+        """The ssh client command (no destination, no remote command)."""
         return [
             "ssh",
             "-i", self.key_path,
@@ -333,14 +327,7 @@ class PeerRoute:
             "-o", "ServerAliveInterval=15",  # a dead link fails within ~1 min instead of hanging
             "-o", "ServerAliveCountMax=4",
             "-p", str(self.port),
-            *shared,
         ]
-
-    def control_path(self, ssh_dir: str) -> str:
-        """Where the shared connection's socket lives on the source: short (a socket path has at
-        most 107 bytes) and one per destination."""
-        tag = hashlib.sha256(f"{self.user}@{self.host}:{self.port}".encode()).hexdigest()[:12]
-        return f"{ssh_dir.rstrip('/')}/spm-{tag}"
 
     @property
     def destination(self) -> str:
@@ -349,9 +336,6 @@ class PeerRoute:
     def remote_argv(self, argv: Sequence[str]) -> list[str]:
         """ssh ... user@host 'quoted remote command' (ssh joins its args with spaces: quote once)."""
         return [*self.ssh_argv(), self.destination, quote_argv(argv)]
-
-    def remote_argv_shared(self, argv: Sequence[str], control_path: str) -> list[str]:
-        return [*self.ssh_argv(control_path), self.destination, quote_argv(argv)]
 
 
 def rsync_argv(
@@ -391,29 +375,6 @@ def rsync_argv(
         argv.append(f"--link-dest={link_dest.rstrip('/')}")
     argv += [src_dir.rstrip("/") + "/", f"{route.destination}:{dst_dir.rstrip('/')}/"]
     return argv
-
-
-def rsync_files_argv(src_dir: str, route: PeerRoute, dst_dir: str, *, link_dest: str | None = None,
-                     control_path: str | None = None, io_timeout_s: int = 120) -> list[str]:
-    """rsync of the files named on stdin (NUL-separated, relative to src_dir), as rsync_argv
-    does it, over a shared connection (`control_path`): one distribution batch."""
-    argv = rsync_argv(src_dir, route, dst_dir, link_dest=link_dest, io_timeout_s=io_timeout_s)
-    if control_path:
-        names.check(names.PATH, control_path, "control path")
-        argv[argv.index("-e") + 1] = shlex.join(route.ssh_argv(control_path))
-    argv[-2:-2] = ["--from0", "--files-from=-"]
-    return argv
-
-
-def stop_shared_argv(route: PeerRoute, control_path: str) -> list[str]:
-    """End the shared connection (`ssh -O exit`); ControlPersist would end it idle anyway."""
-    return [*route.ssh_argv(control_path), "-O", "exit", route.destination]
-
-
-def open_shared_argv(route: PeerRoute, control_path: str) -> list[str]:
-    """Open the shared connection ahead of the first transfer (`ssh ... true`): its handshake is
-    then not on the way of the first unit."""
-    return route.remote_argv_shared(["true"], control_path)
 
 
 _STAT = re.compile(r"^(Total bytes sent|Total bytes received|Total file size|Total transferred file size|"

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import select
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
@@ -127,6 +129,76 @@ def _ip_literal(host: str) -> str | None:
 
 class TransferError(RemoteError):
     """A copy between nodes failed or did not verify; the message names both nodes and the problems."""
+
+
+class PeerStream:
+    """One long-lived relay of files from `src` to `dst` (core/relay.py `send | ssh dst recv`),
+    run ON `src` and fed file by file while it runs: the bytes go node to node, never through this
+    machine, one connection for the whole distribution. `on_got(i, path, sha256)` once a file is
+    whole under its final name on `dst` (the digest of the bytes that landed there); `on_end(error)`
+    once the stream ended ("" when it was closed and ended cleanly). Bounded by `timeout_s` on `src`
+    (and the peer ssh's keep-alives)."""
+
+    def __init__(self, session: FleetSession, src: str, dst: str, route: remote.PeerRoute,
+                 scripts: tuple[str, str], src_dirs: list[str], dst_dirs: list[str],
+                 on_got: Any, on_end: Any, timeout_s: float) -> None:
+        self.s, self.src, self.dst, self.on_got, self.on_end = session, src, dst, on_got, on_end
+        inner = ["python3", scripts[1], "recv", *dst_dirs]
+        pipeline = (f"{remote.quote_argv(['python3', scripts[0], 'send', *src_dirs])} | "
+                    f"{remote.quote_argv(route.remote_argv(inner))}")
+        self.argv = ["bash", "-o", "pipefail", "-c", pipeline]
+        transport = session.client(src).get_transport()
+        if transport is None or not transport.is_active():
+            raise TransferError(f"node {src}: no SSH connection to relay files to {dst} from; check that it is up")
+        self.chan = transport.open_session(timeout=30)
+        self.chan.exec_command(remote.quote_argv(remote.with_timeout(self.argv, timeout_s)))
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        threading.Thread(target=self._read, name=f"relay-{src}-{dst}", daemon=True).start()
+
+    def send(self, i: int, path: str) -> None:
+        with self._lock:
+            self.chan.sendall((json.dumps([i, path]) + "\n").encode())
+
+    def close(self) -> None:
+        """No more files: the relay ends once the last one is through."""
+        with self._lock:
+            if not self.chan.closed:
+                self.chan.shutdown_write()
+
+    def _read(self) -> None:
+        out, err = remote.LineSplitter(), remote.LineSplitter()
+        tail: list[str] = []
+        status: int | None = None
+        try:
+            while True:
+                select.select([self.chan], [], [], 1.0)
+                if self.chan.recv_ready():
+                    for line in out.feed(self.chan.recv(65536)):
+                        if line.startswith("got "):
+                            i, path, sha = json.loads(line[4:])
+                            self.on_got(int(i), str(path), str(sha))
+                    continue
+                if self.chan.recv_stderr_ready():
+                    tail = (tail + [ln for ln in err.feed(self.chan.recv_stderr(65536)) if ln.strip()])[-5:]
+                    continue
+                if self.chan.exit_status_ready():
+                    status = self.chan.recv_exit_status()
+                    break
+                if self.chan.closed:
+                    break
+        except Exception as e:  # noqa: BLE001 - the connection went: the stream ended, with that error
+            tail = [str(e)]
+        finally:
+            self.chan.close()
+        seconds = time.monotonic() - self.started
+        self.s.record_command(self.src, self.argv, status, seconds)
+        if status == 0:
+            self.on_end("")
+            return
+        why = (tail[-1].strip() if tail else "") or f"status {status}"
+        self.on_end(f"copy {self.src} -> {self.dst} failed ({why[:300]}); check that {self.dst} is up, reachable "
+                    f"from {self.src} and has room, then rerun: what verified there stays")
 
 
 @dataclass

@@ -679,10 +679,12 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         if spec.model_source:
             txn.point_checkpoint(posixpath.basename(spec.model_source))
 
+        booting = time.monotonic()
         ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
         if not ok and txn.jit is not None and txn.jit.plan.restore:  # once more, cold, without the shipped cache
             ok, log_text, ready = jit_cache.boot_cold_after_shipped(s, node, spec, txn.jit, log_text, log, lambda: (
                 launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)))
+        boot_s = time.monotonic() - booting
         findings = diagnosis.diagnose(log_text)
         smoke: dict[str, Any] = {}
         if ok:
@@ -741,6 +743,7 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         keys.KV_CACHE_TOKENS: ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
         keys.STARTUP_SECONDS: round(time.monotonic() - started, 1),
+        keys.BOOT_SECONDS: round(boot_s, 1),
         keys.FREE_GIB_AT_PREFLIGHT: report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }

@@ -1,34 +1,34 @@
 """Pipelined distribution of the checkpoint and the serving image (the runbook's step 4 copy, for N nodes).
 
-core/distribution.py decides who sends which unit to whom; this runs it. Each receiver runs one
-watcher (core/arrivals.py piped to its python3) that hashes every expected file as soon as it
-lands whole and says so at once; a unit verified there may be sent on to the receiver's children
-at once, while its own transfer goes on. A batch is one rsync of a few units, run ON the holder and
-pushing straight to the receiver over one shared SSH connection per pair (its own peer key, see
-below), into the receiver's `.<version>.incoming` directory with `--link-dest` from its serving
-version (files alike are hard-linked, not sent). The image travels as parts of the build host's
-`docker save` stream, no larger than the largest shard, beside the checkpoint in
-`<models>/.image-<id>.parts`; a receiver loads them (`cat | docker load`) once all its parts
-verified and checks the image id. When nothing more moves, each receiver that verified everything
-is checked as a whole (sizes, index, shard headers against the build host's listing), its
-incoming directory renamed to the version, and it gets the `node_artifacts` step marker. Every
-receiver holds its own lease for the whole distribution. A receiver that fails is retried from
-another holder, never serves again in this run, and its partial files stay for the rerun.
+core/distribution.py decides who sends which unit to whom; this runs it. Each tree edge is one
+relay for the whole run (core/relay.py: `send` on the holder piped into `ssh receiver recv`,
+resources/transfer.py PeerStream): a unit is queued into it as soon as the holder has it verified,
+and the receiver hashes every file as it lands (sha256, compared here with the build host's
+manifest), so a unit verified there is passed on to the receiver's children at once while the
+rest of its own copy still arrives. Copies land in the receiver's `.<version>.incoming`
+directory: what a killed run left there is hashed first and kept when it matches, and the files
+its serving version holds alike (same sha256 in both manifests) are hard-linked there and never
+sent. The image travels as parts of the build host's `docker save` stream, no larger than the
+largest shard, in `<models>/.image-<id>.parts`; a receiver loads them (`cat | docker load`) once
+all its parts verified and checks the image id. When nothing more moves, each receiver that
+verified everything is checked as a whole (no file the manifest does not name), its incoming
+directory renamed to the version, and it gets the `node_artifacts` step marker. Every receiver
+holds its own lease for the whole distribution. A receiver that fails is retried from another
+holder, never serves again in this run, and what verified there stays for the rerun.
 
-Why node-to-node and not relayed: a relay (`ssh A tar | ssh B untar` from the orchestrator) needs
-no trust between nodes, but every byte then crosses the orchestrator's own link twice per copy,
-which is the uplink bottleneck moved, not removed. Here each holder uses its own peer key (made
-on the holder, never copied anywhere), authorized on the receiver as `restrict` (no forwarding,
-no agent, no pty) and, when the fleet names the holder by IP address, `from=` that address; the
-receiver's host key comes from the orchestrator's verified known_hosts (ensure_peer_access).
+Why node-to-node and not relayed through here: a relay through the orchestrator (`ssh A tar | ssh
+B untar`) needs no trust between nodes, but every byte then crosses the orchestrator's own link
+twice per copy, which is the uplink bottleneck moved, not removed. Here each holder uses its own
+peer key (made on the holder, never copied anywhere), authorized on the receiver as `restrict`
+(no forwarding, no agent, no pty) and, when the fleet names the holder by IP address, `from=` that
+address; the receiver's host key comes from the orchestrator's verified known_hosts
+(ensure_peer_access).
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 import queue
-import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_pipelines.core import arrivals
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import distribution as core
-from spark_pipelines.core import layout, remote
+from spark_pipelines.core import layout, relay, remote
 from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import Node
@@ -48,14 +47,17 @@ from spark_pipelines.core.progress import Progress
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
-from spark_pipelines.resources.transfer import NodeStreams, copy_failure, digests_on_node
+from spark_pipelines.resources.transfer import NodeStreams, PeerStream, digests_on_node, hash_progress
 from spark_pipelines.runbook import versions
 from spark_pipelines.state import markers
 
 STEP = "node_artifacts"  # the marker a verified receiver gets: node_artifacts then verifies and skips
 _T = remote.PROBE_TIMEOUT_S
-HASH_BYTES_PER_S = 50 << 20  # the slowest hash a landed unit is waited for (a busy disk), plus a fixed 30 s
-WATCH_TIMEOUT_S = remote.COPY_TIMEOUT_S + remote.IMAGE_COPY_TIMEOUT_S
+# One POSIX sh program: hard-link each (source, destination) pair given as arguments, once.
+_LINK = 'while [ $# -gt 1 ]; do [ -e "$2" ] || { mkdir -p "$(dirname "$2")" && ln "$1" "$2"; } || exit 1; shift 2; done'
+RELAY_TIMEOUT_S = remote.COPY_TIMEOUT_S + remote.IMAGE_COPY_TIMEOUT_S  # one relay carries a whole copy at most
+SCRIPT = f"{layout.STATE_DIR}/distribution/relay.py"
+CKPT, PARTS = 0, 1  # a relayed file's directory: the checkpoint version's, the image's parts
 
 
 class DistributionFailed(RunbookError):
@@ -165,14 +167,12 @@ class _Receiver:
     node: Node
     dest: str  # the version's directory being written: `.<version>.incoming`, or the version itself
     final: str
-    link_dest: str | None
     wants_image: bool
     parts: str
-    expect: str  # the watcher's expectation file on the node
+    linked: int = 0  # files hard-linked from its serving version (never sent)
     ok_files: set[tuple[int, str]] = field(default_factory=set)
-    bad: set[str] = field(default_factory=set)  # units found bad while their batch ran
+    bad: set[str] = field(default_factory=set)  # units a file of which hashed wrong while their batch ran
     loading: bool = False
-    image_ok: bool = False
 
 
 def distribute(s: FleetSession, receivers: list[Node], payload: Payload, *, log: Any = None, run_id: str = "",
@@ -191,14 +191,20 @@ class _Distribution:
         self.streams = NodeStreams(s)
         self.events: queue.Queue = queue.Queue()
         self.rx: dict[str, _Receiver] = {}
-        self.dirs: dict[str, dict[str, str]] = {}  # node -> area -> the directory it sends that area from
+        self.dirs: dict[str, list[str]] = {}  # node -> [checkpoint dir, parts dir] it sends from / writes to
         self.files: dict[str, tuple[str, ...]] = {}  # unit -> files
-        self.unit_of: dict[tuple[int, str], str] = {}  # (area index, file) -> unit
-        self.sizes: dict[str, dict] = {}  # (area index) file -> {size, sha256}
+        self.unit_of: dict[tuple[int, str], str] = {}  # (directory, file) -> unit
+        self.expected: dict[tuple[int, str], dict] = {}  # (directory, file) -> {size, sha256}
         self.started = time.monotonic()
         self.report = DistributionReport(source=self.build.name)
-        self.pairs: set[tuple[str, str]] = set()
-        self.background = 0
+        self.background = 0  # the image's cut and loads under way
+        self.lock = threading.Lock()
+        self.edges: dict[tuple[str, str], PeerStream] = {}
+        self.opening: dict[tuple[str, str], threading.Lock] = {}
+        # edge -> batches queued on it: [batch, files not landed yet, when queued]
+        self.outstanding: dict[tuple[str, str], list[list]] = {}
+        self.scripts: dict[str, str] = {}
+        self.progress = Progress("distribution", 0, time.monotonic(), every_s=every_s)
 
     # -- the whole run
 
@@ -225,47 +231,49 @@ class _Distribution:
         if NodeDocker(s).image_id(self.build.name, p.image) != p.image_id:
             raise RunbookError(f"{self.build.name} does not hold {p.image} as {p.image_id[7:19]} (serving_image's "
                                "output): rematerialize serving_image, then distribute")
-        ckpt_units = core.units_of({k: v for k, v in expected.items() if k != checkpoint_core.MANIFEST_NAME},
-                                   {checkpoint_core.MANIFEST_NAME: expected[checkpoint_core.MANIFEST_NAME]["size"]})
-        for u in ckpt_units:
-            self.files[u.name] = u.files
-            for fn in u.files:
-                self.unit_of[(0, fn)] = u.name
-        self.sizes = {f"0/{k}": v for k, v in expected.items()}
-        self.dirs[self.build.name] = {core.CHECKPOINT: p.src_dir.rstrip("/"),
-                                      core.IMAGE: parts_dir(s, self.build, p.image_id)}
+        units = core.units_of({k: v for k, v in expected.items() if k != checkpoint_core.MANIFEST_NAME},
+                              {checkpoint_core.MANIFEST_NAME: expected[checkpoint_core.MANIFEST_NAME]["size"]})
+        self._know(units, CKPT, expected)
+        self.dirs[self.build.name] = [p.src_dir.rstrip("/"), parts_dir(s, self.build, p.image_id)]
         for h in holding:
-            self.dirs[h] = {core.CHECKPOINT: versions_core.version_path(layout.hybrid_dir(f, f.node(h)), p.manifest)}
-
+            held_at = versions_core.version_path(layout.hybrid_dir(f, f.node(h)), p.manifest)
+            self.dirs[h] = [held_at, held_at]  # a holder serves its checkpoint; it holds no parts
+        self._install([self.build.name, *holding, *pending])
         with ExitStack() as leases:
             ready = self._prepare(pending, manifest_text, expected, leases)
             if not ready:
                 return self._end()
-            pipe = core.Pipeline(self.build.name, ready, ckpt_units, fan_out=f.distribution.fan_out,
+            names_of = [u.name for u in units]
+            pipe = core.Pipeline(self.build.name, ready, units, fan_out=f.distribution.fan_out,
                                  max_attempts=f.distribution.max_attempts, holding=holding,
-                                 have={h: [u.name for u in ckpt_units] for h in holding},
-                                 wants={r: [u.name for u in ckpt_units] for r in ready},
+                                 have={h: names_of for h in holding}, wants={r: names_of for r in ready},
                                  more_for=[r for r in ready if self.rx[r].wants_image])
             self.report.tree = dict(pipe.parent)
-            self._open_links(pipe.parent)
+            self.progress.total = sum(u.size for u in units) * len(ready)
+            for r in ready:  # what a killed run left, hashed and found whole
+                for u in units:
+                    if all((CKPT, fn) in self.rx[r].ok_files for fn in u.files):
+                        self._verified(pipe, r, u.name)
             self.log.info("distribution tree (each node passes every unit on once it verified it): "
                           + "; ".join(core.tree_lines(pipe.parent)))
-            total = sum(u.size for u in ckpt_units) * len(ready)
-            self.progress = Progress("distribution", total, time.monotonic(), every_s=self.every_s)
-            try:
-                self._loop(pipe, ready)
-            finally:
-                self._stop_watchers(ready)
+            self._open_edges(pipe.parent)
+            self._loop(pipe, ready)
             self._finish(pipe, ready)
         return self._end()
+
+    def _know(self, units: list[core.Unit], area: int, files: dict[str, dict]) -> None:
+        for u in units:
+            self.files[u.name] = u.files
+            for fn in u.files:
+                self.unit_of[(area, fn)] = u.name
+                self.expected[(area, fn)] = files[fn]
 
     def _end(self) -> DistributionReport:
         r = self.report
         r.seconds = round(time.monotonic() - self.started, 2)
-        prog = getattr(self, "progress", None)
-        if prog is not None:
-            self.log.info(prog.end(time.monotonic()))
-            r.figures = prog.figures(time.monotonic(), "verified")
+        if self.progress.total:
+            self.log.info(self.progress.end(time.monotonic()))
+            r.figures = self.progress.figures(time.monotonic(), "verified")
         if r.given_up:
             why = "; ".join(f"{n}: {r.why.get(n, '?')}" for n in r.given_up)
             failed = DistributionFailed(
@@ -289,9 +297,22 @@ class _Distribution:
 
     # -- before the first byte
 
+    def _install(self, nodes: list[str]) -> None:
+        """core/relay.py on every node of the distribution."""
+        source = Path(relay.__file__).read_text()
+
+        def one(n: str) -> None:
+            path = self.s.expand(n, SCRIPT)
+            self.s.run(n, ["mkdir", "-p", posixpath.dirname(path)], log=False, timeout=_T)
+            self.s.put_text(n, path, source)
+            self.scripts[n] = path
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(nodes))), thread_name_prefix="install") as pool:
+            list(pool.map(one, nodes))
+
     def _prepare(self, pending: list[str], manifest_text: str, expected: dict, leases: ExitStack) -> list[str]:
-        """Each receiver's lease, its disk, where its copy lands, and its watcher; the receivers
-        that are ready."""
+        """Each receiver's lease, its disk, where its copy lands (the files its serving version
+        holds alike hard-linked there, what is there hashed); the receivers that are ready."""
         s, p = self.s, self.payload
         taken = []
         for r in pending:
@@ -312,19 +333,18 @@ class _Distribution:
                                    f"the checkpoint version {versions_core.short(p.manifest)}"
                                    + (" and the image's parts" if wants_image else ""),
                                    extra_bytes=image_bytes if wants_image else 0)
-            if held.holds(p.manifest):
-                dest, link_dest = final, None  # checked and repaired where it lies
-            else:
-                dest = versions_core.incoming_path(serving, p.manifest or "")
-                base = held.holds(held.serving) if held.serving else None
-                link_dest = (f"{posixpath.dirname(serving)}/{base.name}" if base is not None
-                             else serving if held.kind == "dir" else None)
+            dest = final if held.holds(p.manifest) else versions_core.incoming_path(serving, p.manifest or "")
             parts = parts_dir(s, node, p.image_id)
-            s.run(r, ["mkdir", "-p", dest, *([parts] if wants_image else [])], log=False, timeout=_T)
-            expect = s.expand(r, f"{layout.STATE_DIR}/distribution/expect-{secrets.token_hex(6)}.json")
-            s.run(r, ["mkdir", "-p", posixpath.dirname(expect)], log=False, timeout=_T)
-            rx = _Receiver(node, dest, final, link_dest, wants_image, parts, expect)
-            self._write_expect(rx, {})
+            # A killed run's parts go (the build host cuts them again), its incoming files stay.
+            s.run(r, ["sh", "-c", 'rm -rf -- "$1" && mkdir -p -- "$2" && if [ -n "$3" ]; then mkdir -p -- "$1"; fi',
+                      "prepare", parts, dest, "1" if wants_image else ""], log=False, timeout=_T * 4)
+            rx = _Receiver(node, dest, final, wants_image, parts)
+            if dest != final:
+                rx.linked = self._link_alike(node, held, expected, dest)
+            if dest == final or rx.linked or posixpath.basename(dest) in held.incoming:  # something is there
+                there = digests_on_node(s, r, dest, progress=hash_progress(r, dest))
+                rx.ok_files = {(CKPT, fn) for fn, e in there.items()
+                               if expected.get(fn, {}).get("sha256") == e["sha256"]}
             return rx
 
         ready = []
@@ -332,168 +352,112 @@ class _Distribution:
             for r, fut in [(r, pool.submit(one, r)) for r in taken]:
                 try:
                     self.rx[r] = fut.result()
-                    self.dirs[r] = {core.CHECKPOINT: self.rx[r].dest, core.IMAGE: self.rx[r].parts}
+                    self.dirs[r] = [self.rx[r].dest, self.rx[r].parts]
                     ready.append(r)
                 except (RunbookError, RemoteError, OSError, ValueError) as e:
                     self._give_up(None, r, first_line(e))
-        for r in ready:
-            threading.Thread(target=self._watch, args=(r,), name=f"arrivals-{r}", daemon=True).start()
         return ready
 
-    def _open_links(self, parent: dict[str, str]) -> None:
-        """Each tree edge's peer access and shared connection, before the first unit (a failure
-        here is the first batch's to report)."""
+    def _link_alike(self, node: Node, held: versions_core.NodeCheckpoints, expected: dict, dest: str) -> int:
+        """The files the node's serving version holds with the same path and sha256, hard-linked
+        into `dest`: a new version costs only the files that changed."""
         s = self.s
+        base = held.holds(held.serving) if held.serving else None
+        if base is None or not base.has_manifest:
+            return 0
+        src = f"{posixpath.dirname(held.serving_path)}/{base.name}"
+        try:
+            theirs = checkpoint_core.expected_tree(s.read_text(node.name, f"{src}/{checkpoint_core.MANIFEST_NAME}"))
+        except (RemoteError, ValueError):
+            return 0
+        alike = [p for p, e in expected.items() if p != checkpoint_core.MANIFEST_NAME
+                 and theirs.get(p, {}).get("sha256") == e["sha256"]]
+        if alike:
+            pairs = [x for p in alike for x in (f"{src}/{p}", f"{dest}/{p}")]
+            s.run(node.name, ["sh", "-c", _LINK, "link-alike", *pairs], log=False, timeout=_T * 4)
+        return len(alike)
+
+    def _open_edges(self, parent: dict[str, str]) -> None:
+        """Each tree edge's relay, before the first unit: its handshake is on no unit's way (a
+        failure here is the first batch's to report)."""
+        edges = [(p, r) for r, p in parent.items()]
 
         def one(edge: tuple[str, str]) -> None:
-            holder, receiver = edge
             try:
-                route = self.streams.ensure_peer_access(holder, receiver)
-                self.pairs.add(edge)
-                s.run(holder, remote.open_shared_argv(route, route.control_path(s.expand(holder, "~/.ssh"))),
-                      check=False, log=False, timeout=_T)
-            except (RemoteError, OSError):
+                self._stream(*edge)
+            except (RemoteError, RunbookError, OSError):
                 pass
 
-        edges = [(p, r) for r, p in parent.items()]
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(edges))), thread_name_prefix="links") as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(edges))), thread_name_prefix="edges") as pool:
             list(pool.map(one, edges))
 
-    def _write_expect(self, rx: _Receiver, parts: dict[str, dict]) -> None:
-        files = [[0, k, v["size"], v["sha256"]] for k, v in
-                 ((k.removeprefix("0/"), v) for k, v in self.sizes.items() if k.startswith("0/"))]
-        files += [[1, k, v["size"], v["sha256"]] for k, v in parts.items()] if rx.wants_image else []
-        tmp = f"{rx.expect}.tmp"
-        self.s.put_text(rx.node.name, tmp, json.dumps({"dirs": [rx.dest, rx.parts], "files": files}))
-        self.s.run(rx.node.name, ["mv", "-f", "--", tmp, rx.expect], log=False, timeout=_T)
-
-    def _watch(self, r: str) -> None:
-        rx = self.rx[r]
-
-        def on_line(stream: str, line: str) -> bool:
-            parts = line.split(" ", 3)
-            if stream == "stdout" and len(parts) >= 3 and parts[0] in ("ok", "bad") and parts[1].isdigit():
-                self.events.put((parts[0], r, int(parts[1]), parts[2]))
-            return False
-
-        try:
-            self.s.run(r, ["python3", "-", rx.expect], stdin=Path(arrivals.__file__).read_text(), log=False,
-                       timeout=WATCH_TIMEOUT_S, on_line=on_line)
-            self.events.put(("watch-ended", r, ""))
-        except Exception as e:  # the node went away: whatever it has not verified stays missing
-            self.events.put(("watch-ended", r, first_line(e)))
-
-    def _stop_watchers(self, ready: list[str]) -> None:
-        def stop(r: str) -> None:
-            try:
-                self.s.run(r, ["touch", f"{self.rx[r].expect}.stop"], log=False, timeout=_T)
-            except (RemoteError, OSError):
-                pass
-
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(ready))), thread_name_prefix="stop") as pool:
-            list(pool.map(stop, ready))
+    def _stream(self, holder: str, receiver: str) -> PeerStream:
+        """The relay of the edge, opened at its first use."""
+        edge = (holder, receiver)
+        with self.lock:
+            gate = self.opening.setdefault(edge, threading.Lock())
+        with gate:
+            with self.lock:
+                if edge in self.edges:
+                    return self.edges[edge]
+            route = self.streams.ensure_peer_access(holder, receiver)
+            st = PeerStream(self.s, holder, receiver, route, (self.scripts[holder], self.scripts[receiver]),
+                            self.dirs[holder], self.dirs[receiver],
+                            on_got=lambda i, path, sha: self.events.put(("got", holder, receiver, i, path, sha)),
+                            on_end=lambda error: self.events.put(("edge-ended", holder, receiver, error)),
+                            timeout_s=RELAY_TIMEOUT_S)
+            with self.lock:
+                self.edges[edge] = st
+            return st
 
     # -- the pipeline
 
     def _loop(self, pipe: core.Pipeline, ready: list[str]) -> None:
         pool = ThreadPoolExecutor(max_workers=len(ready) + 4, thread_name_prefix="distribution")
-        deadlines: dict[tuple[str, str], float] = {}
         if any(self.rx[r].wants_image for r in ready):
             self.background += 1
-            pool.submit(self._cut_image, pipe)
+            pool.submit(self._cut_image)
         try:
             while not pipe.done:
                 started = pipe.next_batches()
                 for b in started:
-                    pool.submit(self._send, b)
+                    pool.submit(self._queue, b)
                 try:
                     ev = self.events.get(timeout=0.5)
                 except queue.Empty:
                     ev = None
                 if ev is not None:
-                    self._handle(pipe, ev, deadlines, pool)
-                now = time.monotonic()
-                for (r, u), t in list(deadlines.items()):
-                    if u not in pipe.pending[r]:
-                        del deadlines[(r, u)]
-                    elif now > t:
-                        del deadlines[(r, u)]
-                        self.log.warning(f"distribution: {u} landed on {r} but did not hash to the manifest in time")
-                        pipe.unverified(r, [u])
+                    self._handle(pipe, ev, pool)
                 if ev is None and not started and not self.background and not pipe.in_flight:
                     for r in pipe.stuck():
                         self._give_up(pipe, r, "no verified holder could send it what it lacks "
                                                f"({', '.join(pipe.lacking(r)[:3])})")
-                for r in list(self.rx):
-                    if r in pipe.given_up and r not in self.report.given_up:
-                        last = next((t.error for t in reversed(self.report.transfers) if t.receiver == r and t.error),
-                                    "its transfers failed")
-                        self._give_up(pipe, r, last)
+                for r in [r for r in pipe.given_up if r not in self.report.given_up]:
+                    last = next((t.error for t in reversed(self.report.transfers) if t.receiver == r and t.error),
+                                "its transfers failed")
+                    self._give_up(pipe, r, last)
+                now = time.monotonic()
                 if self.progress.due(now):
                     self.log.info(self.progress.line(now) + f"; verified on {len(pipe.complete)} of {len(ready)}")
             while self.background:  # image loads still running
-                self._handle(pipe, self.events.get(timeout=WATCH_TIMEOUT_S), deadlines, pool)
+                self._handle(pipe, self.events.get(timeout=RELAY_TIMEOUT_S), pool)
         finally:
             pool.shutdown(wait=True)
+            self._close_edges()
 
-    def _handle(self, pipe: core.Pipeline, ev: tuple, deadlines: dict, pool: ThreadPoolExecutor) -> None:
+    def _handle(self, pipe: core.Pipeline, ev: tuple, pool: ThreadPoolExecutor) -> None:
         kind = ev[0]
-        if kind in ("ok", "bad"):
-            _, r, area_i, name = ev
-            rx = self.rx[r]
-            if kind == "bad":
-                self.log.warning(f"distribution: {name} on {r} does not hash to the manifest; removed, sent again")
-                unit = self.unit_of.get((area_i, name))
-                busy = pipe.incoming.get(r)
-                if unit in pipe.pending[r]:
-                    pipe.unverified(r, [unit])
-                elif busy is not None and unit in busy.units:
-                    rx.bad.add(unit)  # judged when its batch ends
-                return
-            rx.ok_files.add((area_i, name))
-            unit = self.unit_of.get((area_i, name))
-            if unit is None or r in pipe.given_up:
-                return
-            if all((area_i, fn) in rx.ok_files for fn in self.files[unit]) and unit not in pipe.have[r]:
-                pipe.verified(r, unit)
-                self.progress.add(pipe.units[unit].size)
-                if pipe.wants[r] <= pipe.have[r]:
-                    self.report.done_at[r] = round(time.monotonic() - self.started, 2)
-            if rx.wants_image and not rx.loading and pipe.holds_area(r, core.IMAGE):
-                rx.loading = True
-                self.background += 1
-                pool.submit(self._load_image, r)
-        elif kind == "ended":
-            _, b, t = ev
-            self.report.transfers.append(t)
-            pipe.ended(b, t.ok)
-            late_bad = [u for u in b.units if u in self.rx[b.receiver].bad and u in pipe.pending[b.receiver]]
-            self.rx[b.receiver].bad -= set(b.units)
-            if late_bad:
-                pipe.unverified(b.receiver, late_bad)
-            if t.ok:
-                grace = 30 + sum(pipe.units[u].size for u in b.units) / HASH_BYTES_PER_S
-                for u in b.units:
-                    if u in pipe.pending[b.receiver]:
-                        deadlines[(b.receiver, u)] = time.monotonic() + grace
-            else:
-                self.log.warning(f"distribution: {b.holder} -> {b.receiver} failed ({t.error[:300]}); "
-                                 f"{b.receiver} takes the rest from another holder and serves nobody in this run")
+        if kind == "got":
+            self._got(pipe, ev, pool)
+        elif kind == "edge-ended":
+            self._edge_ended(pipe, ev)
         elif kind == "parts":
             self.background -= 1
-            _, parts = ev
-            wanting = [r for r in self.rx if self.rx[r].wants_image and r in pipe.wants]
+            parts = ev[1]
+            wanting = [r for r in self.rx if self.rx[r].wants_image and not pipe.finished(r)]
             units = core.units_of({}, parts={k: v["size"] for k, v in parts.items()})
-            for u in units:
-                self.files[u.name] = u.files
-                self.unit_of[(1, u.files[0])] = u.name
-            for r in wanting:
-                if not pipe.finished(r):
-                    try:
-                        self._write_expect(self.rx[r], parts)
-                    except (RemoteError, OSError) as e:
-                        self._give_up(pipe, r, f"could not tell it the image's parts: {first_line(e)}")
-            pipe.add_units(units, self.build.name, [r for r in wanting if r not in pipe.given_up])
+            self._know(units, PARTS, parts)
+            pipe.add_units(units, self.build.name, wanting)
             self.progress.total += sum(u.size for u in units) * len(wanting)
             self.log.info(f"distribution: the image is cut into {len(units)} part(s) on {self.build.name}")
         elif kind == "parts-failed":
@@ -506,52 +470,121 @@ class _Distribution:
             _, r, error = ev
             if error:
                 self._give_up(pipe, r, error)
+
+    def _verified(self, pipe: core.Pipeline, r: str, unit: str) -> None:
+        pipe.verified(r, unit)
+        self.progress.add(pipe.units[unit].size)
+        if pipe.wants[r] <= pipe.have[r] and r not in self.report.done_at:
+            self.report.done_at[r] = round(time.monotonic() - self.started, 2)
+
+    def _got(self, pipe: core.Pipeline, ev: tuple, pool: ThreadPoolExecutor) -> None:
+        """A file landed whole on a receiver: judged against the manifest, its unit verified when
+        all its files are, its batch over when all the batch's files landed."""
+        _, holder, r, i, path, sha = ev
+        rx = self.rx[r]
+        unit = self.unit_of.get((i, path))
+        done = None
+        with self.lock:
+            queued = self.outstanding.get((holder, r), [])
+            for entry in queued:
+                if (i, path) in entry[1]:
+                    entry[1].discard((i, path))
+                    if not entry[1]:
+                        queued.remove(entry)
+                        done = entry
+                    break
+        if unit is not None and r not in pipe.given_up:
+            if self.expected[(i, path)]["sha256"] == sha:
+                rx.ok_files.add((i, path))
+                if all((i, fn) in rx.ok_files for fn in self.files[unit]) and unit not in pipe.have[r]:
+                    self._verified(pipe, r, unit)
             else:
-                self.rx[r].image_ok = True
-        elif kind == "watch-ended":
-            _, r, error = ev
-            if error and not pipe.finished(r):
-                self._give_up(pipe, r, f"its arrivals check ended: {error}")
+                rx.ok_files.discard((i, path))
+                rx.bad.add(unit)
+                self.log.warning(f"distribution: {path} landed on {r} from {holder} but does not hash to the "
+                                 f"manifest (sha256 {sha[:12]}); sent again")
+            if rx.wants_image and not rx.loading and pipe.holds_area(r, core.IMAGE):
+                rx.loading = True
+                self.background += 1
+                pool.submit(self._load_image, r)
+        if done is not None:
+            b, _, since = done
+            size = sum(pipe.units[u].size for u in b.units)
+            self._ended(pipe, b, Transfer(holder, r, b.area, b.units, True, round(time.monotonic() - since, 2),
+                                          size, started=round(since - self.started, 2)))
 
-    def _send(self, b: core.Batch) -> None:
-        s = self.s
-        started = time.monotonic()
-        files = [fn for u in b.units for fn in self.files[u]]
+    def _ended(self, pipe: core.Pipeline, b: core.Batch, t: Transfer) -> None:
+        self.report.transfers.append(t)
+        pipe.ended(b, t.ok)
+        rx = self.rx[b.receiver]
+        wrong = [u for u in b.units if u in rx.bad and u not in pipe.have[b.receiver]]
+        rx.bad -= set(b.units)
+        if t.ok and wrong:  # landed whole, hashed wrong: wanted again, and a failure of the receiver
+            pipe.unverified(b.receiver, wrong)
+        if not t.ok:
+            self.log.warning(f"distribution: {b.holder} -> {b.receiver} failed ({t.error[:300]}); "
+                             f"{b.receiver} takes the rest from another holder and serves nobody in this run")
+
+    def _queue(self, b: core.Batch) -> None:
+        """Put the batch's files into its edge's relay (opened at its first use)."""
+        area = CKPT if b.area == core.CHECKPOINT else PARTS
+        files = [(area, fn) for u in b.units for fn in self.files[u]]
+        with self.lock:
+            self.outstanding.setdefault((b.holder, b.receiver), []).append([b, set(files), time.monotonic()])
         try:
-            route = self.streams.ensure_peer_access(b.holder, b.receiver)
-            self.pairs.add((b.holder, b.receiver))
-            area = b.area
-            dst = self.dirs[b.receiver][area]
-            argv = remote.rsync_files_argv(
-                self.dirs[b.holder][area], route, dst,
-                link_dest=self.rx[b.receiver].link_dest if area == core.CHECKPOINT else None,
-                control_path=route.control_path(s.expand(b.holder, "~/.ssh")))
-            r = s.run(b.holder, argv, stdin="".join(fn + "\0" for fn in files), timeout=remote.COPY_TIMEOUT_S,
-                      check=False, log=False)
-            if not r.ok:
-                raise RemoteError(copy_failure(b.holder, b.receiver, dst, r.exit_status, r.stderr + r.tail))
-            sent = remote.parse_rsync_stats(r.stdout).get("total_bytes_sent", 0)
-            t = Transfer(b.holder, b.receiver, b.area, b.units, True, round(time.monotonic() - started, 2), sent)
-        except (RemoteError, RunbookError, OSError, ValueError) as e:
-            t = Transfer(b.holder, b.receiver, b.area, b.units, False, round(time.monotonic() - started, 2),
-                         error=first_line(e))
-        t.started = round(started - self.started, 2)
-        self.events.put(("ended", b, t))
+            st = self._stream(b.holder, b.receiver)
+            for i, fn in files:
+                st.send(i, fn)
+        except Exception as e:  # noqa: BLE001 - the edge failed: every batch on it fails with it
+            self.events.put(("edge-ended", b.holder, b.receiver, f"copy {b.holder} -> {b.receiver} failed: "
+                                                                  f"{first_line(e)}"))
 
-    def _cut_image(self, pipe: core.Pipeline) -> None:
+    def _edge_ended(self, pipe: core.Pipeline, ev: tuple) -> None:
+        _, holder, receiver, error = ev
+        with self.lock:
+            st = self.edges.pop((holder, receiver), None)
+            failed = self.outstanding.pop((holder, receiver), [])
+        if st is not None and error:
+            st.close()
+        for b, _, since in failed:
+            self._ended(pipe, b, Transfer(holder, receiver, b.area, b.units, False,
+                                          round(time.monotonic() - since, 2), error=error or "the relay ended",
+                                          started=round(since - self.started, 2)))
+
+    def _close_edges(self) -> None:
+        """Every relay told there is no more; each ends once its last file is through (bounded)."""
+        with self.lock:
+            edges = list(self.edges.values())
+        for st in edges:
+            try:
+                st.close()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            with self.lock:
+                if not self.edges:
+                    return
+            try:
+                ev = self.events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if ev[0] == "edge-ended":
+                with self.lock:
+                    self.edges.pop((ev[1], ev[2]), None)
+
+    def _cut_image(self) -> None:
         """The image as parts on the build host: `docker save | split`, each part hashed."""
         s, b, p = self.s, self.build.name, self.payload
-        d = self.dirs[b][core.IMAGE]
+        d = self.dirs[b][PARTS]
         try:
-            largest = max(v["size"] for v in self.sizes.values())
-            size = core.image_part_bytes(largest)
-            s.run(b, ["rm", "-rf", "--", d], log=False, timeout=_T)
+            size = core.image_part_bytes(max(int(v["size"]) for v in self.expected.values()))
+            s.run(b, ["rm", "-rf", "--", d], log=False, timeout=_T * 4)
             s.run(b, ["mkdir", "-p", d], log=False, timeout=_T)
             cut = (f"{remote.quote_argv(['docker', 'save', p.image])} | "
                    f"{remote.quote_argv(['split', '-b', str(size), '-d', '-a', '5', '-', f'{d}/part-'])}")
             s.run(b, ["bash", "-o", "pipefail", "-c", cut], log=False, timeout=remote.IMAGE_COPY_TIMEOUT_S)
-            parts = digests_on_node(s, b, d)
-            self.events.put(("parts", parts))
+            self.events.put(("parts", digests_on_node(s, b, d)))
         except (RemoteError, OSError, ValueError) as e:
             self.events.put(("parts-failed", f"the build host could not cut {p.image} into parts: {first_line(e)}"))
 
@@ -571,18 +604,17 @@ class _Distribution:
 
     def _finish(self, pipe: core.Pipeline, ready: list[str]) -> None:
         """Each receiver that verified everything: checked as a whole, renamed to its version,
-        its marker written. Then the parts and the shared connections go."""
+        its marker written. Then the parts go."""
         s, p = self.s, self.payload
-
-        expected = {k.removeprefix("0/"): v["size"] for k, v in self.sizes.items() if k.startswith("0/")}
+        expected = {fn: e["size"] for (i, fn), e in self.expected.items() if i == CKPT}
 
         def one(r: str) -> str:
-            # Every file hashed to the manifest on arrival (the build host's own verified copy, its
+            # Every file hashed to the manifest as it landed (the build host's own verified copy, its
             # index and headers included): what is left to see is a file the manifest does not name.
             rx = self.rx[r]
             found = remote.parse_file_sizes(s.run(r, remote.list_files_argv(rx.dest), log=False, timeout=_T).stdout)
-            stale = remote.rsync_leftovers(found)
-            if stale:  # a killed copy's temp files beside files now whole
+            stale = [x for x in found if x.endswith(relay.RELAY_SUFFIX) or x in remote.rsync_leftovers(found)]
+            if stale:  # a killed copy's temp files
                 s.run(r, ["rm", "-f", "--", *(f"{rx.dest}/{x}" for x in stale)], log=False, timeout=_T)
             problems = remote.compare_trees(expected, {k: n for k, n in found.items() if k not in stale})
             if problems:
@@ -611,27 +643,15 @@ class _Distribution:
         self._clean_up(ready)
 
     def _clean_up(self, ready: list[str]) -> None:
-        """The image's parts, the watchers' files and the shared connections go (best effort, at once)."""
-        s = self.s
-        leftovers: dict[str, list[str]] = {self.build.name: [self.dirs[self.build.name][core.IMAGE]]}
-        for r in ready:
-            rx = self.rx[r]
-            leftovers.setdefault(r, []).extend([*([rx.parts] if rx.wants_image else []), rx.expect, f"{rx.expect}.stop"])
+        """The image's parts go (best effort, every node at once)."""
+        gone = {self.build.name: self.dirs[self.build.name][PARTS],
+                **{r: self.rx[r].parts for r in ready if self.rx[r].wants_image}}
 
         def remove(node: str) -> None:
             try:
-                s.run(node, ["rm", "-rf", "--", *leftovers[node]], log=False, timeout=_T * 4)
-            except (RemoteError, OSError):
-                pass
-
-        def stop(pair: tuple[str, str]) -> None:
-            try:
-                route = self.streams.ensure_peer_access(*pair)
-                s.run(pair[0], remote.stop_shared_argv(route, route.control_path(s.expand(pair[0], "~/.ssh"))),
-                      check=False, log=False, timeout=_T)
+                self.s.run(node, ["rm", "-rf", "--", gone[node]], log=False, timeout=_T * 4)
             except (RemoteError, OSError):
                 pass
 
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix="clean-up") as pool:
-            list(pool.map(remove, list(leftovers)))
-            list(pool.map(stop, list(self.pairs)))
+            list(pool.map(remove, list(gone)))

@@ -393,7 +393,9 @@ def boot_cold_after_shipped(s: FleetSession, node: Node, spec: LaunchSpec, sw: S
     dropped and `launch` (the deploy's) runs once more, cold; when that serves, the cache was the
     cause and its key's archive is marked bad. Returns what `launch` returned."""
     findings = diagnosis.diagnose(log_text)
-    why = findings[0].line.strip() if findings else "the engine did not become healthy"
+    picked = next((f for f in findings if f.signature.severity == diagnosis.Severity.ERROR),
+                  findings[0] if findings else None)
+    why = picked.line.strip() if picked is not None else "the engine did not become healthy"
     log.warning(f"[{node.name}] the boot on the shipped JIT cache failed ({why[:200]}): dropping it, booting cold")
     docker = NodeDocker(s)
     failed = docker.inspect_container(node.name, spec.container_name)

@@ -49,8 +49,8 @@ def payload(session: FleetSession) -> Payload:
     return make_payload(session, FLOATS)
 
 
-def _rsync_servers_of(user: str) -> list[int]:
-    """rsync --server processes run by a node's user (the receiving end of a copy to that node)."""
+def _receivers_of(user: str) -> list[int]:
+    """The receiving end of a copy to a node: its user's relay (`relay.py recv`) processes."""
     import pwd
 
     uid = pwd.getpwnam(user).pw_uid
@@ -64,13 +64,13 @@ def _rsync_servers_of(user: str) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"rsync") and b"--server" in argv:
+        if any(a.endswith(b"relay.py") for a in argv) and b"recv" in argv:
             pids.append(int(entry.name))
     return pids
 
 
 class KillCopiesTo:
-    """While active, kills every rsync receiving on `node` once it has run for `after_s`: mid-copy."""
+    """While active, kills every relay receiving on `node` once it has run for `after_s`: mid-copy."""
 
     def __init__(self, user: str, after_s: float = 1.0) -> None:
         self.user, self.after_s = user, after_s
@@ -82,7 +82,7 @@ class KillCopiesTo:
     def _watch(self) -> None:
         while not self._stop.wait(0.1):
             now = time.monotonic()
-            for pid in _rsync_servers_of(self.user):
+            for pid in _receivers_of(self.user):
                 first = self._seen.setdefault(pid, now)
                 if now - first >= self.after_s and pid not in self.killed:
                     try:
@@ -128,9 +128,9 @@ def test_a_receiver_killed_mid_copy_is_skipped_by_its_child_does_not_block_the_o
     assert victim.name in failed.value.description and "rerun" in failed.value.description
     others = sorted(n.name for n in receivers if n is not victim)
     assert sorted(report.verified) == others
-    # The victim failed max_attempts times, its retry from another holder than its first try.
+    # The victim failed its attempts, its retry from another holder than its first try.
     tries = [t for t in report.transfers if t.receiver == victim.name and not t.ok]
-    assert len(tries) == f.distribution.max_attempts and tries[0].holder != tries[1].holder
+    assert len(tries) >= f.distribution.max_attempts and len({t.holder for t in tries}) >= 2, tries
     # Its child took what the victim had not passed on from another verified holder, and nobody
     # took anything from the victim once it had failed.
     failed_at = tries[0].started + tries[0].seconds
