@@ -21,26 +21,24 @@ plan:
 # The whole suite: unit tests, then the slow tier against real sshd, dockerd, vLLM and LiteLLM.
 test:
 	@scripts/bootstrap.sh base litellm vllm test team prometheus
-	.venv/bin/python -m pytest
+	scripts/test-suite.sh
 
 test-fast:
 	@scripts/bootstrap.sh base
 	.venv/bin/python -m pytest -m "not slow"
 
-# The Dagster UI on the demo's instance (http://127.0.0.1:3000). A console a killed demo left on
-# the instance is stopped first: one daemon per instance.
+# The Dagster UI (`dg dev`) on the demo's instance, fleet file and gateway key, on
+# http://127.0.0.1:$(PORT). A console a killed demo left on the instance is stopped first: one daemon
+# per instance.
+PORT ?= 3000
 ui:
 	@scripts/bootstrap.sh base
-	@.venv/bin/python -c "from spark_pipelines.demo import prepare_instance_home; \
-	  from spark_pipelines.console import stop_leftovers; stop_leftovers(prepare_instance_home())"
-	@fleet=$$(.venv/bin/python -c "import sys; from spark_pipelines.demo import ui_fleet_command; sys.exit(ui_fleet_command())") && \
-	  echo "make ui: fleet file $$fleet" && \
-	  SPARK_FLEET=$$fleet .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	@.venv/bin/python -c "import sys; from spark_pipelines.demo import ui_command; sys.exit(ui_command(sys.argv[1]))" '$(PORT)'
 
 sim-down:
 	.venv/bin/spark-pipelines sim down
 
-# The team instance on this machine (README "Two modes"): PostgreSQL, the Dagster daemon and UI on
+# The team instance on this machine (docs/team-instance.md): PostgreSQL, the Dagster daemon and UI on
 # http://127.0.0.1:3000, the code server and every run in containers of the offline-built image.
 # State under $$SPARK_TEAM_ROOT (default /var/lib/spark-pipelines/team); team-down keeps the database.
 team-up:

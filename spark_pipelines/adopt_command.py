@@ -6,8 +6,12 @@ Dagster record. Without it, `adopt_job` runs on the Dagster instance (DAGSTER_HO
 ./.dagster-home, the one `make ui` opens): what serves as the fleet file says is recorded as
 spark-pipelines' own, nothing that serves is changed, and the run shows in the UI.
 
+The first line names the fleet file read (and the gateway key's source when it was found for the
+simulated fleet); --format json carries it as "fleet_file".
+
 Exit status: 0 when every step is current or adoptable, 1 when something differs from the fleet
-file or must be built or relaunched (the chain would change it), 2 on bad input.
+file or must be built or relaunched (the chain would change it), 2 on bad input, 3 when the live
+fleet could not be read (a node or the gateway did not answer: nothing was changed).
 """
 
 from __future__ import annotations
@@ -15,27 +19,40 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from spark_pipelines.core import adoption as core
-from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
+from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.pins import code_versions
 
+READ_FAILED = 3  # exit status: the live fleet could not be read (not "the chain would change something")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                   help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    from spark_pipelines.console import FLEET_HELP
+
+    p.add_argument("--fleet", default=None, help=FLEET_HELP)
     p.add_argument("--node", action="append", default=[], metavar="NAME",
                    help="a serve node to adopt (repeatable; default: every one)")
     p.add_argument("--check", action="store_true", help="say what the chain would do; change nothing")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text for a person, json for a program (default: text)")
+
+
+def quiet_log() -> logging.Logger:
+    """The session's log for a terminal check: its connect retries and warnings are not the answer
+    (the findings are, or one line saying what could not be read)."""
+    log = logging.getLogger("spark_pipelines.check")
+    if not log.handlers:
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
+    return log
 
 
 class Unreachable(Exception):
-    """The live fleet could not be read: one line naming the node and the fix (exit 1)."""
+    """The live fleet could not be read: one line naming the node and the fix (exit READ_FAILED)."""
 
 
 def check(fleet_path: str, nodes: list[str] | None = None) -> list[core.Finding]:
@@ -47,7 +64,7 @@ def check(fleet_path: str, nodes: list[str] | None = None) -> list[core.Finding]
 
     fleet = load_fleet(fleet_path)
     try:
-        with FleetSession(fleet) as s:
+        with FleetSession(fleet, logger=quiet_log()) as s:
             return adopt_fleet(s, code_versions(fleet), check=True, nodes=nodes or None, gw=GatewayHost(s))
     except (RemoteError, RunbookError) as e:
         raise Unreachable(f"the live fleet could not be read: {first_line(e).partition(': ')[2] or first_line(e)}; "
@@ -86,21 +103,30 @@ def needs_action(findings: list[core.Finding]) -> bool:
 
 
 def adopt_run(args: argparse.Namespace) -> int:
+    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
+
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-    load_fleet(args.fleet)  # a bad fleet file is one line (FleetError, exit 2) before anything is read
+    choice = find_fleet(args.fleet)
+    if choice.warning:
+        print(f"spark-pipelines adopt: {choice.warning}", file=sys.stderr)
+    fleet = load_fleet(choice.path)  # a bad fleet file is one line (FleetError, exit 2) before anything is read
+    key = demo_gateway_key(choice.path, fleet.gateway.master_key_env)
     if args.check:
         try:
-            findings, ok, where = check(args.fleet, args.node), True, "check: nothing was changed"
+            findings, ok, where = check(choice.path, args.node), True, "check: nothing was changed"
         except Unreachable as e:
-            print(f"spark-pipelines adopt: {e}", file=sys.stderr)
-            return 1
+            print(f"spark-pipelines adopt: {e} ({read_hint(choice)})", file=sys.stderr)
+            return READ_FAILED
     else:
-        ok, findings, where = adopt(args.fleet, args.node)
-    out: dict[str, Any] = {"ok": ok, "where": where, "summary": core.summary(findings),
-                           "findings": [f.to_dict() for f in findings]}
+        ok, findings, where = adopt(choice.path, args.node)
+    out: dict[str, Any] = {"fleet_file": str(Path(choice.path).resolve()), "ok": ok, "where": where,
+                           "summary": core.summary(findings), "findings": [f.to_dict() for f in findings]}
     if args.format == "json":
         print(json.dumps(out, indent=2))
     else:
+        print(f"# fleet file: {out['fleet_file']} ({choice.how})")
+        if key:
+            print(f"# gateway key: {key}")
         print(core.render_text(findings))
         print(f"\n{'adopt --check' if args.check else 'adopt'}: "
               + ", ".join(f"{a} {n}" for a, n in out["summary"].items()) + f" ({where})")

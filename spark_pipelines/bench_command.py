@@ -16,12 +16,21 @@ from spark_pipelines.resources.bench_client import BenchError, run_bench, run_qu
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (vLLM or LiteLLM)")
     p.add_argument("--model", required=True, help="served model name")
-    p.add_argument("--suite", choices=core.SUITES, default="recipe")
-    p.add_argument("--concurrency", type=int, default=core.LOADED_CONCURRENCY)
-    p.add_argument("--repeats", type=int, default=core.RECIPE_RUNS, help="runs per phase; run 1 is warm-up")
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
-    p.add_argument("--metrics-url", help="vLLM /metrics when --base-url is a gateway")
+    p.add_argument("--suite", choices=core.SUITES, default="recipe",
+                   help=f"recipe: the runbook's {len(core.RECIPE_PROMPTS)} single-stream prompts, mean tok/s "
+                        f"against the reference; loaded: --concurrency requests at once, aggregate tok/s; all: "
+                        f"both (default: recipe)")
+    p.add_argument("--concurrency", type=int, default=core.LOADED_CONCURRENCY, metavar="N",
+                   help=f"requests in flight at once in the loaded phase, 1-{core.MAX_CONCURRENCY} "
+                        f"(vLLM's default max_num_seqs) (default: {core.LOADED_CONCURRENCY}, the runbook's probe)")
+    p.add_argument("--repeats", type=int, default=core.RECIPE_RUNS, metavar="K",
+                   help=f"runs per phase; run 1 is the warm-up (default: {core.RECIPE_RUNS}, as the recipe)")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text (markdown tables) for a person, json for a program (default: text)")
+    p.add_argument("--api-key-env", metavar="VAR",
+                   help="environment variable holding the API key (default: none, no key sent)")
+    p.add_argument("--metrics-url", metavar="URL",
+                   help="vLLM /metrics when --base-url is a gateway (default: --base-url's /metrics)")
     p.add_argument("--no-stream", action="store_true", help="the recipe's non-streaming requests")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="seconds one request may take (default 600: 16k tokens at the runbook's ~52 tok/s with room)")

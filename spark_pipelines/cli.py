@@ -19,10 +19,13 @@ Bad input exits with status 2 and one clear message on stderr, never a traceback
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,7 +34,7 @@ from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
-from spark_pipelines.core.fleet import SEED_FLEET, Fleet, FleetError, load_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
 
 
 
@@ -39,12 +42,86 @@ class UsageError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
+class Help(argparse.HelpFormatter):
+    """Descriptions read as written: a paragraph of prose is re-wrapped to the terminal; a table (a
+    docstring's list of commands: an entry, two spaces, what it does, continued on indented lines)
+    keeps one entry per line, its text wrapped under its column."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        def wrap(words: str, first: str, rest: str) -> list[str]:
+            return textwrap.wrap(words, width, initial_indent=indent + first, subsequent_indent=indent + rest,
+                                 break_on_hyphens=False)
+
+        out: list[str] = []
+        for para in re.split(r"\n\s*\n", text.strip("\n")):
+            lines = para.splitlines()
+            margin = min(len(line) - len(line.lstrip()) for line in lines)
+            if all(len(line) - len(line.lstrip()) == margin for line in lines) and \
+                    not any(re.search(r"\S  +\S", line) for line in lines):
+                out += wrap(" ".join(line.strip() for line in lines), " " * margin, " " * margin)
+                out.append("")
+                continue
+            entries: list[list[str]] = []
+            for line in lines:  # an entry starts at the paragraph's margin; deeper lines continue it
+                if len(line) - len(line.lstrip()) == margin or not entries:
+                    entries.append([line])
+                else:
+                    entries[-1].append(line)
+            for head, *more in entries:
+                gap = re.search(r"\S  +(?=\S)", head)
+                column = gap.end() if gap else (len(more[0]) - len(more[0].lstrip()) if more else margin + 4)
+                hang = " " * min(column, width // 3)
+                said = " ".join(m.strip() for m in more)
+                if gap and gap.end() <= width // 3:
+                    out += wrap(f"{head[:gap.end()]}{head[gap.end():]} {said}".rstrip(), "", hang)
+                    continue
+                out += wrap(head[:gap.end()].rstrip() if gap else head.rstrip(), "", " " * (margin + 4))
+                said = f"{head[gap.end():]} {said}".strip() if gap else said
+                if said:
+                    out += wrap(said, hang, hang)
+            out.append("")
+        return "\n".join(out).rstrip("\n")
+
+
+def _did_you_mean(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f": did you mean {close[0]}?" if close else ""
+
+
 class Parser(argparse.ArgumentParser):
     """The parser of every subcommand (subparsers inherit the class): argparse would print its usage
-    and exit 2 itself; this keeps bad input to one clear line."""
+    and exit 2 itself; this keeps bad input to one clear line, with the nearest name when one is close
+    (Python 3.11's argparse has no suggest_on_error)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if bad:
+            message += _did_you_mean(bad.group(1), re.findall(r"'([^']*)'", bad.group(2)))
         raise UsageError(f"{self.prog}: {message}")
+
+
+def chosen(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The innermost (sub)parser `argv` selects: `metrics serve ...` -> the serve parser."""
+    p = ap
+    while True:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        nxt = next((subs[0].choices[w] for w in argv if subs and w in subs[0].choices), None)
+        if nxt is None:
+            return p
+        p, argv = nxt, argv[argv.index(next(w for w in argv if w in subs[0].choices)) + 1:]
+
+
+def unrecognized(ap: argparse.ArgumentParser, argv: list[str], extra: list[str]) -> str:
+    """One line for arguments no parser took, naming the nearest option of the command given."""
+    p = chosen(ap, argv)
+    known = [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+    word = extra[0].split("=", 1)[0]
+    hint = _did_you_mean(word, known) if word.startswith("-") else ""
+    return f"{p.prog}: unrecognized argument{'s' if len(extra) > 1 else ''}: {' '.join(extra)}{hint}"
 
 
 def node_plan(fleet: Fleet, name: str) -> dict[str, Any]:
@@ -135,13 +212,15 @@ def render_plan_text(plan: dict[str, Any]) -> str:
 
 PLAN_DESCRIPTION = ("Render what a deploy of the fleet file would do, touching nothing: per node the preflight "
                     "checks and the memory gate, the docker run argv, the rollout's order, the gateway config. "
-                    "Exit 0; 2 on a refused fleet file (one line naming the field); with --live, 1 when the "
-                    "live fleet cannot be read.")
+                    "The first line names the fleet file read and why that one. Exit status: 0; 2 on bad input "
+                    "(a refused fleet file: one line naming the field); with --live, 3 when the live fleet "
+                    "could not be read (nothing was changed).")
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                    help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    from spark_pipelines.console import FLEET_HELP
+
+    ap.add_argument("--fleet", default=None, help=FLEET_HELP)
     ap.add_argument("--node", metavar="NAME", help="one serve node (default: every serve node)")
     ap.add_argument("--live", action="store_true",
                     help="also read the live fleet and say per node and step what the chain would do "
@@ -151,26 +230,36 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    fleet = load_fleet(args.fleet)
+    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
+
+    choice = find_fleet(args.fleet)
+    if choice.warning:
+        print(f"spark-pipelines plan: {choice.warning}", file=sys.stderr)
+    fleet = load_fleet(choice.path)
     plan = build_plan(fleet, args.node)
     live = phase0 = None
+    key = None
     if args.live:
         from spark_pipelines import adopt_command, node_os_command
 
+        key = demo_gateway_key(choice.path, fleet.gateway.master_key_env)
         try:
-            live = adopt_command.check(args.fleet, [args.node] if args.node else None)
+            live = adopt_command.check(choice.path, [args.node] if args.node else None)
         except adopt_command.Unreachable as e:
-            print(f"spark-pipelines plan --live: {e}", file=sys.stderr)
-            return 1
-        phase0 = node_os_command.check(args.fleet, [args.node] if args.node else None)
+            print(f"spark-pipelines plan --live: {e} ({read_hint(choice)})", file=sys.stderr)
+            return adopt_command.READ_FAILED
+        phase0 = node_os_command.check(choice.path, [args.node] if args.node else None)
     if args.format == "json":
+        plan = {"fleet_file": str(Path(choice.path).resolve()), **plan}
         if live is not None:
             plan["live"] = [f.to_dict() for f in live]
         if phase0 is not None:
             plan["node_os"] = [p.to_dict() for p in phase0]
         print(json.dumps(plan, indent=2))
     else:
-        print(f"# fleet file: {Path(args.fleet).resolve()}")
+        print(f"# fleet file: {Path(choice.path).resolve()} ({choice.how})")
+        if key:
+            print(f"# gateway key: {key}")
         print(render_plan_text(plan))
         if live is not None:
             from spark_pipelines.core.adoption import render_text
@@ -183,6 +272,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print("\n== Phase 0 (node_os_job): what it would change on each node (nothing was changed)")
             print(phase0_text(phase0))
     return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """`metrics`: the fleet file and the instance found as every command finds them, named on stderr
+    (stdout is the metrics themselves)."""
+    from spark_pipelines import metrics_command
+    from spark_pipelines.console import find_fleet, instance_home
+
+    choice = find_fleet(args.fleet)
+    args.fleet = choice.path
+    print(f"metrics: fleet file {choice.named()}", file=sys.stderr)
+    if choice.warning:
+        print(f"metrics: {choice.warning}", file=sys.stderr)
+    if args.what != "scrape-config":
+        home, how = instance_home()
+        if home is None:
+            print(f"metrics: {how}", file=sys.stderr)
+            return 2
+        os.environ["DAGSTER_HOME"] = str(home)
+        print(f"metrics: Dagster instance {home} ({how})", file=sys.stderr)
+    return metrics_command.metrics_run(args)
 
 
 def version() -> str:
@@ -219,7 +329,7 @@ def parser() -> Parser:
     add_plan_arguments(plan)
     plan.set_defaults(run=cmd_plan)
     adopt = sub.add_parser("adopt", help="first contact: adopt a fleet built by hand, change nothing",
-                           description=adopt_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           description=adopt_command.__doc__)
     adopt_command.add_arguments(adopt)
     adopt.set_defaults(run=adopt_command.adopt_run)
     bench = sub.add_parser("bench", help="the bench harness", description="Run the runbook's bench suite.")
@@ -240,13 +350,14 @@ def parser() -> Parser:
                            description="Print the nginx site of the gateway's front: clients on gateway.proxy_port, "
                                        "LiteLLM behind it on 127.0.0.1:gateway.front.litellm_port (put it in "
                                        "/etc/nginx/conf.d/ on the gateway host; core/gateway_front.py says why).")
-    front.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                       help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    from spark_pipelines.console import FLEET_HELP
+
+    front.add_argument("--fleet", default=None, help=FLEET_HELP)
     front.set_defaults(run=cmd_gateway_front)
     met = sub.add_parser("metrics", help="the fleet exporter for Prometheus, its scrape config and alert rules",
-                         description=metrics_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=metrics_command.__doc__)
     metrics_command.add_arguments(met)
-    met.set_defaults(run=metrics_command.metrics_run)
+    met.set_defaults(run=cmd_metrics)
     team = sub.add_parser("team", help="the team instance: PostgreSQL, daemon, runs in containers",
                           description=team_command.__doc__)
     team_command.add_arguments(team)
@@ -259,6 +370,9 @@ def parser() -> Parser:
 def cmd_gateway_front(args: argparse.Namespace) -> int:
     from spark_pipelines.core.gateway_front import nginx_site
 
+    from spark_pipelines.console import find_fleet
+
+    args.fleet = find_fleet(args.fleet).path
     fleet = load_fleet(args.fleet)
     gw = fleet.gateway
     if gw.front is None:
@@ -280,15 +394,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[0] in DELEGATED:
             return DELEGATED[argv[0]](argv[1:])
-        args = parser().parse_args(argv)
+        ap = parser()
+        args, extra = ap.parse_known_args(argv)
+        if extra:
+            raise UsageError(unrecognized(ap, argv, extra))
         return int(args.run(args))
     except (UsageError, FleetError) as e:
         print(str(e), file=sys.stderr)
         return 2
     except SystemExit as e:  # argparse --help
         return int(e.code or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # before the command's own handler (still importing): the same line
+        print(f"spark-pipelines {argv[0]}: interrupted" if argv[0].isidentifier() else "interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `spark-pipelines plan | head`: the reader left, nothing to report
         sys.stderr.close()

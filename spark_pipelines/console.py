@@ -6,8 +6,8 @@ Runs the demo submits go through the code location like the UI's, a schedule's o
 daemon from the code server. So each run carries the location's origin and appears on its job's
 page and on the Overview timeline, and "Re-execute" finds the same job.
 
-Processes start in their own sessions (a Ctrl-C in the terminal reaches the caller, which
-terminates its run first: the run's undo runs), write their logs under <home>/console/, and are
+Processes start in their own sessions (a Ctrl-C in the terminal reaches the caller, which asks
+Dagster to terminate its run, follows it while its undo runs and says how it ended), write their logs under <home>/console/, and are
 recorded with their start times in <home>/console/console.json so that a console a killed
 caller left behind is stopped by the next start or by `spark-pipelines demo --stop`.
 """
@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from spark_pipelines.core.errors import first_line
+from spark_pipelines.core.fleet import SEED_FLEET
 
 # The names `make ui` (workspace.yaml) gives the same code: runs started here match its jobs.
 LOCATION = "spark_pipelines"
@@ -38,6 +39,121 @@ STARTUP_TIMEOUT_S = 240.0  # three Dagster processes importing on two busy cores
 STOP_GRACE_S = 20.0
 # A daemon heartbeat this recent means a daemon (e.g. `make ui`'s) serves the instance now.
 DAEMON_FRESH_S = 50.0
+# How long an interrupted demo follows the run it asked to terminate: a deploy's rollback restarts
+# the previous container (the team instance gives a terminated run 600 s for its undo).
+TERMINATE_WAIT_S = 600.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Which fleet file, gateway key and instance a command reads. Every command (plan, doctor, adopt,
+# metrics, sudoers, team, `make ui`) finds them one way and names what it read; the demo records
+# its own on its instance for the commands after it (spark_pipelines/demo.py writes the records).
+
+# What the demo leaves on its instance for the commands after it (plan, doctor, adopt, metrics,
+# `make ui`): the fleet file its runs were made with, and where the simulator keeps the gateway's
+# master key (the path, never the key).
+DEMO_FLEET_RECORD = "demo-fleet-file"
+DEMO_KEY_RECORD = "demo-gateway-key-file"
+DEMO_HOME = ".dagster-home"  # the demo's instance when DAGSTER_HOME is not set (the Makefile's too)
+FLEET_HELP = (f"fleet file (default: $SPARK_FLEET, else the one `make demo` recorded in {DEMO_HOME}/"
+              f"{DEMO_FLEET_RECORD} while it exists, else {SEED_FLEET})")
+
+
+@dataclass(frozen=True)
+class FleetChoice:
+    """The fleet file a command reads and why that one; `warning` when it is not the file the
+    demo's recorded runs were made with."""
+
+    path: str
+    how: str
+    warning: str | None = None
+
+    def named(self) -> str:
+        return f"{self.path} ({self.how})"
+
+
+def read_hint(choice: FleetChoice) -> str:
+    """The end of a "could not read the fleet" line: which file was read, and where the demo's is."""
+    hint = f"fleet file {choice.named()}"
+    if choice.how.startswith("the default"):
+        hint += ("; for the simulated fleet run `make demo` first (later commands find its fleet file), "
+                 "or give --fleet FILE")
+    return hint
+
+
+def demo_home(environ: Mapping[str, str] | None = None) -> Path:
+    """The instance the demo records in: $DAGSTER_HOME, else ./.dagster-home."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("DAGSTER_HOME") or DEMO_HOME).resolve()
+
+
+def _recorded(home: Path, name: str) -> str:
+    record = home / name
+    try:
+        return record.read_text().strip() if record.is_file() else ""
+    except OSError:
+        return ""
+
+
+def find_fleet(given: str | None = None, environ: Mapping[str, str] | None = None,
+               home: Path | None = None) -> FleetChoice:
+    """The one order every command finds its fleet file in: --fleet, $SPARK_FLEET, the demo's own
+    file while it exists, a simulated fleet's file here, the seed. After `make sim-down` the demo's
+    file is gone: the seed then, with a warning (its hosts are real nodes, not the recorded demo's)."""
+    env = os.environ if environ is None else environ
+    if given:
+        return FleetChoice(given, "--fleet")
+    if env.get("SPARK_FLEET"):
+        return FleetChoice(env["SPARK_FLEET"], "$SPARK_FLEET")
+    home = demo_home(env) if home is None else home
+    recorded = _recorded(home, DEMO_FLEET_RECORD)
+    if recorded and Path(recorded).is_file():
+        return FleetChoice(recorded, f"the demo's, recorded in {home / DEMO_FLEET_RECORD}")
+    if Path("sim-fleet.yaml").is_file():
+        return FleetChoice("sim-fleet.yaml", "the simulated fleet's, in this directory")
+    if not recorded:
+        return FleetChoice(SEED_FLEET, "the default: no --fleet, $SPARK_FLEET or demo record")
+    return FleetChoice(SEED_FLEET, "the default: the demo's file is gone", warning=(
+        f"the demo's fleet file {recorded} is gone (make sim-down): {SEED_FLEET} is read instead, whose hosts "
+        f"are the runbook's real nodes, not the simulated ones the recorded runs used. To see the demo's fleet "
+        f"again: make demo; to choose a file: --fleet FILE or SPARK_FLEET=FILE"))
+
+
+def demo_gateway_key(fleet_path: str, key_env: str, environ: MutableMapping[str, str] | None = None,
+                     home: Path | None = None) -> str | None:
+    """The simulator's gateway key for a command reading the demo's fleet file while `key_env` is
+    unset: read from the key file into `environ` (this process's
+    environment) and never printed. Returns a line saying where it came from, or None."""
+    env = os.environ if environ is None else environ
+    if env.get(key_env):
+        return None
+    home = demo_home(env) if home is None else home
+    key_file = ""
+    recorded = _recorded(home, DEMO_FLEET_RECORD)
+    if recorded and Path(recorded).resolve() == Path(fleet_path).resolve():
+        key_file = _recorded(home, DEMO_KEY_RECORD)
+    try:
+        key = Path(key_file).read_text().strip() if key_file else ""
+    except OSError:
+        return None
+    if not key:
+        return None
+    env[key_env] = key
+    return f"${key_env} from the simulator's key file {key_file}"
+
+
+def instance_home(environ: Mapping[str, str] | None = None) -> tuple[Path | None, str]:
+    """The Dagster instance a command reads: $DAGSTER_HOME, else the demo's when one was made here;
+    (None, how to get one) otherwise."""
+    env = os.environ if environ is None else environ
+    if env.get("DAGSTER_HOME"):
+        return Path(env["DAGSTER_HOME"]), "$DAGSTER_HOME"
+    home = Path(DEMO_HOME).resolve()
+    if (home / "dagster.yaml").is_file():
+        return home, "the demo's"
+    return None, (f"no Dagster instance: set DAGSTER_HOME to the instance the chain records in, or run `make demo` "
+                  f"here (its instance is {DEMO_HOME})")
+
 
 
 class ConsoleError(Exception):
@@ -451,20 +567,42 @@ class Console:
         detail = data.get("message") or "; ".join(e["message"] for e in data.get("errors", [])) or data["__typename"]
         raise ConsoleError(f"{job}{f'[{partition}]' if partition else ''}: not launched: {detail}")
 
-    def terminate(self, run_id: str) -> None:
-        """Ask the run to stop: its steps see the interruption and run their undo."""
-        self.graphql("mutation($r: String!) { terminateRun(runId: $r) { __typename } }", {"r": run_id})
+    def terminate(self, run_id: str, wait_s: float = 120.0) -> str:
+        """Ask Dagster to terminate the run: its steps see the interruption and run their undo.
+        Dagster refuses a run that is STARTING (launched, its process not yet running): asked again
+        each second until it has started or ended, up to `wait_s`. Returns "" once the request was
+        accepted, else Dagster's reason."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            said = self.graphql(
+                "mutation($r: String!) { terminateRun(runId: $r) { __typename "
+                "... on TerminateRunFailure { message } ... on RunNotFoundError { message } "
+                "... on PythonError { message } } }", {"r": run_id})["terminateRun"]
+            if said["__typename"] == "TerminateRunSuccess":
+                return ""
+            why = said.get("message") or said["__typename"]
+            if "STARTING" not in why and "NOT_STARTED" not in why or time.monotonic() > deadline:
+                return why
+            time.sleep(1.0)
 
     def run(self, instance: Any, job: str, partition: str | None = None, run_config: dict[str, Any] | None = None,
             timeout_s: float = 3600.0, progress: Callable[[str], None] = print) -> RunOutcome:
         """Launch, then follow the run's steps until it ends or `timeout_s` pass (then terminate it).
-        A Ctrl-C terminates the run and waits for its undo before it propagates."""
+        A Ctrl-C terminates the run, follows it to its end (its undo runs first), says how it ended,
+        then propagates."""
         run_id = self.launch(job, partition, run_config)
         progress(f"    run {run_id[:8]} queued: {self.url}/runs/{run_id}")
         try:
             return follow_run(instance, run_id, timeout_s, progress, self._check_alive, self.terminate)
         except KeyboardInterrupt:
-            progress(f"    interrupted: terminating run {run_id[:8]} (its undo runs first)")
-            self.terminate(run_id)
-            follow_run(instance, run_id, 180.0, progress, self._check_alive, None)
+            progress(f"    interrupted: terminating run {run_id[:8]}; its steps run their undo before it ends "
+                     f"(a second Ctrl-C stops the console and the run with it)")
+            refused = self.terminate(run_id)
+            if refused:
+                progress(f"    Dagster did not terminate run {run_id[:8]} ({refused}): following it to its end")
+            follow_run(instance, run_id, TERMINATE_WAIT_S, progress, self._check_alive, None)
+            status = instance.get_run_by_id(run_id).status
+            progress(f"    run {run_id[:8]} ended {status.value}" + (
+                "" if status.value == "CANCELED" else " (it finished before the termination took effect)"
+                if status.value in ("SUCCESS", "FAILURE") else f" after {TERMINATE_WAIT_S:.0f} s: see {self.url}/runs/{run_id}"))
             raise

@@ -16,53 +16,13 @@ or a newer process under a recycled pid is a dead run, and the daemon marks it f
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
-from dagster import DagsterEventType, DefaultRunLauncher
+from dagster import DefaultRunLauncher
 from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
 from dagster._core.storage.dagster_run import DagsterRun
 
-# The process started at most this long after its event was written: more is a recycled pid.
-START_SLACK_S = 5.0
-
-
-def run_process(instance: object, run_id: str) -> tuple[int, float] | None:
-    """(pid, when the event naming it was written) of the run's own process, or None when the
-    run has not recorded it (yet). Step processes are not the run's: their events carry a step."""
-    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT, limit=50).records  # type: ignore[attr-defined]
-    for rec in records:
-        entry = rec.event_log_entry
-        event = entry.dagster_event
-        if event is None or event.step_key:
-            continue
-        meta = getattr(event.event_specific_data, "metadata", None) or {}
-        raw = meta.get("pid")
-        value = getattr(raw, "value", raw)
-        if value is not None and str(value).isdigit():
-            return int(str(value)), entry.timestamp
-    return None
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    raise OSError("no btime in /proc/stat")
-
-
-def process_alive(pid: int, recorded_at: float) -> bool:
-    """Whether `pid` is a live (not zombie) process that already existed when `recorded_at` was."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X", "x"):
-        return False
-    started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return started <= recorded_at + START_SLACK_S
+from spark_pipelines.state.records import process_alive, run_process
 
 
 class LocalRunLauncher(DefaultRunLauncher):

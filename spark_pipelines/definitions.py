@@ -69,25 +69,28 @@ def build_definitions(fleet_path: str | None = None, command_log_path: str | Non
     # Sensors are given the very job objects the phases define (the UI shows them as targets).
     images, nodes, rollout = image_definitions(fleet), node_definitions(fleet), rollout_definitions(fleet)
     bench, healing = bench_definitions(fleet), health_definitions(fleet)
+    # The jobs that finish a dead run's procedure (core.steps.FINISHED_BY) are the sweep's too.
+    node_os, join, wedge = node_os_definitions(fleet), node_join_definitions(fleet), wedge_definitions(fleet)
+    finishers = [j for d in (node_os, join, wedge) for j in (d.jobs or []) if j.name in steps.FINISHED_BY.values()]
     return dg.Definitions.merge(
         adoption_definitions(fleet),
         model_definitions(fleet),
         images,
         nodes,
-        node_os_definitions(fleet),
-        node_join_definitions(fleet),
+        node_os,
+        join,
         rollout,
         jit_cache_definitions(fleet),
         versions_definitions(fleet),
         gateway_definitions(fleet),
         bench,
-        wedge_definitions(fleet),
+        wedge,
         healing,
         fleet_summary_definitions(fleet),
         experiment_definitions(fleet),
         pins_sensors(fleet, fleet_path, jobs=[j for j in [*(images.jobs or []), *(rollout.jobs or [])]
                                               if j.name in (steps.BUILD_JOB, steps.ROLLOUT_JOB)]),
-        health_sensors(fleet, jobs=[*(nodes.jobs or []), *(bench.jobs or []), *(healing.jobs or [])]),
+        health_sensors(fleet, jobs=[*(nodes.jobs or []), *(bench.jobs or []), *(healing.jobs or []), *finishers]),
         wedge_sensors(fleet),
         schedule_definitions(fleet),
         dg.Definitions(resources={"ssh": ssh, "hub": model_hub(), "io_manager": StepOutputs(),

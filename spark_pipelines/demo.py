@@ -17,11 +17,24 @@ from typing import Any
 import yaml
 
 from spark_pipelines import metrics_command
-from spark_pipelines.console import Console, ConsoleError, stop_leftovers
+from spark_pipelines.console import (  # noqa: F401  (the demo's records, re-exported for its callers)
+    DEMO_FLEET_RECORD,
+    DEMO_KEY_RECORD,
+    FLEET_HELP,
+    Console,
+    ConsoleError,
+    FleetChoice,
+    demo_gateway_key,
+    find_fleet,
+    instance_home,
+    read_hint,
+    stop_leftovers,
+)
 from spark_pipelines.core import record_keys as keys
-from spark_pipelines.core import steps
-from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
-from spark_pipelines.team.instance import TEMPLATE
+from spark_pipelines.core import steps, summary
+from spark_pipelines.core.fleet import load_fleet
+
+UI_PORT = 3000  # `make ui`'s default port (PORT= to change)
 
 def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> str:
     from spark_pipelines.state.records import latest_metadata
@@ -37,7 +50,7 @@ def bench_table(instance: Any, nodes: list[str], failures: dict[str, str]) -> st
             f"{dep.get(keys.KV_CACHE_TOKENS, '-')}",
             f"{dep.get(keys.STARTUP_SECONDS, '-')}",
             f"{b[keys.MEAN_TOK_S]:.1f}" if keys.MEAN_TOK_S in b else "-",
-            f"{b[keys.VS_REFERENCE]:.2f}x" if keys.VS_REFERENCE in b else "-",
+            summary.ratio_text(b[keys.VS_REFERENCE]) if keys.VS_REFERENCE in b else "-",
             f"{b[keys.LOADED_AGGREGATE_TOK_S]:.1f}" if keys.LOADED_AGGREGATE_TOK_S in b else "-",
             b.get(keys.GPU_UNDER_LOAD, "-"),
             ("in" if b.get(keys.PROMOTED) else "out") if b else "-",
@@ -109,15 +122,18 @@ MONITOR_POLL_S = 15  # a dead run is failed within about this long (plus the dae
 
 
 def instance_config() -> str:
-    """The embedded instance's dagster.yaml: the team template's telemetry, run queue (one run per
-    node, one bench, one build at a time) and run monitoring, on the default SQLite storage and
-    the local launcher that tells the monitoring whether a run's process still lives
-    (spark_pipelines/console_launcher.py): a run whose process died is failed within about
-    MONITOR_POLL_S and the node's next run leaves the queue."""
+    """The embedded instance's dagster.yaml: the team template's telemetry, concurrency (one run per
+    node; one slot in each pool: one drain, one image build at a time) and run monitoring, on the
+    default SQLite storage and the local launcher that tells the monitoring whether a run's process
+    still lives (spark_pipelines/console_launcher.py): a run whose process died is failed within
+    about MONITOR_POLL_S, the node's next run leaves the queue, and a pool slot it held is freed."""
+    from spark_pipelines.team.instance import TEMPLATE  # imports dagster: not for every command's --help
+
     cfg = yaml.safe_load(TEMPLATE.read_text())
-    out = {k: cfg[k] for k in ("telemetry", "run_queue")}
+    out = {k: cfg[k] for k in ("telemetry", "concurrency")}
     out["run_launcher"] = {"module": "spark_pipelines.console_launcher", "class": "LocalRunLauncher"}
     out["run_monitoring"] = {**cfg["run_monitoring"], "poll_interval_seconds": MONITOR_POLL_S,
+                             "free_slots_after_run_end_seconds": MONITOR_POLL_S,
                              "max_resume_run_attempts": 0}  # a dead run is never resumed: its undo ran or the next run finishes it
     return WRITTEN_BY + "\n" + yaml.safe_dump(out, sort_keys=False)
 
@@ -130,8 +146,7 @@ def _ours(text: str) -> bool:
         old = yaml.safe_load(text)
     except yaml.YAMLError:
         return False
-    cfg = yaml.safe_load(TEMPLATE.read_text())
-    return old == {k: cfg[k] for k in ("telemetry", "run_queue")}
+    return isinstance(old, dict) and set(old) == {"telemetry", "run_queue"} and old["telemetry"] == {"enabled": False}
 
 
 def prepare_instance_home(home: Path | None = None) -> Path:
@@ -147,41 +162,43 @@ def prepare_instance_home(home: Path | None = None) -> Path:
     return home
 
 
-# The fleet file the demo's runs were made with, kept on the instance: `make ui` opens that
-# file, or says loudly that it cannot.
-DEMO_FLEET_RECORD = "demo-fleet-file"
-
-
 def ui_fleet(home: Path, environ: dict[str, str] | None = None) -> tuple[str, str | None]:
     """The fleet file `make ui` opens on the demo's instance, and a warning when it is not the one
-    the instance's runs were made with: SPARK_FLEET; else the demo's own file while it exists; else
-    the seed, said loudly (its hosts are real nodes, not the recorded demo's)."""
-    env = os.environ if environ is None else environ
-    if env.get("SPARK_FLEET"):
-        return env["SPARK_FLEET"], None
-    record = home / DEMO_FLEET_RECORD
-    recorded = record.read_text().strip() if record.is_file() else ""
-    if recorded and Path(recorded).is_file():
-        return recorded, None
-    if Path("sim-fleet.yaml").is_file():
-        return "sim-fleet.yaml", None
-    if not recorded:
-        return SEED_FLEET, None
-    return SEED_FLEET, (
-        f"the demo's fleet file {recorded} is gone (make sim-down): the UI opens on {SEED_FLEET}, whose hosts "
-        f"are the runbook's real nodes, not the simulated ones the recorded runs used. Steps will show a new "
-        f"code version there, and Materialize acts on those hosts. To see the demo's fleet again: make demo; to "
-        f"choose a file: SPARK_FLEET=path make ui")
+    the instance's runs were made with (find_fleet's order)."""
+    choice = find_fleet(None, environ, home)
+    return choice.path, choice.warning
 
 
-def ui_fleet_command() -> int:
-    """`python -c ...ui_fleet_command()` in `make ui`: the path on stdout, a warning on stderr."""
-    path, warning = ui_fleet(prepare_instance_home())
-    if warning:
+def ui_command(port: str | None = None) -> int:
+    """`make ui [PORT=3000]`: `dg dev` on the demo's instance and fleet file, with the simulator's
+    gateway key when the fleet is the demo's (a bench launched from the UI drains through it)."""
+    from spark_pipelines.console import stop_leftovers
+
+    port = port or os.environ.get("PORT") or str(UI_PORT)
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        print(f"make ui: PORT={port}: give a TCP port, 1-65535", file=sys.stderr)
+        return 2
+    home = prepare_instance_home()
+    stop_leftovers(home)
+    choice = find_fleet(None, None, home)
+    if choice.warning:
         bar = "!" * 78
-        print(f"{bar}\nmake ui: {warning}\n{bar}", file=sys.stderr)
-    print(path)
-    return 0
+        print(f"{bar}\nmake ui: {choice.warning}\n{bar}", file=sys.stderr)
+    print(f"make ui: fleet file {choice.named()}")
+    key_env = load_fleet(choice.path).gateway.master_key_env
+    said = demo_gateway_key(choice.path, key_env)
+    if said:
+        print(f"make ui: gateway key {said}")
+    elif not os.environ.get(key_env):
+        print(f"make ui: ${key_env} is not set: a step that reads the gateway (bench, gateway_job) fails at its "
+              f"first read if the proxy has a master key; set it to the proxy's key")
+    print(f"make ui: Dagster instance {home}; UI on http://127.0.0.1:{port}")
+    venv = Path(sys.executable).parent
+    # VIRTUAL_ENV: dg then uses this venv for the project, quietly.
+    env = {**os.environ, "SPARK_FLEET": choice.path, "DAGSTER_HOME": str(home), "VIRTUAL_ENV": str(venv.parent)}
+    sys.stdout.flush()
+    os.execve(str(venv / "dg"), [str(venv / "dg"), "dev", "-h", "127.0.0.1", "-p", port], env)
+    return 0  # not reached
 
 
 def _node_count(text: str) -> int:
@@ -200,7 +217,8 @@ def _node_count(text: str) -> int:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nodes", type=_node_count, default=2,
                     help="simulated nodes, 1-32 (spark1 founders + build host, the others gx10); default 2")
-    ap.add_argument("--fleet-out", default="sim-fleet.yaml")
+    ap.add_argument("--fleet-out", default="sim-fleet.yaml", metavar="FILE",
+                    help="where the simulated fleet's fleet file is written (default: sim-fleet.yaml)")
     ap.add_argument("--stop", action="store_true",
                     help="only stop a Dagster console (webserver, daemon, code server) a killed demo left running")
 
@@ -220,6 +238,7 @@ def demo_command(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from spark_sim.fleet import SimFleet
+    from spark_sim.layout import SimError
 
     # Output(data_version=...) is how steps skip; Dagster flags it beta on every materialization.
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -233,16 +252,24 @@ def demo_command(args: argparse.Namespace) -> int:
         if sim.is_up:
             sim.down()
         print(f"simulated fleet: bringing up {args.nodes} nodes ...")
-        fleet_path = str(sim.up(nodes=args.nodes, fleet_out=args.fleet_out))
+        try:
+            fleet_path = str(sim.up(nodes=args.nodes, fleet_out=args.fleet_out))
+        except SimError as e:  # e.g. another fleet's leftovers on this slot: one line, no traceback
+            print(f"spark-pipelines demo: the simulated fleet did not come up: {e} (slot {sim.layout.slot}, root "
+                  f"{sim.layout.root}: `spark-pipelines sim down` with the same SPARK_SIM_SLOT and SPARK_SIM_ROOT "
+                  "removes what a fleet left there, or choose another SPARK_SIM_SLOT)", file=sys.stderr)
+            return 1
     print(f"fleet file: {fleet_path}")
     if "LITELLM_MASTER_KEY" not in os.environ and sim.master_key_file.exists():
         os.environ["LITELLM_MASTER_KEY"] = sim.master_key_file.read_text().strip()
     os.environ["SPARK_FLEET"] = fleet_path
     home = prepare_instance_home()
     (home / DEMO_FLEET_RECORD).write_text(str(Path(fleet_path).resolve()) + "\n")
+    # The path only: plan, doctor, adopt and `make ui` read the key from it for this fleet file.
+    (home / DEMO_KEY_RECORD).write_text(f"{sim.master_key_file}\n" if sim.master_key_file.exists() else "")
     print(f"Dagster instance: {home}")
     instance = dg.DagsterInstance.get()
-    # Stopped at the end (see README "What else"): `make ui` then serves the same code location, so
+    # Stopped at the end (see docs/commands.md, `make ui`): `make ui` then serves the same code location, so
     # the runs stay on their jobs' pages, and no daemon is left to compete with a second daemon or
     # the test suite.
     console = Console(home, fleet_path, log=print)
@@ -261,9 +288,10 @@ def demo_command(args: argparse.Namespace) -> int:
     print()
     print(bench_table(instance, [n.name for n in fleet.serve_nodes], {k: v for k, v in failures.items() if k != "*"}))
     print()
-    print("The console is stopped. Dagster UI on this instance (these runs under their jobs): make ui"
+    print("The console is stopped. Dagster UI on this instance (these runs under their jobs): make ui [PORT=3000]"
           "   |   remove the simulated fleet: make sim-down")
-    print(f"Metrics: DAGSTER_HOME={home} .venv/bin/spark-pipelines metrics serve -> "
-          f"http://127.0.0.1:{metrics_command.DEFAULT_PORT}/metrics; Prometheus targets and alert rules: "
-          f".venv/bin/spark-pipelines metrics scrape-config --fleet {fleet_path} --out DIR")
+    print(f"From here on, plan --live, doctor, adopt --check, metrics and make ui read this fleet file, the "
+          f"simulator's gateway key and this instance (recorded in {home}); each names what it read.")
+    print(f"Metrics: .venv/bin/spark-pipelines metrics serve -> http://127.0.0.1:{metrics_command.DEFAULT_PORT}"
+          f"/metrics; Prometheus targets and alert rules: .venv/bin/spark-pipelines metrics scrape-config --out DIR")
     return 1 if failures else 0

@@ -2,7 +2,8 @@
 
   metrics serve [--fleet FILE] [--host 127.0.0.1] [--port 9464]
                                                    the fleet exporter: /metrics read from the Dagster
-                                                   instance ($DAGSTER_HOME) on each scrape (cached 5 s)
+                                                   instance ($DAGSTER_HOME, else the demo's .dagster-home)
+                                                   on each scrape (cached 5 s); any other path is a 404
   metrics show                                     the same metrics once, on stdout
   metrics scrape-config --out DIR [--exporter HOST:PORT] [--alertmanager HOST:PORT]
                                                    file_sd targets from the fleet file, a prometheus.yml
@@ -15,24 +16,28 @@ benches, the healing runs): no SSH, so a scrape costs milliseconds and never tou
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import yaml
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from spark_pipelines.core import fleet_metrics, scrape_config
 from spark_pipelines.core.errors import first_line
-from spark_pipelines.core.fleet import SEED_FLEET, Fleet, FleetError, load_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
 
 DEFAULT_PORT = 9464
 CACHE_S = 5.0  # Prometheus and a person's curl at once read the instance once
@@ -95,10 +100,49 @@ def registry_for(fleet: Fleet, instance: Callable[[], Any], cache_s: float = CAC
     return reg
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        """A scrape every few seconds is not news."""
+
+
+def exporter_app(registry: CollectorRegistry) -> Callable[..., Any]:
+    """/metrics (and / naming it); any other path is a 404, not the metrics under another name."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"spark-pipelines fleet exporter: the metrics are at /metrics\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: the fleet exporter serves /metrics\n"]
+
+    return app
+
+
 def serve(fleet: Fleet, instance: Callable[[], Any], host: str, port: int, cache_s: float = CACHE_S) -> Any:
-    """Start the exporter's HTTP server in a thread; returns the server (shutdown() stops it)."""
-    server, _thread = start_http_server(port, addr=host, registry=registry_for(fleet, instance, cache_s))
+    """Start the exporter's HTTP server in a thread; returns the server (shutdown() stops it).
+    OSError when the address cannot be bound (in use, not this host's)."""
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = make_server(host, port, exporter_app(registry_for(fleet, instance, cache_s)), Server,
+                         handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True, name="fleet-exporter").start()
     return server
+
+
+def tcp_port(text: str) -> int:
+    """--port, checked while parsing (one line, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number; give 1-65535") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port; give 1-65535")
+    return port
 
 
 def _instance_from_env() -> Callable[[], Any]:
@@ -119,7 +163,9 @@ def _instance_from_env() -> Callable[[], Any]:
 
 def write_scrape_config(fleet: Fleet, out: Path, exporter: str, alertmanager: str | None) -> list[Path]:
     """The file_sd JSON files (rewritten atomically: Prometheus may read them at any moment), the
-    rules file beside them and a prometheus.yml naming both; returns what was written."""
+    rules file beside them and a prometheus.yml naming both by absolute path (Prometheus resolves
+    a relative one against its own config's directory, not the shell's); returns what was written."""
+    out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, groups in scrape_config.targets(fleet, exporter).items():
@@ -137,18 +183,26 @@ def write_scrape_config(fleet: Fleet, out: Path, exporter: str, alertmanager: st
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    from spark_pipelines.console import FLEET_HELP
+
     sub = ap.add_subparsers(dest="what", required=True, metavar="serve|show|scrape-config")
-    s = sub.add_parser("serve", help="the fleet exporter on HOST:PORT/metrics")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=DEFAULT_PORT)
+    s = sub.add_parser("serve", help="the fleet exporter on HOST:PORT/metrics",
+                       description="The fleet exporter: /metrics read from the Dagster instance on each scrape "
+                                   f"(cached {CACHE_S:g} s); any other path is a 404. Ctrl-C stops it.")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1; 0.0.0.0 for a Prometheus on another host)")
+    s.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
+                   help=f"TCP port to listen on, 1-65535 (default: {DEFAULT_PORT}, the exporter's usual port)")
     show = sub.add_parser("show", help="the fleet's metrics once, in the text format")
     c = sub.add_parser("scrape-config", help="file_sd targets + prometheus.yml + alert rules into --out")
     for each in (s, show, c):
-        each.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                          help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
-    c.add_argument("--out", required=True, type=Path)
-    c.add_argument("--exporter", default=f"127.0.0.1:{DEFAULT_PORT}", help="where `metrics serve` listens")
-    c.add_argument("--alertmanager", default=None, help="HOST:PORT of the Alertmanager (none: no alerting block)")
+        each.add_argument("--fleet", default=None, help=FLEET_HELP)
+    c.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help="directory for the files (created; its absolute path is written into prometheus.yml)")
+    c.add_argument("--exporter", default=f"127.0.0.1:{DEFAULT_PORT}", metavar="HOST:PORT",
+                   help=f"where `metrics serve` listens (default: 127.0.0.1:{DEFAULT_PORT})")
+    c.add_argument("--alertmanager", default=None, metavar="HOST:PORT",
+                   help="the Alertmanager (default: none, no alerting block)")
 
 
 def metrics_run(args: argparse.Namespace) -> int:
@@ -161,7 +215,13 @@ def metrics_run(args: argparse.Namespace) -> int:
     if args.what == "show":
         sys.stdout.write(fleet_metrics.exposition(FleetCollector(fleet, instance, 0).families()))
         return 0
-    server = serve(fleet, instance, args.host, args.port)
+    try:
+        server = serve(fleet, instance, args.host, args.port)
+    except OSError as e:
+        why = "in use (another exporter?)" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        print(f"metrics serve: cannot listen on {args.host}:{args.port}: {why}; stop what holds it or give "
+              f"another --port", file=sys.stderr)
+        return 1
     print(f"metrics: the fleet exporter on http://{args.host}:{args.port}/metrics (Ctrl-C stops it)", flush=True)
     try:
         threading.Event().wait()

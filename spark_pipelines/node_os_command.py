@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from spark_pipelines.core import node_os as p0
-from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
+from spark_pipelines.core.fleet import load_fleet
 
 
 @dataclass
@@ -30,7 +30,9 @@ def check(fleet_path: str, nodes: list[str] | None = None) -> list[NodePlan]:
     fleet = load_fleet(fleet_path)
     choices = node_os.choices(fleet)
     out = []
-    with FleetSession(fleet) as s:
+    from spark_pipelines.adopt_command import quiet_log
+
+    with FleetSession(fleet, logger=quiet_log()) as s:
         for node in fleet.serve_nodes:
             if nodes and node.name not in nodes:
                 continue
@@ -58,16 +60,20 @@ def render_text(plans: list[NodePlan]) -> str:
 
 
 def add_sudoers_arguments(ap: argparse.ArgumentParser) -> None:
-    import os
+    from spark_pipelines.console import FLEET_HELP
 
-    ap.add_argument("--fleet", default=os.environ.get("SPARK_FLEET", SEED_FLEET),
-                    help="fleet file (default: $SPARK_FLEET, else fleets/seed.yaml)")
+    ap.add_argument("--fleet", default=None, help=FLEET_HELP)
 
 
 def sudoers_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from spark_pipelines.console import find_fleet
     from spark_pipelines.runbook.node_os import choices
 
-    fleet = load_fleet(args.fleet)
+    choice = find_fleet(args.fleet)
+    fleet = load_fleet(choice.path)
+    print(f"# fleet file: {Path(choice.path).resolve()} ({choice.how})")  # a comment in sudoers too
     users = sorted({n.user for n in fleet.serve_nodes})
     for user in users:
         print(p0.sudoers_text(user, choices(fleet)), end="")

@@ -12,6 +12,7 @@ import dagster as dg
 from spark_pipelines.core.fleet_settings import StepRetrySettings
 from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
 from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.state import records
 
 
 def fail(e: RunbookError) -> NoReturn:
@@ -23,12 +24,18 @@ def fail(e: RunbookError) -> NoReturn:
 def step_session(context: dg.AssetExecutionContext, *resources: object):
     """The resources' SSH session, its log lines attached to this step: the resource was opened
     with the run's log (no step), so every ssh/docker line would otherwise float above the steps.
-    Pass each resource holding a FleetSSH (ssh, litellm); returns the first one's session."""
+    Pass each resource holding a FleetSSH (ssh, litellm); returns the first one's session. The
+    session can ask the instance whether another run ended (a journal's, runbook/journal.py), and
+    a run killed earlier whose process is gone is marked failed first (state/records.py)."""
+    instance = context.instance
+    for run_id in records.fail_dead_runs(instance, besides=context.run.run_id):
+        context.log.warning(f"run {run_id} was STARTED but its process is gone (killed): marked failed")
     sessions = []
     for r in resources:
         ssh = getattr(r, "ssh", r)
         s = ssh.session  # type: ignore[attr-defined]
         s.log = context.log
+        s.run_ended = lambda run_id: records.run_ended(instance, run_id)
         sessions.append(s)
     return sessions[0]
 

@@ -4,7 +4,6 @@ node's floor, which keeps the node out of rotation and says why."""
 
 
 import base64
-import json
 import re
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.metadata import bench_table, count, num, rounded_json, table
+from spark_pipelines.assets.metadata import bench_table, count, num, table
 from spark_pipelines.assets.gateway import record_rotation
 from spark_pipelines.assets.nodes import node_check, node_partitions
 from spark_pipelines.core import steps
@@ -43,15 +42,19 @@ ABOVE_FLOOR_DESCRIPTION = (
     "the bench run for that node only; the check says why and what the runbook does next.")
 
 
+# Every node's latest bench in two tables, each whole in the asset pane at 1600 px.
 LATEST_COLUMNS = (
     ("node", "string", "serve node"),
-    ("benched (UTC)", "string", "when its last bench was recorded"),
     ("mean tok/s", "number", "recipe mean output tok/s"),
-    ("trend", "string", f"the last {summary.TREND_POINTS} bench means, oldest first, scaled from 0"),
     ("vs reference", "string", "mean / the recipe's reference (x, two decimals)"),
     ("floor tok/s", "number", "the node's promotion floor"),
-    ("quality", "number", "quality phase score /100 (the lower of sequential and parallel 4)"),
     ("promoted", "bool", "passed above_floor"),
+)
+LATEST_MORE_COLUMNS = (
+    ("node", "string", "serve node"),
+    ("benched (UTC)", "string", "when its last bench was recorded"),
+    ("trend", "string", f"the last {summary.TREND_POINTS} bench means, oldest first, scaled from 0"),
+    ("quality (/100)", "number", "quality phase score (the lower of sequential and parallel 4)"),
 )
 
 
@@ -70,11 +73,11 @@ def latest_by_node(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
             continue
         m = records.values(rec.asset_materialization)
         rows.append({"node": n.name, "benched (UTC)": summary.when(rec.timestamp),
-                     "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 2),
+                     "mean tok/s": summary.rounded(m.get(keys.MEAN_TOK_S), 1),
                      "trend": summary.trend([v for _, v in history[n.name]]),
-                     "vs reference": summary.ratio(summary.rounded(m.get(keys.VS_REFERENCE), 2)),
+                     "vs reference": summary.ratio_text(m.get(keys.VS_REFERENCE)),
                      "floor tok/s": summary.rounded(m.get(keys.FLOOR_TOK_S)),
-                     "quality": summary.rounded(m.get(keys.QUALITY_SCORE)), "promoted": m.get(keys.PROMOTED)})
+                     "quality (/100)": summary.rounded(m.get(keys.QUALITY_SCORE)), "promoted": m.get(keys.PROMOTED)})
     return rows
 
 
@@ -91,10 +94,20 @@ def vs_fleet(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: F
         latest[n.name] = mine[0] if mine else None
     base = baseline.fleet_baseline(benches, identity=rec.identity)
     meta: dict = {"fleet_baseline": base.text() if base else "none yet (no comparable bench that counts)",
-                  "vs_fleet": table(baseline.SIDE_BY_SIDE_COLUMNS, baseline.side_by_side(latest, base))}
+                  **side_by_side_tables(baseline.side_by_side(latest, base))}
     if base and rec.valid and rec.tok_s is not None:
         meta["vs_fleet_baseline_x"] = num(rec.tok_s / base.tok_s, 3)
     return meta
+
+
+def side_by_side_tables(rows: list[dict]) -> dict:
+    """baseline.SIDE_BY_SIDE_COLUMNS in three tables, each whole in the asset pane: the figures and
+    whether each bench counts, the GPU under load, what the bench ran (image, checkpoint, spec)."""
+    cols = {c[0]: c for c in baseline.SIDE_BY_SIDE_COLUMNS}
+    pick = lambda *names: [cols[n] for n in ("node", *names)]  # noqa: E731
+    return {"vs_fleet": table(pick("mean tok/s", "vs baseline (x)", "MTP acceptance %", "counts"), rows),
+            "vs_fleet_gpu": table(pick("SM MHz p50", "power W p50"), rows),
+            "vs_fleet_versions": table(pick("image", "checkpoint", "launch spec", "driver"), rows)}
 
 
 def chart_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fleet: Fleet, node: str,
@@ -131,8 +144,9 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
     vs_ref = round(mean_v / f.bench.reference_tok_s, 2)
     meta: dict = {
         # The keys other code reads back (demo table, doctor, history chart, summary): core/record_keys.py.
-        keys.MEAN_TOK_S: num(mean_v, 2),
-        keys.VS_REFERENCE: num(vs_ref, 2),
+        # tok/s at one decimal on every page (the summary, the demo's table, this one).
+        keys.MEAN_TOK_S: num(mean_v, 1),
+        keys.VS_REFERENCE: summary.ratio(vs_ref),  # "1.00x", as every table says it
         keys.REFERENCE_TOK_S: num(f.bench.reference_tok_s, 1),
         keys.FLOOR_TOK_S: num(floor, 1),
         keys.PROMOTED: b.promoted,
@@ -143,30 +157,32 @@ def bench_metadata(context: dg.AssetExecutionContext | dg.OpExecutionContext, fl
         "gpu_verdict": "; ".join(b.gpu_verdict.reasons) or "-",
         "isolation": b.report.isolation,
         # What makes it comparable (core/baseline.py); a void bench is never a baseline.
-        keys.BENCH_RECORD: dg.MetadataValue.json(rounded_json(json.loads(json.dumps(b.record.to_dict())))),
+        keys.BENCH_RECORD: dg.MetadataValue.json(baseline.readable(b.record.to_dict())),
         "void": "; ".join(b.record.void) or "no",
         "endpoint": dg.MetadataValue.url(api_root(f, f.node(node))),
-        "table": bench_table(b.report),
+        **bench_table(b.report),
         "report": dg.MetadataValue.md(bench_core.render_markdown(b.report)
                                       + ("\n" + quality_core.render_markdown(b.quality) if b.quality else "")),
         keys.BENCH_PROTOCOL: (b.report.protocol or {}).get("key") or "not recorded",
     }
     meta.update(quality_metadata(b.quality, f.bench.floor_quality))
     if b.loaded is not None:
-        meta[keys.LOADED_AGGREGATE_TOK_S] = num(b.loaded, 2)
+        meta[keys.LOADED_AGGREGATE_TOK_S] = num(b.loaded, 1)
     if b.acceptance is not None:
         meta[keys.SPEC_ACCEPTANCE_RATE] = num(b.acceptance, 3)
         meta["mtp_acceptance_pct"] = num(b.acceptance * 100, 1)
     # Every node's bench history read once, oldest first, this bench last on its own node.
     history = {n.name: list(reversed(records.bench_points(context.instance, n.name))) for n in f.serve_nodes}
     history[node] = history.get(node, []) + ([(time.time(), mean_v)] if mean_v > 0 else [])
-    this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 2),
+    this = {"node": node, "benched (UTC)": summary.when(time.time()), "mean tok/s": round(mean_v, 1),
             "trend": summary.trend([v for _, v in history[node]]),
             "vs reference": summary.ratio(vs_ref), "floor tok/s": floor,
-            "quality": b.quality.score if b.quality is not None else None, "promoted": b.promoted}
+            "quality (/100)": b.quality.score if b.quality is not None else None, "promoted": b.promoted}
     # First: the asset's Overview shows the newest materialization of any node, so every node's
     # latest figures head it (one node's own page is the Partitions tab with that node selected).
-    meta = {"latest_by_node": table(LATEST_COLUMNS, latest_by_node(context, f, this, history)), **meta}
+    latest = latest_by_node(context, f, this, history)
+    meta = {"latest_by_node": table(LATEST_COLUMNS, latest), "latest_by_node_more": table(LATEST_MORE_COLUMNS, latest),
+            **meta}
     meta.update(vs_fleet(context, f, b.record))
     try:
         meta.update(chart_metadata(context, f, node, history))
@@ -193,8 +209,11 @@ def quality_metadata(q: quality_core.QualityReport | None, floor: float | None) 
 
 def above_floor(fleet: Fleet, node: str, b: Benched) -> dict:
     """The above_floor check's fields for this bench."""
-    return {"passed": b.promoted, "description": f"{node}: {b.reason}",
-            "metadata": {"node": node, "mean_tok_s": num(float(b.mean or 0.0), 2),
+    # The check history's own time is when its run was planned (Dagster plans a run's checks at
+    # its start, before the bench it judges is recorded): the judgement's time is said here.
+    judged = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    return {"passed": b.promoted, "description": f"{node}: {b.reason} (judged {judged} UTC, after the bench)",
+            "metadata": {"node": node, "judged (UTC)": judged, "mean_tok_s": num(float(b.mean or 0.0), 1),
                          "floor_tok_s": num(fleet.bench_floor(fleet.node(node)), 1),
                          "gpu_under_load": b.gpu_verdict.state}}
 
@@ -229,13 +248,16 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         kinds={"vllm"},
         partitions_def=partitions,
         code_version=cv[steps.BENCH_RESULTS],
+        pool=steps.DRAIN_POOL,  # one bench at a time however it is launched: the gateway loses one node
         # The bench drains the node through the gateway (and keeps a node below its floor out of it):
         # it needs the deployed node and a gateway that holds it.
         deps=[steps.NODE_DEPLOYMENT, steps.GATEWAY],
         check_specs=[node_check(steps.ABOVE_FLOOR_CHECK, steps.BENCH_RESULTS, partitions, ABOVE_FLOOR_DESCRIPTION)],
         description="The recipe's suite (+ loaded phase) on one node in isolation: drained from the gateway, zero "
                     "requests in flight, nvidia-smi sampled under load, then restored; a node below its floor "
-                    "stays out (above_floor says why).",
+                    "stays out (above_floor says why). Each node's trend over time is history_chart (and the "
+                    "summary's trend column): the Plots tab puts one point per node side by side, its line "
+                    "joins different nodes, not one node's benches.",
     )
     @retry_unreachable(fleet.ssh)
     def bench_results(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):

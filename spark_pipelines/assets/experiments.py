@@ -32,7 +32,7 @@ class ABConfig(dg.Config):
     suite: str = "all"
 
 
-@dg.op(name=steps.AB_OP,
+@dg.op(name=steps.AB_OP, pool=steps.DRAIN_POOL,  # the node is drained for both variants: never beside a bench
        description="Drain the node, deploy variant A and bench it, deploy variant B and bench it, compare the "
                    "two honestly, then put the production launch back and restore the node.")
 def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSSH, litellm: LiteLLMGateway) -> dict:

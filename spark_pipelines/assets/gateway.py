@@ -33,6 +33,15 @@ POOL_COLUMNS = (
 )
 
 
+LEFT_OUT_COLUMNS = (("node", "string", "serve node out of the rotation"),
+                    ("why", "string", "why it is out, in the words of whoever put it out"))
+
+
+def left_out_table(left_out: dict[str, str]) -> dg.MetadataValue:
+    """Who is out and why, as a table a person reads (records.latest_rotation reads it back)."""
+    return table(LEFT_OUT_COLUMNS, [{"node": n, "why": why} for n, why in left_out.items()])
+
+
 def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, gw: object, event: str,
                     left_out: dict[str, str]) -> None:
     """An observation on `gateway`: its rotation after a drain or restore by a bench, a quarantine,
@@ -45,7 +54,7 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
         return
     records.observe(context, steps.GATEWAY, None, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
                     metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
-                              keys.LEFT_OUT_BY_NODE: dg.MetadataValue.json(left_out)})
+                              keys.LEFT_OUT_BY_NODE: left_out_table(left_out)})
 
 
 def pool_rows(config: dict, fleet: Fleet | None = None) -> list[dict]:
@@ -130,7 +139,7 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
                 "reloaded": reloaded,
                 keys.ROTATION: ", ".join(rotation),
                 "left_out": "; ".join(f"{k}: {v}" for k, v in left_out.items()) or "none",
-                keys.LEFT_OUT_BY_NODE: dg.MetadataValue.json(left_out),
+                keys.LEFT_OUT_BY_NODE: left_out_table(left_out),
                 "proxy": dg.MetadataValue.url(host.base_url),
                 "config_path": dg.MetadataValue.path(host.config_path),
                 # Only what spark-pipelines owns: an operator's entries may carry literal api keys.

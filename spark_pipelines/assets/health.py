@@ -47,7 +47,7 @@ def _by(context: dg.OpExecutionContext) -> str:
 def _record(context: dg.OpExecutionContext, node: str, quarantined: str, what: str) -> None:
     """The health history per node shows quarantines and releases next to the sweeps' verdicts."""
     records.observe(context, steps.NODE_DEPLOYMENT, node, description=what,
-                    metadata={keys.QUARANTINED: dg.MetadataValue.text(quarantined),
+                    metadata={keys.QUARANTINED: dg.MetadataValue.text(quarantined or "no"),
                               keys.POLICY: dg.MetadataValue.text(what)})
 
 

@@ -26,6 +26,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="2_images",
         kinds={"docker", "ssh"},
         code_version=cv[steps.BASE_IMAGE],
+        pool=steps.BUILD_POOL,  # one image build at a time on the build host, however it is launched
         check_specs=[dg.AssetCheckSpec(
             "torch_is_pinned_cuda_build", asset=steps.BASE_IMAGE, blocking=True,
             description="Blocking: torch in the base image is the pinned +cu build (uv did not swap it, which fails "
@@ -62,6 +63,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="2_images",
         kinds={"docker", "ssh"},
         code_version=cv[steps.SERVING_IMAGE],
+        pool=steps.BUILD_POOL,
         check_specs=[dg.AssetCheckSpec(
             "int8_lm_head_present", asset=steps.SERVING_IMAGE, blocking=True,
             description="Blocking: patch 03's INT8 LM head v2 marker is in the serving image's vLLM "

@@ -29,7 +29,8 @@ from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers, records
 from spark_pipelines.resources.lease import node_lease
-from spark_pipelines.runbook import versions
+from spark_pipelines.runbook import rollout as node_rollout
+from spark_pipelines.runbook import journal, versions
 from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
 from spark_pipelines.runbook.deploy import deploy, diagnosis_md, serving_mismatch
@@ -45,6 +46,10 @@ class DeployConfig(dg.Config):
         description="Relaunch on an empty JIT cache: this launch's cached kernels are set aside on the node and on "
                     "the build host (the runbook's fix for a stale torch_compile or Triton cache). The boot is a "
                     "first boot, 25-45 min.")
+    allow_rejected: bool = Field(
+        default=False,
+        description="Deploy a version a rollout's gate rejected (its node_deployment otherwise refuses it: this "
+                    "job has no gate). Only to deploy it knowingly, e.g. to reproduce the failure on one node.")
 
 
 def checkpoint_version_path(fleet: Fleet, node: Node, checkpoint: Checkpoint) -> str:
@@ -117,6 +122,24 @@ def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_
         }),
         mismatch,
         mismatch or f"{node.name}: healthy; smoke test answered {done.smoke_tokens} tokens")
+
+
+def serves_as_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str,
+                       current: dict[str, Any] | None) -> DeployMarker | None:
+    """The node's deploy marker when the running container (`current`) IS what it says: its id, the
+    image node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
+    an adopted hand deploy's labels are in its marker), healthy, and no deploy journal on the node
+    (a dead run's deploy: the deploy finishes it first). Else None: the deploy has work to do."""
+    spec = launch_spec(s.fleet, node)
+    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    marker = markers.read_deploy(s, node)
+    if (marker and marker.signature == sig and current and marker.container_id == current.get("Id")
+            and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
+            and serving_mismatch(node.name, current, artifacts.image_id, spec.fingerprint, marker,
+                                 checkpoint=artifacts.manifest) is None
+            and healthy(s.fleet, node)):
+        return marker
+    return None
 
 
 def distribution_payload(cv: dict[str, str], mtp_weights: Checkpoint, serving_image: BuiltImage) -> Payload:
@@ -280,28 +303,34 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         launched = records.launch_input_tags(context, node.name, spec.fingerprint)
 
         recorded = node_artifacts.image_id
-        sig = markers.signature(cv[steps.NODE_DEPLOYMENT], spec.fingerprint, recorded, node_artifacts.index)
+        # What dead runs left on the node first (a bench's, Phase 0's journal): the skip below then
+        # judges what serves after it. A dead deploy's journal is the deploy's own to finish (the
+        # skip refuses while it is there): it then does not launch again what serves after it.
+        try:
+            with node_lease(s, node.name, "deploy: finishing dead runs", run_id=context.run.run_id):
+                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id, deploys=False):
+                    context.log.warning(f"[{node.name}] {done.line}")
+        except RunbookError as e:
+            fail(e)
         current = docker.inspect_container(node.name, spec.container_name)
-        marker = markers.read_deploy(s, node)
-        # The skip needs the running container to BE what the marker says: its id, the image
-        # node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
-        # an adopted hand deploy's labels are in its marker), and no deploy journal on the node (a dead
-        # run's deploy: the deploy finishes it first).
-        if (not config.fresh_jit_cache and marker and marker.signature == sig and current
-                and marker.container_id == current.get("Id")
-                and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
-                and serving_mismatch(node.name, current, recorded, spec.fingerprint, marker,
-                                     checkpoint=node_artifacts.manifest) is None
-                and healthy(f, node)):
+        marker = serves_as_recorded(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], current)
+        if not config.fresh_jit_cache and marker is not None and current is not None:
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
-                data_version=dg.DataVersion(sig), tags=launched,
+                data_version=dg.DataVersion(marker.signature), tags=launched,
                 metadata=readable({"skipped": True, "adopted": marker.adopted, **marker.metadata,
                                    **where(f, node, spec, current)}),
             )
             yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
                                       description=f"{node.name}: already serving this launch spec")
             return
+
+        refused = node_rollout.refusal(s, node, recorded, node_artifacts.manifest, spec.fingerprint)
+        if refused and not config.allow_rejected:
+            fail(RunbookError(refused))
+        if refused:
+            context.log.warning(f"{refused} (allow_rejected: deploying it anyway)")
+            markers.clear(s, node, markers.REJECTED)
 
         tagged = docker.image_id(node.name, spec.image)
         if tagged is not None and tagged != recorded:

@@ -51,6 +51,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
     @dg.asset(
         group_name="3_nodes",
         kinds={"docker", "vllm"},
+        pool=steps.DRAIN_POOL,  # it drains and benches node after node: never beside a bench
         # A rebuilt checkpoint or image reaches the fleet as this rollout (the `rollout` sensor).
         automation_condition=dg.AutomationCondition.eager(),
         description="The build host's checkpoint and image onto the serving fleet as a rollout: fanned out to "
@@ -68,11 +69,17 @@ def rollout_definitions(fleet) -> dg.Definitions:
         run_id = context.run.run_id
         gw = litellm.host()
 
+        # 0. What a dead run (a killed rollout's deploy or bench) left on a node, finished first.
+        for line in node_rollout.finish_dead_runs(s, log, run_id=run_id):
+            log.warning(f"rollout: {line}")
         # 1. The new version onto every node; who runs what, who is skipped, who is in the gateway.
         try:
             sv = node_rollout.survey(s, gw, distribution_payload(cv, mtp_weights, serving_image), log, run_id=run_id)
         except RunbookError as e:
             fail(e)
+        if sv.unjudged:
+            log.warning(f"rollout: {', '.join(sv.unjudged)} already run(s) the new version a dead run deployed and "
+                        "never judged: gated now, not deployed again")
         _record_serving(context, f, cv, sv, mtp_weights, serving_image)
         if sv.nothing_to_do:
             log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in sv.skip.items()))
@@ -102,8 +109,8 @@ def rollout_definitions(fleet) -> dg.Definitions:
                 "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(done)),
                 "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))})
 
-        outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, sv.new),
-                               sv.before, on_progress)
+        outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, sv.new,
+                                            sv.unjudged, sv.passed), sv.before, on_progress, passed_before=sv.passed)
         meta: dict[str, Any] = {
             "completed": outcome.completed,
             "outcome": outcome.headline(),
@@ -162,13 +169,22 @@ class _Steps:
 
     def __init__(self, context: dg.AssetExecutionContext, s, gw, cv: dict[str, str], mtp_weights: Checkpoint,
                  serving_image: BuiltImage, config: RolloutConfig, base: baseline.Baseline | None,
-                 new: dict[str, str]) -> None:
+                 new: dict[str, str], deployed: tuple[str, ...] | list[str] = (),
+                 passed: tuple[str, ...] | list[str] = ()) -> None:
         self.context, self.s, self.gw, self.cv = context, s, gw, cv
         self.mtp_weights, self.image, self.config, self.base, self.new = mtp_weights, serving_image, config, base, new
         self.run_id = context.run.run_id
+        self.deployed = set(deployed)  # on the new version by a dead run of this rollout: gate only
+        self.wedged: set[str] = set()  # nodes whose gate bench saw the PD-firmware wedge
+        # Nodes whose gate passed (this run's, or a dead run's of the same version): they keep it.
+        self.passed: set[str] = set(passed)
 
     def deploy(self, node: str) -> str:
         n = self.s.fleet.node(node)
+        if node in self.deployed:
+            self.context.log.info(f"rollout: {node} runs the new version already (deployed by a dead run of this "
+                                  "rollout, never judged): not deployed again, gated")
+            return self.new[node]
         artifacts = self._artifacts(node)
         # gated: out of the gateway from its deploy until its bench gate promotes it (no request
         # reaches a version before its gate); without the bench gate, back after the commit.
@@ -186,6 +202,7 @@ class _Steps:
     def gate(self, node: str) -> core.GateResult:
         f, n = self.s.fleet, self.s.fleet.node(node)
         if not self.config.bench_gate:
+            node_rollout.mark_passed(self.s, n, self.run_id)
             self._archive_cache(node)
             return core.judge(node, healthy=True, benched=False)
         # Judged against the baseline inside the bench: a new version below it goes back to the
@@ -194,10 +211,21 @@ class _Steps:
                        on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
                              {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
-        result = gate_of(f, n, b, self.base)
-        if result.passed:
+        if b.gpu_verdict.state == "wedged":
+            self.wedged.add(node)
+        judged = gate_of(f, n, b, self.base)
+        if judged.passed:
+            self.passed.add(node)
+            node_rollout.mark_passed(self.s, n, self.run_id)
             self._archive_cache(node)
-        return result
+        else:
+            # Stopped by its gate: no ungated deploy (a healing redeploy, deploy_node_job) may put
+            # this version on a node that does not run it; the nodes not reached would otherwise get
+            # it that way. The nodes that passed keep it (and may be redeployed on it).
+            said = node_rollout.reject(self.s, [m for m in f.serve_nodes if m.name not in self.passed],
+                                       self.image.image_id, self.mtp_weights.manifest, judged, run_id=self.run_id)
+            self.context.log.info(said)
+        return judged
 
     def _archive_cache(self, node: str) -> None:
         """Passed (the canary first): its compile cache archived before the next wave, which boots on it."""
@@ -217,7 +245,7 @@ class _Steps:
         if node_rollout.kept(self.s, n, launch_spec(self.s.fleet, n)) is None:
             return "its deploy did not commit and had put the previous version back itself"
         said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
-                                   run_id=self.run_id)
+                                   run_id=self.run_id, wedged=node in self.wedged)
         record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})
         records.observe(self.context, steps.NODE_DEPLOYMENT, node, description=said,
                         metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]})

@@ -6,7 +6,7 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable
+from spark_pipelines.assets import fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core import steps
@@ -14,7 +14,7 @@ from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
-from spark_pipelines.runbook import wedge
+from spark_pipelines.runbook import journal, wedge
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 
@@ -59,6 +59,8 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         try:
             with node_lease(s, node.name, "wedge capture", run_id=context.run.run_id):
                 context.log.info(wedge.quarantine_node(s, node, wedge.WEDGED, reason, litellm.host()))
+                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id):
+                    context.log.warning(f"[{node.name}] {done.line}")
                 capture = wedge.capture_evidence(s, node)
         except RunbookError as e:
             fail(e)
@@ -79,16 +81,21 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
                     "when a person launches it: launching is the approval.",
     )
     def cold_drain(context: dg.AssetExecutionContext, ssh: FleetSSH, litellm: LiteLLMGateway):
-        s = ssh.session
+        s = step_session(context, ssh, litellm)
         node = s.fleet.node(context.partition_key)
         gw = litellm.host()
+        run_id = context.run.run_id
         plug = s.fleet.cold_drain.smart_plugs.get(node.name)
-        context.log.info(f"cold drain of {node.name} approved by run {context.run.run_id} "
+        context.log.info(f"cold drain of {node.name} approved by run {run_id} "
                          f"({'smart plug' if plug else 'the operator unplugs at the wall'})")
         try:
-            drained = wedge.cold_drain(s, node, gw, context.log.info, run_id=context.run.run_id)
-            with node_lease(s, node.name, "post-drain validation", run_id=context.run.run_id):
-                v = wedge.validate(s, node, gw)
+            # Its journal from before docker stop until validated: a run that dies with the node
+            # powered off is finished by the next cold_drain_job (the health sweep requests it).
+            with journal.journaled(s, node.name, steps.PROC_COLD_DRAIN, run_id, phase="approved") as j:
+                drained = wedge.cold_drain(s, node, gw, context.log.info, j, run_id=run_id)
+                with node_lease(s, node.name, "post-drain validation", run_id=run_id):
+                    j.update(phase="validating")
+                    v = wedge.validate(s, node, gw)
         except RunbookError as e:
             fail(e)
         except RemoteError as e:
@@ -118,5 +125,6 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         description="APPROVAL: launching this run for a node IS the operator's approval of its AC cold drain "
                     "(docker stop, sudo poweroff, AC off 90-120 s by the fleet's smart plug or by you at the wall, "
                     "boot, docker start), then the post-drain validation: WEDGE RESOLVED or WEDGE PERSISTS. "
-                    "Nothing requests it automatically. No config: pick the node's partition.")
+                    "Nothing requests it automatically, except the health sweep to finish an approved one whose run "
+                    "died (its journal in the ledger). No config: pick the node's partition.")
     return dg.Definitions(assets=[wedge_evidence, cold_drain], jobs=[capture_job, drain_job])

@@ -10,6 +10,7 @@ bench of each node on the same image, checkpoint and launch spec.
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -113,16 +114,34 @@ class BenchRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchRecord:
-        """Tolerant of records written before a field existed (missing -> unknown)."""
+        """Tolerant of records written before a field existed (missing -> unknown), and of `at` as
+        the UTC text `readable` writes or the epoch seconds written before."""
         ident = {k: v for k, v in dict(data.get("identity") or {}).items() if k in BenchIdentity.__dataclass_fields__}
         cond = {k: v for k, v in dict(data.get("conditions") or {}).items() if k in LoadConditions.__dataclass_fields__}
         tok = data.get("tok_s")
-        return cls(node=str(data["node"]), at=float(data.get("at") or 0.0),
+        at = data.get("at") or 0.0
+        if isinstance(at, str):
+            at = dt.datetime.strptime(at, READABLE_TIME).replace(tzinfo=dt.timezone.utc).timestamp()
+        return cls(node=str(data["node"]), at=float(at),
                    tok_s=float(tok) if tok is not None else None,
                    identity=BenchIdentity(**ident), conditions=LoadConditions(**cond),
                    void=tuple(str(v) for v in data.get("void") or ()),
                    protocol=data.get("protocol"), quality=float(q) if (q := data.get("quality")) is not None else None,
                    quality_suite=data.get("quality_suite"))
+
+
+READABLE_TIME = "%Y-%m-%d %H:%M:%S UTC"
+
+
+def readable(data: Any, digits: int = 2) -> Any:
+    """A record as the UI shows it (BenchRecord.from_dict reads it back): `at` as UTC text, not
+    epoch seconds; floats rounded to `digits`."""
+    if isinstance(data, dict):
+        return {k: (dt.datetime.fromtimestamp(v, tz=dt.timezone.utc).strftime(READABLE_TIME)
+                    if k == "at" and isinstance(v, (int, float)) else readable(v, digits)) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [readable(v, digits) for v in data]
+    return round(data, digits) if isinstance(data, float) else data
 
 
 def record(node: str, at: float, tok_s: float | None, identity: BenchIdentity, conditions: LoadConditions, *,

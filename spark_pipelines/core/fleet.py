@@ -432,7 +432,7 @@ class Gateway(SshTarget):
     in_flight_wait_s: Int = Field(default=600, ge=0, le=86400,
                                   description="how long a drained node's requests in flight may take to end")
     front: GatewayFront | None = Field(
-        default=None, description="haproxy on proxy_port before LiteLLM (on front.litellm_port): no client "
+        default=None, description="nginx on proxy_port before LiteLLM (on front.litellm_port): no client "
                                   "connection is reset by a graceful reload; none: LiteLLM itself on proxy_port")
 
     @model_validator(mode="before")

@@ -94,7 +94,7 @@ class NodeOsSettings(Strict):
 
 
 class GatewayFront(Strict):
-    """haproxy on gateway.proxy_port in front of LiteLLM (core/gateway_front.py says why): the
+    """nginx on gateway.proxy_port in front of LiteLLM (core/gateway_front.py says why): the
     clients' connections survive LiteLLM's graceful reloads."""
 
     litellm_port: Port = Field(default=4001, description="LiteLLM's port on the gateway host's loopback, behind the front")

@@ -521,6 +521,15 @@ def rotation_refusal(fleet: Fleet, before: list[str], after: list[str],
 
 
 DEPLOY_DRAIN = "deploying"  # the drain note a deploy writes: how rollout.max_unavailable is counted
+FAILED_DEPLOY = "failed deploy"  # the note that replaces it when the node cannot serve after the deploy
+
+
+def deploy_note(note: str | None, run_id: str | None = None) -> bool:
+    """Whether a drain note is a deploy's (its drain, or a failed deploy's keep-out), and with
+    `run_id` that run's own: what a deploy that leaves the node serving its spec undoes."""
+    if not note or not (note.startswith(DEPLOY_DRAIN) or note.startswith(FAILED_DEPLOY)):
+        return False
+    return run_id is None or f"(run {run_id[:8] or '-'})" in note.split(":", 1)[0]
 
 
 def deploy_refusal(fleet: Fleet, node: str, drains: dict[str, str]) -> str | None:

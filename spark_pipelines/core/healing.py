@@ -30,9 +30,11 @@ from typing import Any, Literal
 from spark_pipelines.core import diagnosis as d
 from spark_pipelines.core.fleet_settings import HealthSettings
 from spark_pipelines.core.health import NodeVerdict
-from spark_pipelines.core.steps import BENCH_JOB, DEPLOY_JOB, QUARANTINE_JOB  # the jobs the actions run
+from spark_pipelines.core.steps import (BENCH_JOB, DEPLOY_JOB, FINISHED_BY, NODE_OS_JOB,  # the jobs the actions run
+                                       PROC_COLD_DRAIN, QUARANTINE_JOB)
 
 FRESH_JIT_CACHE = "fresh_jit_cache"  # node_deployment's config field (assets/nodes.py DeployConfig)
+NODE_OS_CHECK = "check"  # node_os's config field (assets/node_os.py NodeOsConfig)
 # Verdicts that quarantine: relaunching cannot help (a reboot or an operator must).
 QUARANTINE_VERDICTS = frozenset({"crash-loop", "residue"})
 # Verdicts that count as a failed sweep for the gateway (the node does not serve, or cannot be
@@ -43,7 +45,7 @@ NEUTRAL = frozenset({"starting", "unknown"})
 # Drain notes written by these policies start with this: their cause is ours, undone once healthy.
 NOTE_PREFIX = "health: "
 
-ActionKind = Literal["redeploy", "quarantine", "bench", "rollback"]
+ActionKind = Literal["redeploy", "quarantine", "bench", "rollback", "finish"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ class NodeMemory:
     earlier: dict[str, Any] = field(default_factory=dict)  # core.health.with_earlier's inputs
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Only what differs from a fresh memory, times to the second: the cursor is shown on the
+        sensor's page and stays short (from_json fills the rest with the defaults)."""
+        return {k: _compact(v) for k, v in asdict(self).items() if v not in (None, 0, [], {}, "")}
 
     @classmethod
     def from_json(cls, raw: Any) -> NodeMemory:
@@ -96,6 +100,17 @@ class NodeMemory:
         if isinstance(raw.get("earlier"), Mapping):
             m.earlier = dict(raw["earlier"])
         return m
+
+
+def _compact(value: Any) -> Any:
+    """Floats to whole seconds (epoch times) or 4 significant decimals; Nones dropped from dicts."""
+    if isinstance(value, float):
+        return round(value) if abs(value) > 1e6 else round(value, 4)
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -191,16 +206,45 @@ def repair_key(node: str, run_id: str) -> str:
     return f"repair-{node}-{run_id[:8] or 'unknown'}"
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """A procedure's journal a dead run left on a node (runbook/journal.py): which, whose, where."""
+
+    procedure: str  # core.steps.PROC_*
+    run_id: str
+    phase: str
+    describe: str  # for the record: "the node os of run ... (phase ...)"
+
+
+def finish_action(node: str, verdict: str, u: Unfinished) -> Action:
+    """What finishes a dead run's procedure: a run of the procedure's own job (its rerun finishes
+    the journal first and redoes nothing done), one per dead run. A node that does not come back
+    from a dead Phase 0 reboot cannot be finished over SSH: it is quarantined with the runbook's
+    hard-reset advice instead (a dead cold drain's rerun turns the plug on itself)."""
+    key = f"finish-{node}-{u.procedure}-{u.run_id[:8] or 'unknown'}"
+    job = FINISHED_BY.get(u.procedure, DEPLOY_JOB)
+    if verdict == "unreachable" and u.procedure != PROC_COLD_DRAIN:
+        reason = (f"{u.describe} died and {node} does not answer SSH: hard reset (runbook lesson 5: power-cycle "
+                  f"it), then {job} for it (it finishes what the dead run left)")
+        return Action("quarantine", QUARANTINE_JOB, key, reason, {"verdict": "unreachable", "reason": reason})
+    # Phase 0's job only reads by default (check: true); its finisher applies, as the dead run did.
+    config = {NODE_OS_CHECK: False} if job == NODE_OS_JOB else {}
+    return Action("finish", job, key, f"{u.describe} died on {node}: {job} finishes it (the engine it stopped "
+                                      f"started, its drain undone, or the node held out with the reason)", config)
+
+
 def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSettings, *, now: float,
            quarantined: str | None = None, benches: int = 0, started_at: float | None = None,
-           interrupted: str | None = None) -> Decision:
+           interrupted: str | None = None, unfinished: Unfinished | None = None) -> Decision:
     """The policy's answer to one sweep's verdict of one node. `quarantined` is the node's
     quarantine reason (None: not quarantined); `benches` how many benches its history holds;
     `started_at` when its serving container last started (the regressed flow waits for it);
     `interrupted` the run id of a deploy that died on the node (its journal is there and nobody
     holds the node's lease): its repair, a deploy_node_job that finishes it, is requested at once,
     whatever the verdict (the owner is known dead: nothing to wait for), outside the restart
-    budget (it is not a relaunch), and before any other policy of this sweep."""
+    budget (it is not a relaunch), and before any other policy of this sweep. `unfinished`: another
+    procedure a dead run left (its journal in the ledger), finished the same way by a run of its
+    own job (`finish_action`), after a dead deploy's repair."""
     m = replace(memory) if memory is not None else NodeMemory()
     m.redeploys, m.done = list(m.redeploys), list(m.done)
     name, node = verdict.verdict, verdict.node
@@ -216,6 +260,13 @@ def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSett
                   f"previous deployment back, or its verified one committed) and puts {node} back in the gateway"
                   + (f"; {node} stays quarantined ({quarantined})" if quarantined else ""))
         return Decision(node, name, reason, m, Action("redeploy", DEPLOY_JOB, repair_key(node, interrupted), reason))
+    if unfinished is not None:
+        if name == "healthy":
+            m.since, m.done, m.stage, m.stage_at = None, [], None, None
+        elif m.since is None and name not in NEUTRAL:
+            m.since, m.done = now, []
+        a = finish_action(node, name, unfinished)
+        return Decision(node, name, a.reason, m, a)
     if name == "healthy":
         m.since, m.done, m.stage, m.stage_at = None, [], None, None
         return Decision(node, name, "nothing to do", m)
@@ -253,21 +304,28 @@ def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSett
 METRIC_KV_CACHE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # 0.19+ name, then the older one
 
 
+# Fewer tokens drafted since the last sweep than this say nothing about MTP: the lifetime figure then.
+MIN_DRAFTED_IN_WINDOW = 200
+
+
 def engine_figures(metrics: Mapping[str, float] | None, earlier: Mapping[str, float] | None = None,
-                   seconds: float | None = None) -> dict[str, float]:
-    """The numbers one /metrics read gives (names with their units): requests running / waiting,
-    KV-cache usage 0-1, MTP acceptance 0-1 (since the last read when there is one, else lifetime)
-    and the generation rate in tok/s (only with an earlier read `seconds` ago: a counter alone
-    is no rate)."""
+                   seconds: float | None = None) -> dict[str, float | str]:
+    """The numbers one /metrics read gives, each with its unit in its name: requests running /
+    waiting, KV-cache usage and MTP acceptance in percent (since the last read when it drafted
+    enough tokens to say, else since the engine started), the generation rate in tok/s (only with
+    an earlier read `seconds` ago: a counter alone is no rate); and `engine`, the same in one line
+    that says which window each figure covers (a rate on an idle node is short requests between
+    two sweeps, the gateway's own health checks among them)."""
     if not metrics:
         return {}
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     for key, metric in (("requests_running", d.METRIC_RUNNING), ("requests_waiting", d.METRIC_WAITING)):
         if metric in metrics:
             out[key] = float(metrics[metric])
+    said = []
+    if "requests_running" in out or "requests_waiting" in out:
+        said.append(f"{out.get('requests_running', 0):g} running / {out.get('requests_waiting', 0):g} waiting now")
     kv = next((metrics[k] for k in METRIC_KV_CACHE if k in metrics), None)
-    if kv is not None:
-        out["kv_cache_usage"] = float(kv)
 
     def delta(metric: str) -> float | None:
         if metric not in metrics:
@@ -276,14 +334,27 @@ def engine_figures(metrics: Mapping[str, float] | None, earlier: Mapping[str, fl
             return metrics[metric] - earlier[metric]
         return None
 
-    drafted, accepted = delta(d.METRIC_DRAFTED), delta(d.METRIC_ACCEPTED)
-    if not drafted:
-        drafted, accepted = metrics.get(d.METRIC_DRAFTED), metrics.get(d.METRIC_ACCEPTED)
-    if drafted and accepted is not None:
-        out["mtp_acceptance"] = round(min(1.0, accepted / drafted), 4)
+    window = f"over the last {seconds:.0f} s" if seconds else "since the last sweep"
     generated = delta(d.METRIC_GENERATION)
     if generated is not None and seconds and seconds > 0:
-        out["generation tok/s"] = round(generated / seconds, 2)
+        out["generation_tok_s"] = round(generated / seconds, 2)
+        idle = not out.get("requests_running") and not out.get("requests_waiting")
+        said.append(f"{out['generation_tok_s']:g} tok/s generated {window}"
+                    + (" (short requests between sweeps; the gateway's health checks count)"
+                       if idle and generated else ""))
+    drafted, accepted = delta(d.METRIC_DRAFTED), delta(d.METRIC_ACCEPTED)
+    mtp_window = window
+    if not drafted or drafted < MIN_DRAFTED_IN_WINDOW or accepted is None:
+        drafted, accepted = metrics.get(d.METRIC_DRAFTED), metrics.get(d.METRIC_ACCEPTED)
+        mtp_window = "since the engine started"
+    if drafted and accepted is not None:
+        out["mtp_acceptance_pct"] = round(min(1.0, accepted / drafted) * 100, 1)
+        said.append(f"MTP acceptance {out['mtp_acceptance_pct']:g}% {mtp_window}")
+    if kv is not None:
+        out["kv_cache_usage_pct"] = round(float(kv) * 100, 1)
+        said.append(f"KV cache {out['kv_cache_usage_pct']:g}% used")
+    if said:
+        out["engine"] = "; ".join(said)
     return out
 
 
@@ -299,6 +370,7 @@ class NodeState:
     serving: bool = False  # /health 200 on this sweep
     promoted: bool = True  # its last bench did not hold it out
     quarantined: str | None = None
+    busy: str | None = None  # a procedure in flight (its journal): not put back meanwhile
 
 
 @dataclass(frozen=True)
@@ -340,6 +412,20 @@ def drained_at(note: str) -> float | None:
     return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
+def _back_because(note: str | None) -> str:
+    """Why a node out by no drain, or by a drain these policies made, goes back: said from the
+    note the drain left (a released quarantine is not "the health drain is over")."""
+    if note is None:
+        return "healthy and promoted, and out of the gateway config"
+    what = _SINCE.sub("", note[len(NOTE_PREFIX):]).strip()
+    at = _SINCE.search(note)
+    since = f", out since {at.group(1)}" if at else ""
+    quarantine = re.fullmatch(r"quarantined \((.+)\)", what)
+    if quarantine:
+        return f"its quarantine ({quarantine.group(1)}) was released and it is healthy and promoted{since}"
+    return f"healthy and promoted again after the health policy took it out ({what[:80]}){since}"
+
+
 def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: Mapping[str, str], *,
               settings: HealthSettings, min_in_rotation: int, now: float) -> ReconcilePlan:
     """What to change so the rotation holds exactly the healthy, promoted, not-quarantined nodes.
@@ -358,9 +444,12 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
             continue
         if st.verdict != "healthy" or not st.serving or not st.promoted or st.quarantined:
             continue
+        if st.busy:
+            held.append(f"{name} stays out: {st.busy} is in flight")
+            continue
         note = drains.get(name)
         if note is None or note.startswith(NOTE_PREFIX):
-            put_back.append(Move(name, "healthy and promoted" + (", the health drain is over" if note else "")))
+            put_back.append(Move(name, _back_because(note)))
             continue
         at = drained_at(note)
         if at is None:
@@ -394,6 +483,6 @@ def reconcile(nodes: Mapping[str, NodeState], rotation: Sequence[str], drains: M
 
 
 __all__ = [
-    "Action", "Decision", "Move", "NodeMemory", "NodeState", "ReconcilePlan", "backoff_s", "decide",
-    "drained_at", "engine_figures", "reconcile",
+    "Action", "Decision", "Move", "NodeMemory", "NodeState", "ReconcilePlan", "Unfinished", "backoff_s", "decide",
+    "drained_at", "engine_figures", "finish_action", "reconcile",
 ]

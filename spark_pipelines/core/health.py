@@ -187,6 +187,7 @@ class Observation:
     bench: BenchHistory | None = None
     warm_start: bool | None = None  # JIT caches present: the 7-10 min boot, not the 25-45 min one
     deploy_journal: DeployInFlight | None = None  # a deploy that began and did not end
+    lease_held: bool | None = None  # whether a run holds the node's lease now (None: not read)
     # What earlier sweeps knew (a sensor's cursor); a one-shot doctor leaves them None.
     ssh_dead_since: float | None = None
     last_started_at: float | None = None
@@ -520,7 +521,7 @@ def _healthy_evidence(obs: Observation) -> list[str]:
         text = f"{running:g} running / {waiting:g} waiting"
         drafted, accepted = m.get(bench.METRIC_DRAFTED), m.get(bench.METRIC_ACCEPTED)
         if drafted:
-            text += f", MTP acceptance {accepted / drafted:.1%}"  # type: ignore[operator]
+            text += f", MTP acceptance {accepted / drafted:.1%} since the engine started"  # type: ignore[operator]
         evidence.append(text)
     elif obs.metrics_error:
         evidence.append(f"/metrics unread ({obs.metrics_error})")

@@ -235,11 +235,13 @@ def rows(steps: Sequence[NodeStep]) -> list[dict[str, str]]:
 
 
 def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
-            on_progress: Callable[[str, list[NodeStep]], None] = lambda event, table: None) -> RolloutOutcome:
+            on_progress: Callable[[str, list[NodeStep]], None] = lambda event, table: None,
+            passed_before: Sequence[str] = ()) -> RolloutOutcome:
     """Run the plan: each node of a wave deployed then gated, one after the other; the next wave
     only when every node of this one passed. The first failed gate stops the rollout: the node is
     put back on its previous version (a failed deploy has put itself back) and no further node
-    is touched. Every node that passed is finished (its kept version dropped). On an interrupt
+    is touched. Every node that passed is finished (its kept version dropped), and so is each of
+    `passed_before` (nodes a dead run of this rollout gated and never finished). On an interrupt
     the node being gated is put back too, the ones passed are finished, and it propagates."""
     table = [NodeStep(n, w.label(), versions.get(n, "?"), now=versions.get(n, "?")) for w in plan.waves for n in w.nodes]
     by_node = {s.node: s for s in table}
@@ -256,6 +258,12 @@ def execute(plan: RolloutPlan, steps: RolloutSteps, versions: Mapping[str, str],
                 except Exception as e:  # the node serves its gated version either way
                     done = f"not finished ({first_line(e)})"
                 st.why = f"{st.why}; {done}" if st.why else done
+        for n in passed_before:
+            try:
+                done = steps.finish(n)
+            except Exception as e:
+                done = f"not finished ({first_line(e)})"
+            say(f"{n} passed its gate in an earlier run of this rollout: {done}")
 
     def put_back(st: NodeStep, why: str) -> None:
         try:

@@ -52,6 +52,17 @@ COLD_DRAIN_JOB = "cold_drain_job"  # a person's approval of a cold drain
 AB_JOB = "ab_experiment_job"  # two launch-profile variants compared on one node
 CHECKPOINT_GC_JOB = "checkpoint_gc_job"  # checkpoint versions no node needs, removed (check mode by default)
 
+# Procedures that keep a journal in the ledger while they have a node out, stopped, rebooting or
+# partly set aside (runbook/journal.py). A dead run's is finished by the next run on the node, or
+# by a run of the procedure's own job the health sweep requests (its rerun finds what is done).
+PROC_NODE_OS = NODE_OS  # Phase 0's drained reboot
+PROC_JOIN = NODE_JOIN  # a newcomer: not routed before its bench promotes it
+PROC_BENCH = "bench"  # the bench's drain
+PROC_COLD_DRAIN = COLD_DRAIN  # docker stop, poweroff, AC off and on, docker start
+PROC_ADOPTION = "adoption"  # hand-made JIT cache folders renamed into slots
+FINISHED_BY = {PROC_NODE_OS: NODE_OS_JOB, PROC_JOIN: ADD_NODE_JOB, PROC_BENCH: BENCH_JOB,
+               PROC_COLD_DRAIN: COLD_DRAIN_JOB, PROC_ADOPTION: DEPLOY_JOB}
+
 # Ops whose config a run request carries (an asset's op is named as the asset).
 QUARANTINE_OP = "quarantine_node"  # quarantine_job's op: QuarantineConfig
 RELEASE_OP = "release_quarantine"  # release_quarantine_job's op
@@ -62,6 +73,12 @@ DEPLOY_OP = NODE_DEPLOYMENT  # deploy_node_job's config goes to node_deployment:
 # Asset checks read or reported outside the module that declares them.
 HEALTH_CHECK = "health"  # on node_deployment: node_health reports one evaluation per node per sweep
 ABOVE_FLOOR_CHECK = "above_floor"  # on bench_results: the promotion gate
+
+# Concurrency pools (Dagster's, on the assets themselves, so a limit holds however a step is
+# launched: its job, the asset page's Materialize (__ASSET_JOB), a backfill, a sensor, a schedule).
+# The instance gives every pool one slot (team/dagster.yaml `concurrency.pools.default_limit`).
+DRAIN_POOL = "gateway_drain"  # a step that takes a serving node out of the gateway for long: one at a time
+BUILD_POOL = "image_build"  # an image build on the build host: one at a time
 
 # Run tags. The instance's run queue limits the first three (team/dagster.yaml).
 BENCH_TAG = "spark/bench"  # one bench at a time: a drained node is measured alone

@@ -641,6 +641,20 @@ class GatewayHost:
             raise GatewayError(f"LiteLLM on {self.gw.host}: /model/info answered no JSON") from None
         return [e for e in data if isinstance(e, dict)]
 
+    def readable(self) -> None:
+        """The running proxy answers /model/info to this run: every drain and restore is confirmed
+        there, so one that could not be confirmed is not written (it would be undone after minutes
+        of waiting, the node out of the gateway meanwhile). Without a key (or with a refused one)
+        any failure is final: raises GatewayError, nothing changed. With a key, a proxy busy with
+        another run's reload is left to the change's own confirmation."""
+        try:
+            self.model_info()
+        except GatewayAuthError:
+            raise
+        except GatewayError:
+            if not self._master_key:
+                raise
+
     def serving_routes(self) -> dict[str, list[str]]:
         """Pool -> the fleet nodes the running proxy routes it to (owned entries or by api_base)."""
         return gateway_core.routes({"model_list": self.model_info()}, self.fleet)

@@ -42,7 +42,9 @@ from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import jit_cache
+from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.steps import PROC_ADOPTION
+from spark_pipelines.runbook import jit_cache, journal
 from spark_pipelines.runbook.adoption_build import adopt_build_host, adopt_node_artifacts, asset_value
 from spark_pipelines.state import markers
 from spark_pipelines.state.markers import DeployMarker
@@ -115,8 +117,10 @@ def running_key(s: FleetSession, node: Node, container: dict[str, Any], checkpoi
     return jit_core.cache_key(image, checkpoint, args, env) if image else None
 
 
-def adopt_jit_cache(s: FleetSession, node: Node, *, checkpoint: str | None, check: bool) -> Finding:
-    """The node's hand-made cache folders as the slots of the key its container compiled for."""
+def adopt_jit_cache(s: FleetSession, node: Node, *, checkpoint: str | None, check: bool, run_id: str = "") -> Finding:
+    """The node's hand-made cache folders as the slots of the key its container compiled for. The
+    renames keep a journal (runbook/journal.py): a run that dies between a folder's rename and its
+    link has the folder renamed back by the next run on the node."""
     spec = launch_spec(s.fleet, node)
     mounts = jit_cache.cache_mounts(spec)
     container = NodeDocker(s).inspect_container(node.name, spec.container_name)
@@ -143,19 +147,24 @@ def adopt_jit_cache(s: FleetSession, node: Node, *, checkpoint: str | None, chec
     if check:
         return Finding(node.name, JIT, core.ADOPT, what, facts={"key": key})
     done: list[tuple[str, str]] = []
+    renames = [(st.path, jit_core.slot_path(st.path, key)) for st in dirs]
     try:
-        for st in dirs:
-            slot = jit_core.slot_path(st.path, key)
-            s.run(node.name, ["mv", "-T", "--", st.path, slot], log=False, timeout=PROBE_TIMEOUT_S)
-            done.append((st.path, slot))
-            s.run(node.name, ["ln", "-s", "--", posixpath.basename(slot), st.path], log=False, timeout=PROBE_TIMEOUT_S)
-            if healthy:
-                _seal(s, node.name, slot, str(container.get("Image")))
-    except BaseException as e:
-        undone = _put_back(s, node.name, done)
-        if isinstance(e, Exception):
-            return Finding(node.name, JIT, core.DIFFERS, f"adopting the cache failed ({first_line(e)}); {undone}")
-        raise
+        with journal.journaled(s, node.name, PROC_ADOPTION, run_id, phase="renaming", renames=renames):
+            try:
+                for mount, slot in renames:
+                    s.run(node.name, ["mv", "-T", "--", mount, slot], log=False, timeout=PROBE_TIMEOUT_S)
+                    done.append((mount, slot))
+                    s.run(node.name, ["ln", "-s", "--", posixpath.basename(slot), mount], log=False,
+                          timeout=PROBE_TIMEOUT_S)
+                    if healthy:
+                        _seal(s, node.name, slot, str(container.get("Image")))
+            except BaseException as e:
+                undone = _put_back(s, node.name, done)
+                if isinstance(e, Exception):
+                    return Finding(node.name, JIT, core.DIFFERS, f"adopting the cache failed ({first_line(e)}); {undone}")
+                raise
+    except RunbookError as e:  # its journal could not be written: nothing renamed
+        return Finding(node.name, JIT, core.DIFFERS, f"not adopted: {first_line(e)}", facts={"key": key})
     return Finding(node.name, JIT, core.ADOPT, what, facts={"key": key})
 
 
@@ -243,6 +252,9 @@ def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: boo
 
     def one(node: Node) -> list[Finding]:
         with nullcontext() if check else node_lease(s, node.name, "adopt", run_id=run_id):
+            finished = [] if check else journal.finish_dead(s, node, s.log, run_id=run_id)
+            for x in finished:
+                say(f"[{node.name}] {x.line}")
             if mtp is None or serving is None:
                 here = [Finding(node.name, NODE_ARTIFACTS, core.DIFFERS, "the build host's checkpoint or serving image "
                                 "is not verified: nothing to compare the node with")]
@@ -253,7 +265,7 @@ def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: boo
                         adopt_deployment(s, node, code_version=code_versions[NODE_DEPLOYMENT],
                                          image_id=serving.image_id, index=mtp.index, manifest=mtp.manifest, check=check),
                         adopt_jit_cache(s, node, checkpoint=mtp.architecture or mtp.manifest or mtp.index,
-                                        check=check)]
+                                        check=check, run_id=run_id)]
         for f in here:
             say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
         return here

@@ -1,5 +1,7 @@
 """The isolated bench of one node: drained from the gateway, zero requests in flight, the GPU
-sampled under load, then restored, or kept out when it fails its promotion gate."""
+sampled under load, then restored, or kept out when it fails its promotion gate. The drain keeps
+a journal (runbook/journal.py): a bench whose run dies with its node drained is finished by the
+next run on the node (the node put back where it was, or kept out by the verdict it recorded)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ from spark_pipelines.core import baseline, gpu
 from spark_pipelines.core import quality as quality_core
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core import rollout as rollout_core
+from spark_pipelines.core import steps
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
-from spark_pipelines.runbook.deploy import finish_interrupted
 from spark_pipelines.resources import lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.state import ledger, markers
@@ -28,8 +30,10 @@ from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import first_line
 from spark_pipelines.runbook.preflight import read_gpu
 from spark_pipelines.runbook import versions
+from spark_pipelines.runbook.journal import BENCH_JUDGED, finish_dead, journaled
 from spark_pipelines.runbook.rotation import drained
 
+BENCH_DRAIN = "bench"  # the drain note's reason (the run's id follows it)
 # The quality suite's two passes take ~2 s on a healthy stand-in, ~30 s on one that never stops
 # (garbage to max_tokens); a GB10 decoding ~52 tok/s needs about as long again.
 QUALITY_MAX_S = 600
@@ -106,10 +110,13 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
     drain = None
     try:
         with node_lease(s, node.name, "bench", run_id=run_id):
-            finish_interrupted(s, node, log, run_id=run_id)  # a dead run's deploy first: bench what serves
+            finish_dead(s, node, log, run_id=run_id)  # what dead runs left first: bench what serves
             log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
+            reason = f"{BENCH_DRAIN} (run {run_id[:8] or '-'})"
             # idle=True: zero requests in flight before it measures, also on a node already out.
-            with drained(gw, node.name, idle=True) as drain:
+            with journaled(s, node.name, steps.PROC_BENCH, run_id, phase="draining",
+                           was_in=node.name in gw.rotation(), drain_reason=reason) as j, \
+                    drained(gw, node.name, reason=reason, idle=True) as drain:
                 if drain.was_in:
                     on_rotation(f"drain {node.name}", {node.name: "drained for its bench"})
                 else:
@@ -174,6 +181,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                         ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
                                     **({ledger.AGAINST_BASELINE: True} if against is not None else {}))
                     drain.keep_out = not promoted
+                j.try_update(phase=BENCH_JUDGED, facts={"keep_out": drain.keep_out, "reason": reason[:300]})
                 log.info(f"{'keep out' if drain.keep_out else 'restore'} {node.name}: {reason}")
             if not drain.keep_out:
                 on_rotation(f"restore {node.name}", {})

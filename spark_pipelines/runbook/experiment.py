@@ -24,6 +24,7 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook.rotation import wait_idle
 from spark_pipelines.runbook.deploy import deploy
+from spark_pipelines.runbook.journal import finish_dead
 from spark_pipelines.runbook.rotation import drained
 
 
@@ -110,20 +111,22 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
     if len(fleets) != 2:
         raise RunbookError("the two variants need different names")
     reports: dict[str, bench_core.BenchReport] = {}
-    with node_lease(s, node.name, "experiment", run_id=run_id), drained(gw, node.name):
-        try:
-            for vname, vf in fleets.items():
-                vnode = vf.node(node.name)
-                log.info(f"variant {vname}: deploying")
-                deploy(s, vnode, launch_spec(vf, vnode), log, run_id=run_id)
-                wait_idle(vf, vnode)
-                reports[vname] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
-                                           suite=suite, concurrency=fleet.bench.loaded_concurrency,
-                                           repeats=repeats + 1, ignore_eos=fleet.bench.force_output_length,
-                                           max_s=fleet.health.bench_max_s)
-        finally:
-            log.info(f"restoring the production launch on {node.name}")
-            deploy(s, node, launch_spec(fleet, node), log, run_id=run_id)
+    with node_lease(s, node.name, "experiment", run_id=run_id):
+        finish_dead(s, node, log, run_id=run_id)  # what dead runs left first: production serving, routed
+        with drained(gw, node.name):
+            try:
+                for vname, vf in fleets.items():
+                    vnode = vf.node(node.name)
+                    log.info(f"variant {vname}: deploying")
+                    deploy(s, vnode, launch_spec(vf, vnode), log, run_id=run_id)
+                    wait_idle(vf, vnode)
+                    reports[vname] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
+                                               suite=suite, concurrency=fleet.bench.loaded_concurrency,
+                                               repeats=repeats + 1, ignore_eos=fleet.bench.force_output_length,
+                                               max_s=fleet.health.bench_max_s)
+            finally:
+                log.info(f"restoring the production launch on {node.name}")
+                deploy(s, node, launch_spec(fleet, node), log, run_id=run_id)
     (na, ra), (nb, rb) = reports.items()
     verdicts = []
     # MTP-2 vs MTP-3 under a length one server honoured and the other did not would crown the mix.

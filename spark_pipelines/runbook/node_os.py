@@ -5,6 +5,11 @@ or the target needs it, verify the clean boot and measure the memcheck baseline.
   reverse (each has its undo in core/node_os.py) and nothing reboots.
 - The reboot is drained (never below gateway.min_in_rotation) and leased. The engine is stopped
   before it and started after it (`docker start`, as the runbook does after a boot).
+- The reboot keeps a journal (runbook/journal.py) from its drain until the node serves again: a run
+  that dies while the node reboots, or before its engine starts, is finished by the next run on the
+  node (its engine started, its drain undone) or by the health sweep's node_os_job. A reboot after
+  which the node is not clean or does not serve holds it out in the ledger (`node_os`) with the
+  advice; the next node_os_job that finds it clean starts its engine, lifts the hold, puts it back.
 - A node whose SSH does not answer within node_os.reboot_ssh_timeout_s (the runbook's ">10 min:
   hard reset") is power-cycled through its smart plug when node_os.power_cycle is auto, and
   otherwise quarantined with the step and the runbook's advice.
@@ -13,10 +18,11 @@ or the target needs it, verify the clean boot and measure the memcheck baseline.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spark_pipelines.core import node_os
+from spark_pipelines.core import node_os, steps
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.polling import poll_until
@@ -25,7 +31,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources import lease
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
-from spark_pipelines.runbook import quarantine, rotation, wedge
+from spark_pipelines.runbook import journal, quarantine, rotation, wedge
 from spark_pipelines.runbook.preflight import MEMCHECK_PY
 from spark_pipelines.state import ledger, markers
 
@@ -34,6 +40,7 @@ CHANGE_TIMEOUT_S = 300  # apt-get purge is the slow one
 DOWN_TIMEOUT_S = 120  # after `sudo reboot`, until SSH stops answering
 MEMCHECK_TIMEOUT_S = 300
 UNREACHABLE = "unreachable"  # the quarantine verdict of a node that did not come back
+REBOOT_DRAIN = "node_os reboot"  # the drain note's reason (the run's id follows it)
 ADVICE = ("runbook lesson 5: hard reset > waiting when SSH locks up for >10 min (power-cycle it at the wall or "
           "through its smart plug, then run node_os_job for it again and deploy_node_job: its engine was stopped "
           "for the reboot)")
@@ -98,7 +105,8 @@ def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
     why = first_line(r.stderr or r.tail) or "no output"
     if "password" in why.lower():
         raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` wants a password; add the Phase 0 sudoers lines of "
-                           f"the README (\"Pointing it at real nodes\") for user {node.user} on {n}")
+                           f"docs/real-nodes.md (step 3; `spark-pipelines sudoers` prints them) for user "
+                           f"{node.user} on {n}")
     raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` exited {r.exit_status} ({why})")
 
 
@@ -195,21 +203,32 @@ def _back_up(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], 
     raise RunbookError(f"{n} {why}; it is quarantined ({held.note}); {ADVICE}")
 
 
-def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str) -> bool:
-    """Stop the engine and `sudo reboot` (leased). Returns whether the engine ran; when the reboot
-    cannot be issued, the engine is started again before the error leaves."""
+def _down_s(f: Fleet) -> float:
+    """How long this run may wait for its node after `sudo reboot` (SSH down, back up, a power cycle
+    by policy): while the journal says so, no other run finishes the reboot unless this run ended."""
+    cycle = f.cold_drain.off_s + f.cold_drain.boot_timeout_s if f.node_os.power_cycle == "auto" else 0
+    return DOWN_TIMEOUT_S + f.node_os.reboot_ssh_timeout_s + cycle + 60
+
+
+def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str, j: journal.Journal) -> bool:
+    """Stop the engine and `sudo reboot` (leased), each written to the journal first. Returns
+    whether the engine ran; when the reboot cannot be issued, the engine is started again before
+    the error leaves."""
     n = node.name
     container = s.fleet.launch_for(node).container_name
     with node_lease(s, n, "Phase 0 reboot", run_id=run_id):
         was_running = _engine_running(s, node)
         if was_running:
+            j.update(phase="stopping", engine=container)
             s.run(n, ["docker", "stop", "-t", "60", container], timeout=120)
             result.steps.append(f"docker stop {container}")
         try:
+            j.update(phase="rebooting", down_until=time.time() + _down_s(s.fleet))
             r = s.run(n, ["reboot"], sudo=True, check=False, timeout=30)
             if not r.ok and "password" in (r.stderr + r.tail).lower():
-                raise RunbookError(f"{n}: `sudo -n reboot` wants a password; add the Phase 0 sudoers lines of the "
-                                   f"README for user {node.user} on {n}")
+                raise RunbookError(f"{n}: `sudo -n reboot` wants a password; add the Phase 0 sudoers lines of "
+                                   f"docs/real-nodes.md (step 3; `spark-pipelines sudoers` prints them) for user "
+                                   f"{node.user} on {n}")
             result.steps.append(f"sudo reboot: exit {r.exit_status}")
         except RemoteError as e:  # the connection may end with the OS
             result.steps.append(f"sudo reboot: connection ended ({first_line(e)[:60]})")
@@ -220,6 +239,42 @@ def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str) -> bo
             raise
     s.close()  # the node's connections end with its OS
     return was_running
+
+
+def _hold(s: FleetSession, n: str, why: str, **facts: object) -> None:
+    """Out of the gateway with the reason where its promotion reads it (node_os's hold-out)."""
+    try:
+        ledger.hold(s, n, ledger.BY_NODE_OS, why, **facts)
+    except Exception as e:  # the drain keeps it out; the run's error says why
+        s.log.warning(f"[{n}] its hold-out was not recorded ({first_line(e)}): {why}")
+
+
+def _after_held(s: FleetSession, node: Node, gw: GatewayHost, result: Provisioned) -> None:
+    """A node an earlier Phase 0 held out after its reboot, verified clean now: its engine started
+    again, the hold lifted, its drain undone (the promise that reboot made)."""
+    n = node.name
+    try:
+        held = ledger.read(s).entry(n).holds.get(ledger.BY_NODE_OS)
+    except RunbookError as e:  # Phase 0 itself does not need the gateway host
+        result.notes.append(f"the ledger was not read ({first_line(e)}): a Phase 0 hold-out on {n} is lifted by "
+                            "the next node_os_job")
+        return
+    if held is None or result.problems:
+        return
+    container = held.facts.get("engine")
+    if container and not engine.healthy(s.fleet, node):
+        s.run(n, ["docker", "start", str(container)], check=False, timeout=120)
+        if not engine.wait_healthy(s.fleet, node, journal.engine_timeout_s(s, node)):
+            result.steps.append(f"docker start {container}: vLLM does not answer /health; {n} stays held out")
+            return
+        result.steps.append(f"docker start {container}: /health 200")
+    ledger.lift(s, n, ledger.BY_NODE_OS)
+    note = gw.read().drains.get(n, "")
+    if note.startswith(str(held.facts.get("drain_reason") or "\0")):
+        rotation.put_back(gw, n)
+        result.steps.append(f"{n} is clean and serves: its Phase 0 hold-out lifted, back in the gateway")
+    else:
+        result.steps.append(f"{n} is clean and serves: its Phase 0 hold-out lifted")
 
 
 def _verify(s: FleetSession, node: Node, result: Provisioned, *, measure: bool) -> None:
@@ -244,13 +299,18 @@ def _verify(s: FleetSession, node: Node, result: Provisioned, *, measure: bool) 
 def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], *,
               check_only: bool = False, run_id: str = "") -> Provisioned:
     """Phase 0 on `node`: plan, apply (undone on failure), reboot if needed (drained, bounded,
-    quarantined when it does not come back), verify, measure, serve again."""
+    quarantined when it does not come back), verify, measure, serve again. What a dead run left
+    on the node is finished first (not in check mode: it touches nothing)."""
     f, n = s.fleet, node.name
     ch = choices(f)
+    finished: list[journal.Finished] = []
     with node_lease(s, n, "Phase 0 facts", run_id=run_id):
+        if not check_only:
+            finished = journal.finish_dead(s, node, s.log, run_id=run_id)
         facts = read_facts(s, node)
     changes = node_os.plan(facts, ch)
     result = Provisioned(n, [c.line for c in changes], check_only=check_only)
+    result.steps += [x.line for x in finished]
     must_reboot = node_os.needs_reboot(changes, facts, ch)
     if check_only:
         if must_reboot:
@@ -261,31 +321,58 @@ def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str],
         result.applied = apply(s, node, changes)
         if not must_reboot:
             _verify(s, node, result, measure=False)
+            _after_held(s, node, gw, result)
             return result
     say(f"{n}: Phase 0 changed {len(result.applied)} setting(s); a reboot applies the masks and the target")
-    with rotation.drained(gw, n, reason="node_os reboot") as d:
-        was_running = _reboot(s, node, result, run_id)
+    reason = f"{REBOOT_DRAIN} (run {run_id[:8] or '-'})"
+    container = f.launch_for(node).container_name
+    with journal.journaled(s, n, steps.PROC_NODE_OS, run_id, phase="draining", was_in=n in gw.rotation(),
+                           drain_reason=reason) as j, rotation.drained(gw, n, reason=reason) as d:
+        was_running = _reboot(s, node, result, run_id, j)
+        d.keep_out = j.keep = True  # out until it serves again; this run's or the next run's to bring back
         if not wedge._wait_ssh(node, False, DOWN_TIMEOUT_S):
             if was_running:  # the undo of the stop: the node never went down
-                s.run(n, ["docker", "start", f.launch_for(node).container_name], check=False, timeout=120)
+                s.run(n, ["docker", "start", container], check=False, timeout=120)
                 engine.wait_healthy(f, node, f.cold_drain.engine_timeout_s)
             d.keep_out = not engine.healthy(f, node)
+            if d.keep_out:
+                _hold(s, n, f"its Phase 0 reboot did not happen and vLLM does not answer /health after docker "
+                            f"start: read `docker logs {container}` there, then node_os_job for {n} again",
+                      engine=container if was_running else None, drain_reason=reason)
+            j.keep = False
             raise RunbookError(f"{n} still answers SSH {DOWN_TIMEOUT_S} s after `sudo reboot`: nothing rebooted; "
                                "`journalctl -b` there says what holds the shutdown")
         result.rebooted = True
         say(f"{n} is rebooting (SSH awaited up to {f.node_os.reboot_ssh_timeout_s} s)")
-        result.steps += _back_up(s, node, gw, say, d)
-        d.keep_out = True  # out until verified and serving
+        try:
+            result.steps += _back_up(s, node, gw, say, d)
+        except RunbookError:
+            j.keep = False  # quarantined with the step and the advice
+            raise
         with node_lease(s, n, "Phase 0 verify", run_id=run_id):
+            j.update(phase="verifying", down_until=None)  # gone: another run finished it meanwhile
             persisted = poll_until(
                 lambda: _read(s, n, ["systemctl", "is-active", "nvidia-persistenced"]).stdout.strip(),
                 lambda state: state == "active", timeout_s=wedge.PERSISTENCED_WAIT_S, every_s=2.0)
             result.steps.append(f"nvidia-persistenced {persisted.value or 'unknown'}")
             _verify(s, node, result, measure=True)
             if result.problems:
+                _hold(s, n, f"not clean after its Phase 0 reboot: {'; '.join(result.problems)}: fix these, then "
+                            f"node_os_job for {n} (it starts the engine again and puts {n} back)",
+                      engine=container if was_running else None, drain_reason=reason)
+                j.keep = False
                 raise RunbookError(f"{n} is not clean after its Phase 0 reboot: {'; '.join(result.problems)}; it stays "
                                    "out of the gateway: fix these and run node_os_job for it again")
             if was_running:
-                result.steps += wedge.boot_to_serving(s, node, say)
+                try:
+                    result.steps += wedge.boot_to_serving(s, node, say)
+                except RunbookError as e:
+                    _hold(s, n, f"vLLM does not serve after its Phase 0 reboot ({first_line(e)}): read `docker logs "
+                                f"{container}` there, then node_os_job for {n} again", engine=container,
+                          drain_reason=reason)
+                    j.keep = False
+                    raise
+        j.keep = False
         d.keep_out = not d.was_in
+    _after_held(s, node, gw, result)  # an earlier reboot's hold-out: this one ended clean and serving
     return result

@@ -10,7 +10,7 @@ gateway.min_in_rotation: the gateway code refuses, and that refusal is reported,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import healing
@@ -18,7 +18,7 @@ from spark_pipelines.resources.gateway import GatewayHost, Snapshot
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger
-from spark_pipelines.state.ledger import Quarantine
+from spark_pipelines.state.ledger import Procedure, Quarantine
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,17 @@ class View:
     snapshot: Snapshot
     quarantined: dict[str, Quarantine]
     promoted: dict[str, bool]
+    procedures: dict[str, list[Procedure]] = field(default_factory=dict)  # in flight, or a dead run's
 
 
 def read_view(s: FleetSession, healthy: list[str]) -> View:
-    """The gateway config and the ledger: quarantines, and whether each `healthy` node is free of
-    hold-outs (the others are not put back whatever the ledger says)."""
+    """The gateway config and the ledger: quarantines, whether each `healthy` node is free of
+    hold-outs (the others are not put back whatever the ledger says), and the procedures in
+    flight on each node (their journals)."""
     snap = GatewayHost(s).read()
     led = ledger.read(s)
-    return View(snap, led.quarantined(), {name: not led.entry(name).holds for name in healthy})
+    return View(snap, led.quarantined(), {name: not led.entry(name).holds for name in healthy},
+                {name: e.procedures for name, e in led.nodes.items() if e.procedures})
 
 
 def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Mapping[str, bool],
@@ -41,7 +44,8 @@ def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Map
     return {name: healing.NodeState(
         verdict=verdict, failing=failing.get(name, 0), serving=serving.get(name, False),
         promoted=view.promoted.get(name, verdict != "healthy"),
-        quarantined=view.quarantined[name].summary() if name in view.quarantined else None)
+        quarantined=view.quarantined[name].summary() if name in view.quarantined else None,
+        busy=view.procedures[name][-1].describe() if view.procedures.get(name) else None)
         for name, verdict in verdicts.items()}
 
 

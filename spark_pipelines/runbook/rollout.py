@@ -5,12 +5,16 @@ the rollout is over (`finish`).
 A rollout's deploy (`deploy(..., keep_previous=True)`) commits without dropping the replaced
 container, its image tag or its JIT cache slots, and writes the node's ROLLOUT_POINT marker. A
 node that then fails a later gate (its bench) is reverted from that marker, which survives the
-run: a rollout killed half-way leaves every node either on its new, gated version or with the
-point still there for the next rollout (whose deploy supersedes it) or for a revert by hand.
+run; a node that passes its gate says so on the marker (`mark_passed`). A rollout killed half-way
+is finished by its rerun: first what the dead run left on each node (`finish_dead_runs`: its
+deploy's or bench's journal), so no deploy waits behind a dead drain; then each node already on
+the new version is either one that passed (finished with the rest at the end, its kept version
+dropped) or one never judged (`Survey.unjudged`: gated now, not deployed again).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,15 +28,16 @@ from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
-from spark_pipelines.runbook import jit_cache, versions
+from spark_pipelines.runbook import jit_cache, quarantine, versions
+from spark_pipelines.runbook.journal import finish_dead
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import RolloutPoint
-from spark_pipelines.runbook.deploy import (ROLLBACK_HEALTH_S, ROLLOUT_POINT, finish_interrupted, labels_of,
-                                            restore_deploy_marker)
+from spark_pipelines.runbook.deploy import ROLLOUT_POINT, labels_of
+from spark_pipelines.runbook.transaction import ROLLBACK_HEALTH_S, restore_deploy_marker
 from spark_pipelines.core.errors import RunbookError, first_line
+from spark_pipelines.resources.lease import NodeBusy
 from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
-from spark_pipelines.runbook.quarantine import quarantined
 from spark_pipelines.runbook.rotation import drained
 
 _T = remote.PROBE_TIMEOUT_S
@@ -58,6 +63,10 @@ class Survey:
     running: dict[str, baseline.BenchIdentity]  # node -> the identity its benches record
     rotation: list[str]  # who the gateway routes to
     skip: dict[str, str] = field(default_factory=dict)  # node -> why the rollout leaves it as it is
+    # On the new version already with a rollout point a dead run left: passed its gate (finished
+    # at the end with the others) or never judged (gated by this run, not deployed again).
+    passed: list[str] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)
 
     @property
     def nothing_to_do(self) -> bool:
@@ -80,6 +89,8 @@ def survey(s: FleetSession, gw: GatewayHost, payload: Payload, log: Any, *, run_
     new = {n.name: version(payload.image_id, launch_spec(f, n).fingerprint, payload.manifest) for n in f.serve_nodes}
     before: dict[str, str] = {}
     running: dict[str, baseline.BenchIdentity] = {}
+    passed: list[str] = []
+    unjudged: list[str] = []
     for n in f.serve_nodes:
         c = docker.inspect_container(n.name, launch_spec(f, n).container_name)
         labels = labels_of(c, markers.read_deploy(s, n)) if c else {}
@@ -89,19 +100,55 @@ def survey(s: FleetSession, gw: GatewayHost, payload: Payload, log: Any, *, run_
             running[n.name] = baseline.identity_of(c, labels, [], launch_label=KERNELS_LABEL,
                                                    checkpoint_label=CHECKPOINT_LABEL)
         if before[n.name] == new[n.name] and engine.healthy(f, n):
-            skip.setdefault(n.name, ALREADY_SERVES)
-    for name, rec in quarantined(s).items():
+            point = read_point(s, n)
+            if point is not None and not point.passed:
+                unjudged.append(n.name)  # a dead run deployed it and never judged it: its gate is owed
+            else:
+                skip.setdefault(n.name, ALREADY_SERVES)
+                if point is not None:
+                    passed.append(n.name)
+    for name, rec in quarantine.quarantined(s).items():
         skip.setdefault(name, f"quarantined: {rec.summary()}")
     try:
         rotation = gw.rotation()
     except Exception as e:
         raise RunbookError(f"rollout refused, nothing deployed: the gateway host {f.gateway.host} could not be "
                            f"read ({first_line(e)}); bring it back and rerun rollout_job") from None
-    return Survey(new, before, running, rotation, skip)
+    return Survey(new, before, running, rotation, skip, [n for n in passed if n not in unjudged],
+                  [n for n in unjudged if n not in skip])
+
+
+def finish_dead_runs(s: FleetSession, log: Any, *, run_id: str = "") -> list[str]:
+    """Before a rollout plans: what dead runs left on each serve node (a killed rollout's deploy
+    or bench: its journal), finished under the node's lease, so the node is back serving (or out
+    with its reason) and no deploy of this rollout waits behind a dead drain. A node another run
+    holds is left to that run. Returns what was done, one line each."""
+    said = []
+    for n in s.fleet.serve_nodes:
+        try:
+            with node_lease(s, n.name, "rollout: finishing dead runs", run_id=run_id):
+                said += [f"{n.name}: {x.line}" for x in finish_dead(s, n, log, run_id=run_id)]
+        except NodeBusy as e:
+            said.append(f"{n.name}: not finished here ({first_line(e)})")
+        except RunbookError as e:
+            said.append(f"{n.name}: what a dead run left could not be finished ({first_line(e)})")
+    return said
 
 
 def read_point(s: FleetSession, node: Node) -> RolloutPoint | None:
     return markers.read_typed(s, node, ROLLOUT_POINT, RolloutPoint)
+
+
+def mark_passed(s: FleetSession, node: Node, run_id: str) -> None:
+    """The node passed this rollout's gate on its new version: its point says so, so a rerun after
+    this run died finishes it (drops the kept version) instead of judging it again."""
+    try:
+        point = read_point(s, node)
+        if point is not None:
+            markers.write_typed(s, node, ROLLOUT_POINT, point.model_copy(update={"passed": run_id or "yes"}))
+    except Exception as e:  # it passed either way; a rerun after this run died would only gate it again
+        s.log.warning(f"[{node.name}] its rollout point does not say it passed ({first_line(e)}): a rerun of this "
+                      "rollout after a crash gates it again")
 
 
 def kept(s: FleetSession, node: Node, spec: LaunchSpec, point: RolloutPoint | None = None) -> PreviousDeploy | None:
@@ -113,14 +160,18 @@ def kept(s: FleetSession, node: Node, spec: LaunchSpec, point: RolloutPoint | No
                           remote.previous_image_tag(spec.image), point.container_id, point.fingerprint or "")
 
 
-def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str, run_id: str = "") -> str:
+def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str, run_id: str = "",
+           wedged: bool = False) -> str:
     """Put back the deployment the rollout replaced on `node`: out of the gateway, the kept
     container (and its image tag, cache mounts and step marker) back, /health waited for, then
-    back in the gateway with the bench gate it had before. Raises RunbookError when there is
-    nothing kept or the previous deployment does not serve again (the node then stays out)."""
+    back in the gateway with the bench gate it had before. `wedged`: its gate's bench saw the
+    PD-firmware wedge: the GPU stays wedged whatever version runs, so the node stays out,
+    quarantined (wedged) with its bench's hold-out, as a bench_job leaves it (the cold drain's
+    validation releases it). Raises RunbookError when there is nothing kept or the previous
+    deployment does not serve again (the node then stays out)."""
     n = node.name
     with node_lease(s, n, "rollout revert", run_id=run_id):
-        finish_interrupted(s, node, log, run_id=run_id)  # a dead run's deploy first
+        finish_dead(s, node, log, run_id=run_id)  # what dead runs left first
         point = read_point(s, node) or RolloutPoint()
         prev = kept(s, node, spec, point)
         if prev is None:
@@ -145,11 +196,24 @@ def revert(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why: str,
                                                      f"did not answer /health within {limit:.0f} s")
                 raise RunbookError(f"{n}: previous deployment put back but NOT healthy after {limit:.0f} s; {n} "
                                    f"stays out of the gateway: read its container log")
-            # The hold-outs the node had before the rollout's deploy (its bench's included) come back.
-            led = ledger.set_holds(s, n, {by: ledger.Hold.model_validate(h) for by, h in point.holds_before.items()})
-            drain.keep_out = not led.promoted(n)
+            # The hold-outs the node had before the rollout's deploy (its bench's included) come back;
+            # a wedge its gate saw stays, with the quarantine the wedge policy keeps it out by.
+            holds = {by: ledger.Hold.model_validate(h) for by, h in point.holds_before.items()}
+            wedge_hold = ledger.read(s).entry(n).holds.get(ledger.BY_BENCH) if wedged else None
+            if wedge_hold is not None:
+                holds[ledger.BY_BENCH] = wedge_hold
+            led = ledger.set_holds(s, n, holds)
+            if wedged:
+                quarantine.quarantine(s, node, "wedged", f"PD-firmware wedge under load on the rollout's gate bench "
+                                                         f"({why[:200]}); the previous version is back but the GPU "
+                                                         f"stays wedged: cold_drain_job for {n} (runbook: AC cold "
+                                                         f"drain)", by=f"rollout revert (run {run_id[:8] or '-'})",
+                                      gw=gw)
+            drain.keep_out = wedged or not led.promoted(n)
         markers.clear(s, node, ROLLOUT_POINT)
-    where = "back in the gateway" if not drain.keep_out else "kept out of the gateway by the hold-outs it had before the rollout"
+    where = ("kept out of the gateway: quarantined (wedged), cold_drain_job for it" if wedged else
+             "back in the gateway" if not drain.keep_out else
+             "kept out of the gateway by the hold-outs it had before the rollout")
     return (f"previous deployment put back on {n} (container {restored[:12]}, healthy)"
             + (f", {checkpoint}" if checkpoint else "") + f", {where}")
 
@@ -190,13 +254,47 @@ def archive_cache(s: FleetSession, node: Node, spec: LaunchSpec, key: str | None
     return said
 
 
+def reject(s: FleetSession, nodes: list[Node], image_id: str, manifest: str | None, judged: Any, *,
+           run_id: str = "") -> str:
+    """A version its gate stopped (`judged`: core.rollout.GateResult) is recorded as rejected on
+    `nodes` (those that do not run it: markers.RejectedVersion, with the node's own launch spec): a
+    deploy_node_job or a healing redeploy, which deploy the newest build without a gate, then refuse
+    it there. Best effort per node: one not written is said, not fatal."""
+    f = s.fleet
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    missed = []
+    for n in nodes:
+        marker = markers.RejectedVersion(image_id=image_id, checkpoint=versions_core.short(manifest) or None,
+                                         fingerprint=launch_spec(f, n).fingerprint, node=judged.node,
+                                         gate=judged.gate, why=judged.why[:500], run_id=run_id, since=since)
+        try:
+            markers.write_typed(s, n, markers.REJECTED, marker)
+        except Exception as e:  # noqa: PERF203 - each node on its own
+            missed.append(f"{n.name} ({first_line(e)})")
+    said = (f"version {version(image_id, None, manifest)} recorded as rejected by its {judged.gate} gate on "
+            f"{judged.node}: no ungated deploy puts it on a node")
+    return said + (f"; NOT recorded on {', '.join(missed)}" if missed else "")
+
+
+def refusal(s: FleetSession, node: Node, image_id: str | None, manifest: str | None, fingerprint: str) -> str | None:
+    """Why a deploy of this version on `node` without a gate is refused (None: it is not one a
+    rollout rejected)."""
+    rejected = markers.read_typed(s, node, markers.REJECTED, markers.RejectedVersion)
+    if rejected is None or not rejected.matches(image_id, versions_core.short(manifest), fingerprint):
+        return None
+    return (f"{node.name}: rollout {rejected.run_id[:8] or '-'} rejected this version ({version(image_id, fingerprint, manifest)}) "
+            f"at the {rejected.gate} gate on {rejected.node} ({rejected.since}): {rejected.why[:200]}. A deploy "
+            f"without a gate would put it on {node.name} anyway: fix the build and roll it out again (rollout_job), "
+            f"or launch deploy_node_job for {node.name} with allow_rejected: true to deploy it knowingly")
+
+
 def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "") -> str:
     """The rollout is over for `node` on its new version: drop the kept container and image tag,
     wipe cache slots nothing points at any more, clear the marker. Failures are warnings: the
     node serves either way, and the next deploy supersedes what is left."""
     n = node.name
     with node_lease(s, n, "rollout finish", run_id=run_id):
-        finish_interrupted(s, node, log, run_id=run_id)  # a dead run's deploy first
+        finish_dead(s, node, log, run_id=run_id)  # what dead runs left first
         prev = kept(s, node, spec)
         said = []
         try:
@@ -207,6 +305,7 @@ def finish(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
             if wiped:
                 said.append(f"stale JIT caches wiped: {', '.join(wiped)}")
             markers.clear(s, node, ROLLOUT_POINT)
+            markers.clear(s, node, markers.REJECTED)  # a version that passed its gate here is no longer rejected
         except Exception as e:
             log.warning(f"[{n}] serving its new version, but the rollback point was not all cleared: "
                         f"{first_line(e)}; the next deploy supersedes it")

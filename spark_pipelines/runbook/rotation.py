@@ -17,7 +17,7 @@ from spark_pipelines.resources import lease
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.polling import poll_until
-from spark_pipelines.resources.gateway import GatewayHost
+from spark_pipelines.resources.gateway import GatewayError, GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
 from spark_pipelines.core.errors import RunbookError
@@ -104,6 +104,10 @@ def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float |
     was_in = node in gw.rotation()
     d = Drain(node, was_in, keep_out=not was_in)
     if was_in:
+        try:
+            gw.readable()
+        except GatewayError as e:  # a drain that could not be confirmed is not written
+            raise RunbookError(f"{node} not drained, nothing was changed: {e}") from None
         try:
             gw.drain(node, reason=reason, wait_s=wait_s, dead=dead, deploying=deploying)
         except gateway_core.RotationRefused as e:  # nothing was changed

@@ -20,7 +20,7 @@ from spark_pipelines.core import remote, steps
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.resources import engine, gateway
 from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S
-from spark_pipelines.runbook import bench, build_steps, deploy, images, jit_cache, node_os, wedge
+from spark_pipelines.runbook import bench, build_steps, images, jit_cache, node_os, transaction, wedge
 
 MAX_RUNTIME_TAG = "dagster/max_runtime"  # read by Dagster's run monitoring, seconds
 SHORT_COMMANDS_S = 10 * remote.DEFAULT_COMMAND_TIMEOUT_S
@@ -60,7 +60,7 @@ def _gateway_changes(n: int, what: str) -> list[tuple[str, float]]:
 def finish_interrupted_terms(what: str) -> list[tuple[str, float]]:
     """A dead run's deploy finished first (once per node and run: the next step finds no journal):
     its rollback's /health wait, its drain undone."""
-    return [(f"{what}: a dead run's rollback (ROLLBACK_HEALTH_S)", float(deploy.ROLLBACK_HEALTH_S)),
+    return [(f"{what}: a dead run's rollback (ROLLBACK_HEALTH_S)", float(transaction.ROLLBACK_HEALTH_S)),
             *_gateway_changes(1, f"{what}: its drain"), (f"{what}: commands", SHORT_COMMANDS_S)]
 
 
@@ -72,7 +72,7 @@ def deploy_terms(f: Fleet, node: Node) -> list[tuple[str, float]]:
             ("deploy: requests in flight end (gateway.in_flight_wait_s)", float(f.gateway.in_flight_wait_s)),
             ("deploy: launch health_timeout_s", float(f.launch_for(node).health_timeout_s)),
             ("deploy: smoke test", engine.SMOKE_TIMEOUT_S),
-            ("deploy: rollback's /health (ROLLBACK_HEALTH_S)", float(deploy.ROLLBACK_HEALTH_S)),
+            ("deploy: rollback's /health (ROLLBACK_HEALTH_S)", float(transaction.ROLLBACK_HEALTH_S)),
             ("deploy: commands", SHORT_COMMANDS_S)]
 
 
@@ -153,7 +153,7 @@ def limits(f: Fleet) -> dict[str, Limit]:
     # reverted (the first failed gate stops it), each finished.
     per_node = [t for n in serve for t in _sum(finish_interrupted_terms(n.name), deploy_terms(f, n), bench_terms(f),
                                                [(f"finish {n.name}", SHORT_COMMANDS_S)])]
-    revert = [("revert: the kept deployment's /health", float(deploy.ROLLBACK_HEALTH_S)),
+    revert = [("revert: the kept deployment's /health", float(transaction.ROLLBACK_HEALTH_S)),
               *_gateway_changes(2, "revert: drain and restore"), ("revert: commands", SHORT_COMMANDS_S)]
     rollout = _sum(distribution_terms(f, receivers), per_node, revert, _retries(f, 1))
     add_node = slowest(lambda n: _sum(node_os_terms(f, n), distribution_terms(f, 1), finish_interrupted_terms(n.name),

@@ -60,12 +60,13 @@ GATHER_SCRIPT = (
     'printf "\n%s end inspect %s\n%s begin inspect-err\n%s\n%s end inspect-err %s\n" "$n" "$rc" "$n" "$e" "$n" "$rc"; '
     'if [ "$rc" -eq 0 ]; then printf "%s begin logs\n" "$n"; '
     'timeout -k 2 "$tl" docker logs --tail "$lines" "$c" 2>&1; printf "\n%s end logs %s\n" "$n" "$?"; fi; '
-    # A deploy journal (rare): it and whether anyone holds the node's run lease, read from the
-    # kernel's lock table (taking the lock, even for a moment, could refuse a starting deploy).
-    'if [ -f "$j" ]; then printf "%s begin journal\n" "$n"; cat -- "$j"; printf "\n%s end journal 0\n" "$n"; '
+    # A deploy journal (rare), and whether anyone holds the node's run lease, read from the
+    # kernel's lock table (taking the lock, even for a moment, could refuse a starting deploy): a
+    # journal with the lease free is a dead run's (the deploy's here, the others' in the ledger).
+    'if [ -f "$j" ]; then printf "%s begin journal\n" "$n"; cat -- "$j"; printf "\n%s end journal 0\n" "$n"; fi; '
     'printf "%s begin lease\n" "$n"; if [ -e "$lk" ]; then stat -c "%d %i" -- "$lk"; '
     'grep -E "FLOCK +ADVISORY +WRITE +[0-9]+ +[0-9a-f]+:[0-9a-f]+:$(stat -c %i -- "$lk") " /proc/locks; '
-    'else echo absent; fi; printf "\n%s end lease 0\n" "$n"; fi; '
+    'else echo absent; fi; printf "\n%s end lease 0\n" "$n"; '
     # The node's own clean-boot memcheck (node_os), the residue verdict's baseline when present.
     'if [ -f "$cb" ]; then printf "%s begin cleanboot\n" "$n"; cat -- "$cb"; printf "\n%s end cleanboot 0\n" "$n"; fi'
 )
@@ -160,8 +161,10 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
             f"docker inspect {container} exited {rc}: {err.strip()[-200:]}")
     if "logs" in got:
         fields["log_tail"] = got["logs"][0]
+    lease_text = got.get("lease", ("", None))[0]
+    fields["lease_held"] = lease_held(lease_text) if "lease" in got else None
     if "journal" in got:
-        fields["deploy_journal"] = deploy_in_flight(got["journal"][0], got.get("lease", ("", None))[0])
+        fields["deploy_journal"] = deploy_in_flight(got["journal"][0], lease_text)
     if "cleanboot" in got:
         try:
             fields["clean_boot_free_gib"] = markers.CleanBoot.model_validate_json(got["cleanboot"][0]).free_gib
@@ -171,24 +174,27 @@ def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any])
 
 def deploy_in_flight(journal_text: str, lease_text: str) -> health.DeployInFlight | None:
     """The gather script's journal and lease sections -> what the sweep knows of a deploy in
-    flight (None: the journal does not parse, as for the deploy that would finish it). The lease
-    section is the lock file's `device inode` and the kernel's FLOCK lines for that inode
-    (/proc/locks names a file MAJOR:MINOR:INODE, device numbers in hex), or `absent`."""
+    flight (None: the journal does not parse, as for the deploy that would finish it), with the
+    lease section as `lease_held` reads it."""
     try:
         j = markers.DeployJournal.model_validate_json(journal_text)
     except ValueError:
         return None
+    return health.DeployInFlight(j.run_id, j.phase, j.started, j.owner or None, lease_held(lease_text))
+
+
+def lease_held(lease_text: str) -> bool | None:
+    """The gather script's lease section: whether a process holds the node's run lease (None: not
+    read). It is the lock file's `device inode` and the kernel's FLOCK lines for that inode
+    (/proc/locks names a file MAJOR:MINOR:INODE, device numbers in hex), or `absent`."""
     lines = [ln.split() for ln in lease_text.splitlines() if ln.strip()]
-    held: bool | None
     if lines and lines[0] == ["absent"]:
-        held = False
-    elif lines and len(lines[0]) == 2 and all(x.isdigit() for x in lines[0]):
+        return False
+    if lines and len(lines[0]) == 2 and all(x.isdigit() for x in lines[0]):
         dev, ino = int(lines[0][0]), int(lines[0][1])
         want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
-        held = any(want in ln for ln in lines[1:])
-    else:
-        held = None  # not read: say so, decide nothing
-    return health.DeployInFlight(j.run_id, j.phase, j.started, j.owner or None, held)
+        return any(want in ln for ln in lines[1:])
+    return None  # not read: say so, decide nothing
 
 
 def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,

@@ -36,7 +36,9 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources import engine
-from spark_pipelines.runbook import quarantine
+from spark_pipelines.core import steps as steps_
+from spark_pipelines.resources.lease import NodeBusy
+from spark_pipelines.runbook import journal, quarantine
 from spark_pipelines.state import ledger
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import GPU_QUERY
@@ -361,24 +363,35 @@ def power_off(s: FleetSession, node: Node) -> list[str]:
     return [f"sudo poweroff: exit {r.exit_status}"]
 
 
-def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
-    """AC off at the wall for the runbook's time and back on: the fleet's smart plug, else the
-    operator. Waits (bounded) until the node's SSH answers again."""
+Noted = Callable[[str, float], None]  # (phase "power-off" | "booting", when): the journal's
+
+
+def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None], *, noted: Noted | None = None,
+                off_s: float | None = None) -> list[str]:
+    """AC off at the wall for the runbook's time (`off_s`: what is left of it) and back on: the
+    fleet's smart plug, else the operator. Waits (bounded) until the node's SSH answers again.
+    `noted` is told when the AC goes off and when it comes back (a journal's phases)."""
     cd = s.fleet.cold_drain
     plug = cd.smart_plugs.get(node.name)
     n = node.name
+    tell = noted or (lambda phase, at: None)
     if plug is None:
+        tell("power-off", time.time())
         say(f"OPERATOR: {wedge_core.OPERATOR_STEPS.format(node=n)} (waiting up to {cd.operator_timeout_s} s)")
         if not _wait_ssh(node, True, cd.operator_timeout_s):
             raise RunbookError(f"{n} did not answer SSH within {cd.operator_timeout_s} s of the request to unplug "
                                f"it at the wall; power it on, then run cold_drain_job for {n} again")
+        tell("booting", time.time())
         return [f"operator power-cycled {n} at the wall"]
+    off = cd.off_s if off_s is None else off_s
+    tell("power-off", time.time())  # before the plug: a run that dies with the AC off must have said so
     steps = [f"smart plug off: {run_plug(node, plug, 'off')}"]
     try:
-        say(f"{n}: AC off at the wall for {cd.off_s} s (runbook: 90-120 s, 60 s is often not enough)")
-        time.sleep(cd.off_s)
+        say(f"{n}: AC off at the wall for {off:.0f} s (runbook: 90-120 s, 60 s is often not enough)")
+        time.sleep(off)
     finally:  # AC back in every outcome, a terminated run included
         steps.append(f"smart plug on: {run_plug(node, plug, 'on')}")
+        tell("booting", time.time())
     if not _wait_ssh(node, True, cd.boot_timeout_s):
         raise RunbookError(f"{n} did not answer SSH within {cd.boot_timeout_s} s of its power coming back; check "
                            f"the unit (the plug's on command ran: {' '.join(plug.on_command)})")
@@ -408,31 +421,104 @@ def boot_to_serving(s: FleetSession, node: Node, say: Callable[[str], None]) -> 
     return steps
 
 
-def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], *,
+# The cold drain's journal phases while its node is down (runbook/journal.py: `down_until`).
+POWER_PHASES = ("powering-off", "power-off", "booting")
+
+
+def _down_s(s: FleetSession, node: Node) -> float:
+    """How long this run may wait for its node once it powers it off (the journal's `down_until`)."""
+    cd = s.fleet.cold_drain
+    cycle = cd.off_s + cd.boot_timeout_s if node.name in cd.smart_plugs else cd.operator_timeout_s
+    return cd.power_down_timeout_s + cycle + 60
+
+
+def resume_dead(s: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
+    """Before anything needs SSH: a cold drain whose run died while its node was down (its journal
+    in the ledger says so) has its power cycle finished: the AC kept off for the rest of
+    cold_drain.off_s and back on by the plug (else the operator is asked again), SSH awaited, the
+    times written to that journal. Returns the steps ([]: the node answers, or no such journal);
+    NodeBusy when that run may still be alive and waiting for the node."""
+    n = node.name
+    if ssh_answers(node):
+        return []
+    try:
+        procs = ledger.read(s).procedures(n)
+    except RunbookError:
+        return []  # the lease below fails on the node as it would have; the next run tries again
+    p = next((q for q in reversed(procs) if q.procedure == steps_.PROC_COLD_DRAIN and q.phase in POWER_PHASES
+              and not journal.is_live(q)), None)
+    if p is None:
+        return []
+    waiting = journal.still_waiting(s, p)
+    if waiting:
+        raise NodeBusy(f"node {n} is busy: {waiting}")
+    facts = dict(p.facts)
+
+    def noted(phase: str, at: float) -> None:
+        if phase == "power-off" and facts.get("ac_off_at"):
+            return  # the dead run's AC-off time stands: the cycle is its, finished here
+        facts["ac_off_at" if phase == "power-off" else "ac_on_at"] = at
+        try:
+            ledger.update_procedure(s, n, p.token, facts=facts)
+        except RunbookError as e:
+            s.log.warning(f"[{n}] the dead cold drain's journal was not updated ({first_line(e)})")
+
+    off_at = facts.get("ac_off_at")
+    left = max(0.0, float(off_at) + s.fleet.cold_drain.off_s - time.time()) if off_at else None
+    say(f"{p.describe()} died with {n} down: finishing its power cycle first"
+        + (f" (AC off since {time.strftime('%H:%M:%S', time.localtime(float(off_at)))}, {left:.0f} s left)"
+           if left is not None else ""))
+    return [f"the power cycle of {p.describe()} finished", *power_cycle(s, node, say, noted=noted, off_s=left)]
+
+
+def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], j: journal.Journal, *,
                run_id: str = "") -> Drained:
-    """The runbook's AC cold drain of a quarantined node, up to a serving engine again."""
+    """The runbook's AC cold drain of a quarantined node, up to a serving engine again, each step
+    written to its journal `j` first. A dead cold drain on the node is finished first (its power
+    cycle, its engine started); when its AC was off for cold_drain.off_s, the cycle is not repeated."""
     from spark_pipelines.resources.lease import node_lease
 
     started = time.monotonic()
+    f, n = s.fleet, node.name
+    steps = resume_dead(s, node, say)
     if in_rotation(gw, node):
         done = quarantine_node(s, node, WEDGED, "cold drain", gw)
         if in_rotation(gw, node):
-            raise RunbookError(f"{node.name} is still in the gateway and cannot leave it ({done}); nothing was "
+            raise RunbookError(f"{n} is still in the gateway and cannot leave it ({done}); nothing was "
                                "changed: bring another node into the rotation first")
-    with node_lease(s, node.name, "cold drain", run_id=run_id):
-        container = s.fleet.launch_for(node).container_name
-        r = s.run(node.name, ["docker", "stop", "-t", "60", container], check=False, timeout=120)
-        steps = [f"docker stop {container}: exit {r.exit_status}"]
+    with node_lease(s, n, "cold drain", run_id=run_id):
+        finished = journal.finish_dead(s, node, s.log, run_id=run_id)
+        steps += [x.line for x in finished]
+        cycled = next((x for x in finished if x.procedure == steps_.PROC_COLD_DRAIN and x.serving
+                       and float(x.facts.get("ac_on_at", 0)) - float(x.facts.get("ac_off_at", 1e18)) >= f.cold_drain.off_s),
+                      None)
+        if cycled is not None:
+            steps.append(f"the AC was off for {float(cycled.facts['ac_on_at']) - float(cycled.facts['ac_off_at']):.0f} s "
+                         f"in the dead run's cold drain: not repeated; validating")
+            return Drained(steps, round(time.monotonic() - started, 1))
+        container = f.launch_for(node).container_name
+        j.update(phase="stopping", engine=container)
+        j.keep = True  # from here the engine is this run's (or the next run's) to start again
+        r = s.run(n, ["docker", "stop", "-t", "60", container], check=False, timeout=120)
+        steps.append(f"docker stop {container}: exit {r.exit_status}")
+        j.update(phase="powering-off", down_until=time.time() + _down_s(s, node))
         steps += power_off(s, node)
     s.close()  # the node's connections went with it; the next command reconnects
-    if not _wait_ssh(node, False, s.fleet.cold_drain.power_down_timeout_s):
-        raise RunbookError(f"{node.name} still answers SSH {s.fleet.cold_drain.power_down_timeout_s} s after "
+    if not _wait_ssh(node, False, f.cold_drain.power_down_timeout_s):
+        raise RunbookError(f"{n} still answers SSH {f.cold_drain.power_down_timeout_s} s after "
                            "`sudo poweroff`; check the unit (LEDs, fan) before cutting power; its vLLM container "
                            "is stopped, the node stays out of the gateway")
-    say(f"{node.name} is down (SSH no longer answers)")
-    steps += power_cycle(s, node, say)
-    with node_lease(s, node.name, "cold drain (after boot)", run_id=run_id):
+    say(f"{n} is down (SSH no longer answers)")
+
+    def noted(phase: str, at: float) -> None:
+        key = "ac_off_at" if phase == "power-off" else "ac_on_at"
+        j.try_update(phase=phase, facts={**j.entry.facts, key: at})
+
+    steps += power_cycle(s, node, say, noted=noted)
+    with node_lease(s, n, "cold drain (after boot)", run_id=run_id):
+        j.update(phase="starting", down_until=None)  # gone: another run finished it meanwhile
         steps += boot_to_serving(s, node, say)
+    j.keep = False
     return Drained(steps, round(time.monotonic() - started, 1))
 
 

@@ -29,11 +29,13 @@ from typing import Any
 import dagster as dg
 
 from spark_pipelines.assets.health import QuarantineConfig, ReconcileConfig
+from spark_pipelines.assets.node_os import NodeOsConfig
 from spark_pipelines.assets.nodes import DeployConfig
 from spark_pipelines.core import health, healing, steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
+from spark_pipelines.runbook import journal as procedure_journal
 from spark_pipelines.runbook import reconcile, sweep
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.state import records
@@ -82,17 +84,19 @@ def read_cursor(text: str | None) -> tuple[dict[str, healing.NodeMemory], dict[s
 
 
 def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | None, quarantined: str,
-              figures: dict[str, float]) -> dict[str, Any]:
+              figures: dict[str, float | str]) -> dict[str, Any]:
     meta: dict[str, Any] = {
         keys.VERDICT: dg.MetadataValue.text(v.verdict),
-        keys.EVIDENCE: dg.MetadataValue.text("\n".join(v.evidence)),
+        # One line, its parts "; "-separated: a table cell or a metadata row reads it whole.
+        keys.EVIDENCE: dg.MetadataValue.text("; ".join(v.evidence)),
         keys.ADVICE: dg.MetadataValue.text(v.advice),
         keys.IN_GATEWAY: dg.MetadataValue.bool(bool(in_gateway)),
-        keys.QUARANTINED: dg.MetadataValue.text(quarantined),
+        keys.QUARANTINED: dg.MetadataValue.text(quarantined or "no"),
         keys.POLICY: dg.MetadataValue.text(d.note),
     }
     for key, value in figures.items():
-        meta[key] = (dg.MetadataValue.int(int(value)) if key.startswith("requests_")
+        meta[key] = (dg.MetadataValue.text(value) if isinstance(value, str)
+                     else dg.MetadataValue.int(int(value)) if key.startswith("requests_")
                      else dg.MetadataValue.float(float(value)))
     return meta
 
@@ -101,6 +105,7 @@ def _metadata(v: health.NodeVerdict, d: healing.Decision, in_gateway: bool | Non
 ACTION_CONFIG: dict[str, tuple[str, type[dg.Config]]] = {
     steps.QUARANTINE_JOB: (steps.QUARANTINE_OP, QuarantineConfig),
     steps.DEPLOY_JOB: (steps.DEPLOY_OP, DeployConfig),
+    steps.NODE_OS_JOB: (steps.NODE_OS, NodeOsConfig),
 }
 
 
@@ -127,7 +132,9 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                            "quarantine; crash-loop / residue: quarantine, never a relaunch; regressed: a confirming "
                            "bench, then a redeploy on a fresh JIT cache, then the rollback decision; unreachable / "
                            "wedged: recorded; a deploy whose run died (its journal on the node, its lease free): "
-                           "deploy_node_job finishes it at once. "
+                           "deploy_node_job finishes it at once; another procedure whose run died (Phase 0's "
+                           "reboot, a bench's drain, a newcomer, a cold drain: its journal in the ledger): a run "
+                           "of its own job finishes it. "
                            "The gateway keeps exactly the healthy, promoted, not-quarantined nodes.")
     def node_health(context: dg.SensorEvaluationContext, ssh: FleetSSH) -> dg.SensorResult:
         memory, last_reconcile = read_cursor(context.cursor)
@@ -137,7 +144,10 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
         events: list[Any] = []
         requests: list[dg.RunRequest] = []
         said: list[str] = []
+        for run_id in records.fail_dead_runs(context.instance):
+            context.log.warning(f"run {run_id} was STARTED but its process is gone (killed): marked failed")
         with sweep.open_session(fleet, context.log, base=ssh) as s:
+            s.run_ended = lambda run_id: records.run_ended(context.instance, run_id)
             reports = sweep.sweep(s, bench=history, earlier=earlier)
             healthy_names = [n for n, r in reports.items() if r.verdict.verdict == "healthy"]
             try:
@@ -152,11 +162,16 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
             held = view.quarantined.get(name) if view else None
             c = obs.container
             journal = obs.deploy_journal
+            dead = [p for p in (view.procedures.get(name, []) if view else [])
+                    if procedure_journal.dead_in_sweep(s, p, reachable=obs.ssh_ok, lease_held=obs.lease_held)]
+            unfinished = (healing.Unfinished(dead[-1].procedure, dead[-1].run_id, dead[-1].phase, dead[-1].describe())
+                          if dead else None)
             d = healing.decide(v, memory.get(name), settings, now=now,
                                quarantined=held.summary() if held else None,
                                benches=len(history[name].tok_s) if name in history else 0,
                                started_at=c.started_at if c is not None and c.exists else None,
-                               interrupted=journal.run_id if journal is not None and journal.dead else None)
+                               interrupted=journal.run_id if journal is not None and journal.dead else None,
+                               unfinished=unfinished)
             before = d.memory.earlier
             seconds = obs.probed_at - before["probed_at"] if isinstance(before.get("probed_at"), (int, float)) else None
             figures = healing.engine_figures(obs.metrics, before.get("metrics"), seconds)
@@ -198,8 +213,12 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
         else:
             said.append(gateway_note)
         cursor = json.dumps({"nodes": {n: m.to_json() for n, m in memory.items() if n in names},
-                             "reconcile": last_reconcile}, sort_keys=True)
+                             "reconcile": last_reconcile}, sort_keys=True, separators=(",", ":"))
+        summary = "; ".join(said) or "no serve node"
+        # On the tick itself (its logs), whether or not it requested runs: a request Dagster drops
+        # as already made (its run key) would otherwise leave only "0 runs requested".
+        context.log.info(summary)
         return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cursor,
-                               skip_reason=None if requests else "; ".join(said) or "no serve node")
+                               skip_reason=None if requests else summary)
 
     return dg.Definitions(sensors=[node_health])

@@ -7,10 +7,17 @@ A node leaves the rotation for one of three reasons, each recorded here or in th
   cold-drain validation;
 - a hold-out by a gate that judged the node: its bench (below the floor, wedged under load, a
   void bench), a failed deploy whose previous version did not serve again, a rollout's revert,
-  and a version deployed to await its gate (`gate`: a rollout's or a newcomer's, until its bench
-  promotes it).
+  a Phase 0 reboot after which the node is not clean or does not serve, and a version deployed to
+  await its gate (`gate`: a rollout's or a newcomer's, until its bench promotes it).
   Hold-outs stack by who put them: each actor lifts only its own, and a node is promoted when it
   has no hold-out and no quarantine.
+
+Beside them, each procedure in flight on a node (Phase 0's reboot, a newcomer joining, a bench's
+drain, a cold drain, an adoption's cache renames) keeps its journal here (`Procedure`): what it
+took out, stopped or set aside, written before the change and removed when it is done, so the next
+run on the node or the health sweep finishes what a dead run left (runbook/journal.py). Off the
+node, because a reboot or a cold drain takes the node itself away: a run killed while the node is
+powered off must still be found. (A deploy's journal stays on the node, beside its containers.)
 
 The ledger lives OFF the nodes (a node held out may be SSH-dead or rebooting) in one JSON file
 next to the gateway config, `<config>.ledger.json`, and is changed like the config: one bounded
@@ -38,6 +45,8 @@ LEGACY_SUFFIX = ".quarantine.json"  # quarantines recorded before the ledger (re
 
 # Who puts a hold-out on a node (each lifts only its own).
 BY_BENCH, BY_DEPLOY, BY_ROLLOUT, BY_GATE = "bench", "deploy", "rollout", "gate"
+# Phase 0 that left its node not clean or not serving after its reboot: lifted by its next run.
+BY_NODE_OS = "node_os"
 # The fact on a bench's hold-out judged against the fleet's baseline (a rollout's canary, a
 # newcomer): the node's next bench is judged against it again, not on its floors alone.
 AGAINST_BASELINE = "against_baseline"
@@ -84,13 +93,40 @@ class Quarantine(_Model):
         return f"{self.verdict}: {self.reason} (since {self.since}, by {self.by})"
 
 
+class Procedure(_Model):
+    """One procedure in flight on a node: its journal (see the module doc and runbook/journal.py).
+    `token` names this run of it (a process never finishes its own live one); `phase` says how far
+    it got; `was_in` / `drain_reason`: the node was in the gateway and this procedure's drain note
+    starts with that reason; `engine`: the container it stopped; `down_until`: while the node is
+    down (rebooting, powered off) the live run waits for it until then, and only a run known to
+    have ended is finished before; `facts`: what else its undo needs."""
+
+    procedure: str
+    run_id: str = ""
+    token: str = ""
+    owner: str = ""  # "pid N on HOST"
+    started: str = ""
+    phase: str = ""
+    was_in: bool = False
+    drain_reason: str | None = None
+    engine: str | None = None
+    down_until: float | None = None
+    facts: dict[str, Any] = {}
+
+    def describe(self) -> str:
+        what = {"node_os": "Phase 0 reboot", "node_join": "add_node"}.get(self.procedure, self.procedure.replace("_", " "))
+        return (f"the {what} of run {self.run_id[:8] or '-'} "
+                f"({self.owner or 'owner unknown'}, started {self.started or '?'}, phase {self.phase or '?'})")
+
+
 class NodeEntry(_Model):
     quarantine: Quarantine | None = None
     holds: dict[str, Hold] = {}
+    procedures: list[Procedure] = []  # in the order they began (an add_node's Phase 0 after its own)
 
     @property
     def empty(self) -> bool:
-        return self.quarantine is None and not self.holds
+        return self.quarantine is None and not self.holds and not self.procedures
 
 
 class Ledger(_Model):
@@ -101,7 +137,8 @@ class Ledger(_Model):
         return self.nodes.get(node) or NodeEntry()
 
     def promoted(self, node: str) -> bool:
-        return self.entry(node).empty
+        e = self.entry(node)
+        return e.quarantine is None and not e.holds
 
     def quarantined(self) -> dict[str, Quarantine]:
         return {n: e.quarantine for n, e in self.nodes.items() if e.quarantine is not None}
@@ -114,6 +151,9 @@ class Ledger(_Model):
         if e.holds:
             return "; ".join(h.summary() for h in e.holds.values())
         return None
+
+    def procedures(self, node: str) -> list[Procedure]:
+        return list(self.entry(node).procedures)
 
     def with_entry(self, node: str, entry: NodeEntry) -> Ledger:
         nodes = {k: v for k, v in self.nodes.items() if k != node}
@@ -195,7 +235,7 @@ def hold(s: FleetSession, node: str, by: str, reason: str, **facts: Any) -> Ledg
 
     def edit(led: Ledger) -> Ledger:
         e = led.entry(node)
-        return led.with_entry(node, NodeEntry(quarantine=e.quarantine, holds={**e.holds, by: h}))
+        return led.with_entry(node, e.model_copy(update={"holds": {**e.holds, by: h}}))
 
     return change(s, edit)
 
@@ -205,8 +245,7 @@ def lift(s: FleetSession, node: str, *by: str) -> Ledger:
 
     def edit(led: Ledger) -> Ledger:
         e = led.entry(node)
-        return led.with_entry(node, NodeEntry(quarantine=e.quarantine,
-                                              holds={k: v for k, v in e.holds.items() if k not in by}))
+        return led.with_entry(node, e.model_copy(update={"holds": {k: v for k, v in e.holds.items() if k not in by}}))
 
     return change(s, edit)
 
@@ -215,7 +254,7 @@ def set_holds(s: FleetSession, node: str, holds: dict[str, Hold]) -> Ledger:
     """Put `node`'s hold-outs back to exactly `holds` (a rollout's revert); its quarantine stays."""
 
     def edit(led: Ledger) -> Ledger:
-        return led.with_entry(node, NodeEntry(quarantine=led.entry(node).quarantine, holds=dict(holds)))
+        return led.with_entry(node, led.entry(node).model_copy(update={"holds": dict(holds)}))
 
     return change(s, edit)
 
@@ -227,7 +266,7 @@ def record_quarantine(s: FleetSession, node: str, verdict: str, reason: str, by:
     q = Quarantine(node=node, verdict=verdict, reason=reason, since=now(), by=by)
 
     def edit(led: Ledger) -> Ledger:
-        return led.with_entry(node, NodeEntry(quarantine=q, holds=led.entry(node).holds))
+        return led.with_entry(node, led.entry(node).model_copy(update={"quarantine": q}))
 
     change(s, edit)
     return q
@@ -240,7 +279,7 @@ def end_quarantine(s: FleetSession, node: str) -> Quarantine | None:
     def edit(led: Ledger) -> Ledger:
         e = led.entry(node)
         had[0] = e.quarantine
-        return led.with_entry(node, NodeEntry(quarantine=None, holds=e.holds))
+        return led.with_entry(node, e.model_copy(update={"quarantine": None}))
 
     change(s, edit)
     return had[0]
@@ -248,6 +287,49 @@ def end_quarantine(s: FleetSession, node: str) -> Quarantine | None:
 
 def quarantined(s: FleetSession) -> dict[str, Quarantine]:
     return read(s).quarantined()
+
+
+# ------------------------------------------------------------------------------ procedures
+
+
+def begin_procedure(s: FleetSession, node: str, p: Procedure) -> Ledger:
+    """Add `p` to the node's procedures in flight (one write, under the lock)."""
+
+    def edit(led: Ledger) -> Ledger:
+        e = led.entry(node)
+        kept = [q for q in e.procedures if q.token != p.token]
+        return led.with_entry(node, e.model_copy(update={"procedures": [*kept, p]}))
+
+    return change(s, edit)
+
+
+def update_procedure(s: FleetSession, node: str, token: str, **fields: Any) -> Procedure | None:
+    """Change the fields of the node's procedure `token`; returns it as written (None: it is gone,
+    another run finished it)."""
+    out: list[Procedure | None] = [None]
+
+    def edit(led: Ledger) -> Ledger:
+        e = led.entry(node)
+        procs = []
+        for q in e.procedures:
+            if q.token == token:
+                q = q.model_copy(update=fields)
+                out[0] = q
+            procs.append(q)
+        return led.with_entry(node, e.model_copy(update={"procedures": procs}))
+
+    change(s, edit)
+    return out[0]
+
+
+def end_procedure(s: FleetSession, node: str, token: str) -> Ledger:
+    """Remove the node's procedure `token` (done, or finished by the next run)."""
+
+    def edit(led: Ledger) -> Ledger:
+        e = led.entry(node)
+        return led.with_entry(node, e.model_copy(update={"procedures": [q for q in e.procedures if q.token != token]}))
+
+    return change(s, edit)
 
 
 # ------------------------------------------------------------------------------ the answer
@@ -269,6 +351,7 @@ def why_out(s: FleetSession, snapshot: Any = None) -> dict[str, list[str]]:
         held = led.why_held(node.name)
         if held:
             reasons.append(held)
+        reasons += [f"in flight: {p.describe()}" for p in led.procedures(node.name)]
         out[node.name] = reasons or ["not in the gateway config: left out by the last gateway step"]
     return out
 

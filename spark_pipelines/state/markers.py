@@ -28,6 +28,7 @@ ROLLOUT_POINT = "rollout_point"  # what a rollout's revert puts back (kept until
 CLEAN_BOOT = "clean_boot"  # the node's memcheck after its Phase 0 reboot (node_os)
 DEPLOY_JOURNAL = "deploy_journal"  # a deploy in flight: what it set aside, for whoever finds it dead
 KNOWN_GOOD = "known_good"  # the versions the bench last promoted the node on (never garbage-collected)
+REJECTED = "rejected_version"  # a version a rollout's gate stopped: no ungated deploy puts it on the node
 
 
 def signature(*parts: Any) -> str:
@@ -128,6 +129,7 @@ class RolloutPoint(Marker):
     # a version's name beside it); the revert points it back before the kept container restarts.
     checkpoint_link: str | None = None
     checkpoint_now: str | None = None  # the version the rollout's deploy pointed it at
+    passed: str | None = None  # the rollout run whose gate the new version passed (None: not judged yet)
 
 
 # The phases of a deploy's journal, in order. Whoever finds the journal of a run that is gone
@@ -198,6 +200,26 @@ def read_deploy(session: FleetSession, node: Node) -> DeployMarker | None:
 
 def write_deploy(session: FleetSession, node: Node, marker: DeployMarker) -> None:
     write_typed(session, node, DEPLOY, marker)
+
+
+class RejectedVersion(Marker):
+    """A version a rollout's gate stopped (on `node`, at `gate`), written on every serve node: the
+    healing redeploy or a deploy_node_job (which deploy the newest build without a gate) refuse to
+    put exactly it (image, checkpoint version, this node's launch spec) on the node. Cleared by a
+    rollout that finishes on the node, or a deploy told to allow it."""
+
+    image_id: str
+    checkpoint: str | None = None  # short manifest digest
+    fingerprint: str = ""
+    node: str = ""  # where its gate failed
+    gate: str = ""
+    why: str = ""
+    run_id: str = ""
+    since: str = ""
+
+    def matches(self, image_id: str | None, checkpoint: str | None, fingerprint: str) -> bool:
+        return (self.image_id == image_id and self.fingerprint == fingerprint
+                and (self.checkpoint or "")[:16] == (checkpoint or "")[:16])
 
 
 def read_known_good(session: FleetSession, node: Node) -> KnownGood | None:

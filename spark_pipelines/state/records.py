@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -306,6 +308,8 @@ def latest_rotation(instance: dg.DagsterInstance) -> summary.Rotation:
     meta = values(rec.asset_materialization or rec.event_log_entry.asset_observation)
     nodes = [n.strip() for n in str(meta.get(keys.ROTATION) or "").split(",") if n.strip()]
     left = meta.get(keys.LEFT_OUT_BY_NODE)
+    if isinstance(left, dg.TableMetadataValue):  # node | why (JSON before: {node: why})
+        left = {str(r.data.get("node")): str(r.data.get("why")) for r in left.records}
     return summary.Rotation(nodes=nodes, left_out=dict(left) if isinstance(left, dict) else {}, known=True,
                             at=rec.timestamp)
 
@@ -323,6 +327,30 @@ def latest_health(instance: dg.DagsterInstance, node: str, look_back: int = 20) 
     return {**swept, **{k: seen[0][0][k] for k in (keys.QUARANTINED,) if k in seen[0][0]}}, at
 
 
+def failed_bench(instance: dg.DagsterInstance, node: str, after: float | None) -> tuple[float, str] | None:
+    """(when, the first line of why) of the node's newest bench run when it failed after `after`
+    (the last recorded bench): launched from its job or the asset page, a failed bench records no
+    materialization, and the summary must not look as if nothing happened."""
+    key = dg.AssetKey(steps.BENCH_RESULTS)
+    for rec in instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": node}), limit=10):
+        run = rec.dagster_run
+        if run.job_name != steps.BENCH_JOB and key not in (run.asset_selection or ()):
+            continue
+        if run.status != dg.DagsterRunStatus.FAILURE:
+            return None  # the newest bench run did not fail
+        at = rec.end_time or rec.update_timestamp.timestamp()
+        if after is not None and at <= after:
+            return None
+        why = "run failed"
+        for event in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records:
+            data = event.event_log_entry.dagster_event.step_failure_data
+            text = (data.user_failure_data.description if data.user_failure_data and data.user_failure_data.description
+                    else data.error.message if data.error else "")
+            why = (text.strip().splitlines() or [why])[0][:300]
+        return at, why
+    return None
+
+
 def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeFacts]:
     """Each serve node's latest recorded facts, as core/summary.py decides a row from them."""
     facts = []
@@ -331,6 +359,7 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
         art = latest(instance, steps.NODE_ARTIFACTS, node.name)
         bench = latest(instance, steps.BENCH_RESULTS, node.name)
         health, health_at = latest_health(instance, node.name)
+        failed = failed_bench(instance, node.name, bench.timestamp if bench else None)
         facts.append(summary.NodeFacts(
             node=node.name,
             deployment=values(dep.asset_materialization) if dep else None,
@@ -343,6 +372,8 @@ def node_facts(instance: dg.DagsterInstance, fleet: Fleet) -> list[summary.NodeF
             bench_means=[mean for _, mean in reversed(bench_points(instance, node.name))],
             floor_tok_s=fleet.bench_floor(node),
             reference_tok_s=fleet.bench.reference_tok_s,
+            bench_failed_at=failed[0] if failed else None,
+            bench_failure=failed[1] if failed else None,
         ))
     return facts
 
@@ -457,3 +488,93 @@ def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -
         min_in_rotation=fleet.gateway.min_in_rotation, restart_budget=fleet.health.restart_budget,
         bench_max_s=fleet.health.bench_max_s, extra=extra,
         rollout_in_progress=run_in_progress_for(instance, steps.FLEET_ROLLOUT) is not None, now=now)
+
+
+# ---- runs whose process is gone -----------------------------------------------------------------
+#
+# A run killed under `dagster job execute`, or executed in-process (`spark-pipelines adopt`, a
+# test), stays STARTED: no daemon launched it, so no run monitoring looks at it, and a run queue
+# (one run per node) would hold the node's next run behind it. Every run records its own process
+# id as an engine event ("Started process for run (pid: N)", its executor's "parent process (pid:
+# N)" or "Executing steps in process (pid: N)"); on an instance whose runs all run on this machine
+# (the default launcher and the demo's), the next run that starts, and the health sweep, mark a
+# STARTED run whose process is gone as failed. The demo's daemon does the same through its
+# launcher (spark_pipelines/console_launcher.py); the team's run containers are its launcher's.
+
+# The process started at most this long after its event was written: more is a recycled pid.
+START_SLACK_S = 5.0
+IN_PROGRESS = frozenset({dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                         dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING})
+
+
+def run_process(instance: dg.DagsterInstance, run_id: str) -> tuple[int, float] | None:
+    """(pid, when the event naming it was written) of the run's own process, or None when the
+    run has not recorded it (yet). Step processes are not the run's: their events carry a step."""
+    found = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT, limit=50).records
+    for rec in found:
+        entry = rec.event_log_entry
+        event = entry.dagster_event
+        if event is None or event.step_key:
+            continue
+        meta = getattr(event.event_specific_data, "metadata", None) or {}
+        raw = meta.get("pid")
+        value = getattr(raw, "value", raw)
+        if value is not None and str(value).isdigit():
+            return int(str(value)), entry.timestamp
+    return None
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def process_alive(pid: int, recorded_at: float) -> bool:
+    """Whether `pid` is a live (not zombie) process here that already existed when `recorded_at` was."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X", "x"):
+        return False
+    started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return started <= recorded_at + START_SLACK_S
+
+
+def runs_here(instance: dg.DagsterInstance) -> bool:
+    """Whether every run of the instance runs on this machine (a process launcher, not containers
+    or another host), so a run's recorded pid names a process here."""
+    try:
+        return isinstance(instance.run_launcher, dg.DefaultRunLauncher)
+    except Exception:  # a launcher that cannot be loaded here decides nothing
+        return False
+
+
+def fail_dead_runs(instance: dg.DagsterInstance, besides: str | None = None) -> list[str]:
+    """Mark failed every STARTED run (but `besides`) whose process on this machine is gone; returns
+    their ids. Nothing on an instance whose runs run elsewhere."""
+    if not runs_here(instance):
+        return []
+    failed = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]), limit=100):
+        if run.run_id == besides:
+            continue
+        found = run_process(instance, run.run_id)
+        if found is None or process_alive(*found):
+            continue
+        pid, at = found
+        instance.report_run_failed(run, message=(
+            f"the run's process (pid {pid}, recorded {time.strftime('%H:%M:%S', time.localtime(at))}) is gone: "
+            f"killed; marked failed by the next run on this instance. Its node lease ended with it, and the next "
+            f"run on its node finishes what it left (its journal)"))
+        failed.append(run.run_id)
+    return failed
+
+
+def run_ended(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Whether the instance knows the run `run_id` ended (False: in progress, or not a run of it)."""
+    run = instance.get_run_by_id(run_id) if run_id else None
+    return run is not None and run.status not in IN_PROGRESS

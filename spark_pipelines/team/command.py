@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from spark_pipelines.console import ConsoleError
-from spark_pipelines.core.fleet import SEED_FLEET
 from spark_pipelines.team.engine import EngineError
 from spark_pipelines.team.instance import WEB_PORT, Team, default_root
 from spark_pipelines.team.postgres import PostgresError
@@ -26,15 +25,19 @@ from spark_pipelines.team.rootfs import RootfsError
 
 
 def default_fleet() -> str:
-    """SPARK_FLEET, else the simulated fleet's file when one is up here, else the runbook's."""
-    if os.environ.get("SPARK_FLEET"):
-        return os.environ["SPARK_FLEET"]
-    return "sim-fleet.yaml" if Path("sim-fleet.yaml").exists() else SEED_FLEET
+    """The fleet file every command finds (spark_pipelines.demo.find_fleet): $SPARK_FLEET, the
+    demo's, a simulated fleet's file here, the runbook's."""
+    from spark_pipelines.console import find_fleet
+
+    choice = find_fleet(None)
+    print(f"spark-pipelines team: fleet file {choice.named()}", file=sys.stderr)
+    return choice.path
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("action", choices=("up", "down", "status"), help="up | down | status (see above)")
-    ap.add_argument("--fleet", default=None, help="fleet file (default: $SPARK_FLEET, sim-fleet.yaml, fleets/seed.yaml)")
+    ap.add_argument("--fleet", default=None, help="fleet file (default: $SPARK_FLEET, else the demo's recorded one "
+                                                  "while it exists, else sim-fleet.yaml here, else fleets/seed.yaml)")
     ap.add_argument("--root", default=None, help=f"the team's state (default: ${'{'}SPARK_TEAM_ROOT{'}'} or {default_root()})")
     ap.add_argument("--port", type=int, default=WEB_PORT, help=f"the UI's port on 127.0.0.1 (default {WEB_PORT})")
 

@@ -22,6 +22,7 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines import cli
+from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import sweep
 from spark_pipelines.resources import engine
@@ -48,13 +49,22 @@ def deployed(sim_fleet, tmp_path_factory):
             for n in fleet.serve_nodes:
                 if not engine.healthy(fleet, n):
                     assert job.execute_in_process(instance=instance, partition_key=n.name).success
+            # ... and in the gateway: doctor says "out of the gateway" (exit 1) for a node that is not.
+            with FleetSession(fleet) as s:
+                routed = set(GatewayHost(s).rotation())
+            if routed != {n.name for n in fleet.serve_nodes}:
+                assert defs.resolve_job_def("gateway_job").execute_in_process(instance=instance).success
     return path
 
 
 def doctor(capsys, *args):
+    """rc, the node lines, stderr (the text's first line names the fleet file it read: left out)."""
     rc = cli.main(["doctor", *args])
     out = capsys.readouterr()
-    return rc, out.out, out.err
+    text = out.out
+    if text.startswith("# fleet file: "):
+        text = text.partition("\n")[2]
+    return rc, text, out.err
 
 
 def doctor_json(capsys, fleet_file, *args):
@@ -67,6 +77,8 @@ def wait_serving(fleet, name, seconds=90):
 
 
 def test_healthy_fleet_exits_0_in_text_and_json(deployed, capsys):
+    assert cli.main(["doctor", "--fleet", deployed]) == 0
+    assert capsys.readouterr().out.startswith(f"# fleet file: {deployed} (--fleet)")  # names what it read
     rc, out, err = doctor(capsys, "--fleet", deployed)
     assert rc == 0, out + err
     lines = out.strip().splitlines()

@@ -99,14 +99,16 @@ def test_an_edited_fleet_file_changes_the_targets_without_a_restart(env, stack, 
     picked up by the running Prometheus."""
     text = Path(env["sim"].fleet_file).read_text()
     port = env["fleet"].gateway.proxy_port
+    # Another free port for the gateway: not LiteLLM's own behind the front (the fleet file refuses that).
+    moved = next(p for p in range(port + 1, port + 50) if p != env["fleet"].gateway.front.litellm_port)
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump({**yaml.safe_load(text), "gateway": {
-        **yaml.safe_load(text)["gateway"], "proxy_port": port + 1}}, sort_keys=False))
+        **yaml.safe_load(text)["gateway"], "proxy_port": moved}}, sort_keys=False))
     sd = stack.dir / "sd"  # where the stack fixture wrote the targets Prometheus reads
     pid = stack.pid
     try:
         write_scrape_config(load_fleet(str(edited)), sd, exporter_of(stack), None)
-        assert gateway_target(stack, f":{port + 1}"), "the edited fleet file's gateway port never became a target"
+        assert gateway_target(stack, f":{moved}"), "the edited fleet file's gateway port never became a target"
     finally:
         write_scrape_config(env["fleet"], sd, exporter_of(stack), None)
     assert gateway_target(stack, f":{port}") and stack.pid == pid  # the same process: no restart

@@ -79,7 +79,11 @@ def test_a_fresh_node_is_provisioned_rebooted_and_verified_and_a_second_run_chan
 
     checked = run_node_os(fleet_file, instance, check=True)
     assert checked.success
-    plan = last_metadata(instance)
+    # A check is an observation of the node, never a materialization (issue 35, item 3).
+    assert not [e for e in checked.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
+    (seen,) = [e.event_specific_data.asset_observation for e in checked.all_events
+               if e.event_type_value == "ASSET_OBSERVATION"]
+    plan = {k: v.value for k, v in seen.metadata.items()}
     assert plan["mode"].startswith("check") and plan["changes"] > 30 and plan["rebooted"] is False
     assert "service gdm3: enabled -> masked" in plan["planned"]
     assert "package earlyoom: installed -> purged" in plan["planned"]

@@ -455,6 +455,15 @@ def test_a_checkpoint_that_fails_its_gate_is_reverted_and_the_canary_serves_the_
         s.run("spark1", ["docker", "restart", "-t", "5", name], log=False, timeout=120)
         assert engine.wait_healthy(fleet, fleet.node("spark1"), 120)
     assert loaded_checkpoint(fleet, "spark1") == old["spark1"]
+    # The rejected version never reaches a node by a deploy without a gate (a healing redeploy is
+    # a deploy_node_job): refused on spark2, which the rollout never reached, nothing changed there.
+    ungated = build_definitions(broken).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=env["instance"], partition_key="spark2", raise_on_error=False)
+    assert not ungated.success
+    refused = next(e for e in ungated.all_events if e.event_type_value == "STEP_FAILURE")
+    words = refused.step_failure_data.user_failure_data.description
+    assert "rejected this version" in words and "quality gate" in words and "allow_rejected" in words, words
+    assert state(env, v2)["spark2"]["id"] == before["spark2"]["id"] and loaded_checkpoint(fleet, "spark2") == old["spark2"]
     print(f"checkpoint revert of the canary: {timed[0]:.1f} s (drain, link back, kept container started, "
           f"/health, back in the gateway); state read {time.monotonic() - started:.1f} s; rotation sizes "
           f"{sorted(set(sizes))}")

@@ -30,6 +30,24 @@ def bounded_run(c, job, node, freeze, bound_s=BOUND_S):
     return within, run.result, run.seconds
 
 
+def assert_routed(c, node: str) -> None:
+    """Issue 34 item 4: a run that leaves the node serving its launch spec leaves it routed: in the
+    gateway, no drain note, no deploy hold-out left in the ledger (the failed run's, no longer true)."""
+    import json
+    from pathlib import Path
+
+    from spark_pipelines.core.gateway import load_drains
+
+    config = fx.gateway_config_path(c.sim)
+    notes = load_drains(config.read_text())
+    try:
+        led = json.loads(Path(str(config) + ".ledger.json").read_text()).get("nodes", {}).get(node, {})
+    except (OSError, ValueError):
+        led = {}
+    assert node in fx.rotation(fx.gateway_config(c.sim)) and node not in notes, (notes, led)
+    assert "deploy" not in led.get("holds", {}), led
+
+
 def test_frozen_dockerd_fails_the_deploy_within_bound(fleet):
     c, sim = fleet, fleet.sim
     before = deployed_id(sim, "spark2")
@@ -43,6 +61,7 @@ def test_frozen_dockerd_fails_the_deploy_within_bound(fleet):
     again = c.run("deploy_node_job", "spark2")
     assert again.success, failure_text(again)
     fx.assert_serving(sim, "spark2", before)
+    assert_routed(c, "spark2")
 
 
 def test_frozen_sshd_fails_the_deploy_within_bound(fleet):
@@ -58,6 +77,7 @@ def test_frozen_sshd_fails_the_deploy_within_bound(fleet):
     again = c.run("deploy_node_job", "spark2")
     assert again.success, failure_text(again)
     fx.assert_serving(sim, "spark2", before)
+    assert_routed(c, "spark2")
 
 
 def test_frozen_gateway_sshd_fails_the_bench_within_bound_and_node_returns(fleet):

@@ -156,3 +156,89 @@ def test_a_dead_run_is_failed_by_the_daemon_and_the_nodes_queue_moves(tmp_path, 
                                   "code location loaded: reload the code location (UI Reload) and launch again"), out.why
         assert "\n" not in out.why and len(accepted) == before
     instance.dispose()
+
+
+def _step_started(instance, run_id: str) -> bool:
+    import dagster as dg
+
+    return bool(instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_START).records)
+
+
+def _wait(what: str, probe, seconds: float) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not probe():
+        assert time.monotonic() < deadline, f"{what} within {seconds:.0f} s"
+        time.sleep(1)
+
+
+def test_a_bench_from_the_asset_page_waits_for_the_running_bench(tmp_path, hanging_fleet):
+    """Issue 35, item 1: a bench materialized from the asset page runs as `__ASSET_JOB` without the
+    bench tag, so the run queue's tag limit did not see it. The pool on bench_results holds it
+    until the running bench (bench_job, another node) ends, on a real instance and daemon."""
+    import time
+
+    import dagster as dg
+
+    fleet, _ = hanging_fleet
+    data = yaml.safe_load(fleet.read_text())
+    data["ssh"] = {**data.get("ssh", {}), "connect_retries": 0}  # the first bench hangs in one bounded connect
+    fleet.write_text(yaml.safe_dump(data, sort_keys=False))
+    home = prepare_instance_home(tmp_path / "home")
+    instance = dg.DagsterInstance.from_config(str(home))
+    with Console(home, str(fleet), log=lambda *_: None) as console:
+        first = console.launch("bench_job", "spark1")
+        _wait("the first bench's step started", lambda: _step_started(instance, first), 120)
+        # What the asset page's Materialize sends for one partition.
+        second = console.launch("__ASSET_JOB", "spark2", assets=["bench_results"])
+        assert "spark/bench" not in instance.get_run_by_id(second).tags  # the tag limit cannot see it
+        watched = time.monotonic()
+        while time.monotonic() - watched < 25 and instance.get_run_by_id(first).status == dg.DagsterRunStatus.STARTED:
+            assert not _step_started(instance, second), "a second bench started while the first one ran"
+            time.sleep(1)
+        status = instance.get_run_by_id(second).status
+        assert status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+        print(f"second bench {status.value} for {time.monotonic() - watched:.0f} s beside the first")
+        console.terminate(first)
+        _wait("the first bench ended", lambda: instance.get_run_by_id(first).is_finished, 120)
+        _wait("the waiting bench started once the first ended", lambda: _step_started(instance, second), 120)
+        console.terminate(second)
+        _wait("the second bench ended", lambda: instance.get_run_by_id(second).is_finished, 120)
+    instance.dispose()
+
+
+def test_ctrl_c_while_a_run_starts_really_terminates_it(tmp_path, hanging_fleet):
+    """Issue 35, item 6: a Ctrl-C in `make demo` printed "terminating run ... (its undo runs first)"
+    while the run went on: Dagster refuses to terminate a run that is STARTING, and the refusal was
+    not read. The interrupt arrives while the run starts; the run ends CANCELED and the lines say so."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import dagster as dg
+
+    fleet, _ = hanging_fleet
+    home = prepare_instance_home(tmp_path / "home")
+    instance = dg.DagsterInstance.from_config(str(home))
+    said: list[str] = []
+    with Console(home, str(fleet), log=lambda *_: None) as console:
+        def interrupt_while_starting() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTING]))
+                if runs:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=interrupt_while_starting, daemon=True)
+        watcher.start()
+        with pytest.raises(KeyboardInterrupt):
+            console.run(instance, "release_quarantine_job", "spark1", progress=said.append)
+        (run,) = instance.get_runs(dg.RunsFilter(job_name="release_quarantine_job"))
+    assert run.status == dg.DagsterRunStatus.CANCELED, (run.status, said)
+    assert any(line.strip().startswith("interrupted: terminating run") for line in said), said
+    assert said[-1].strip() == f"run {run.run_id[:8]} ended CANCELED", said
+    instance.dispose()

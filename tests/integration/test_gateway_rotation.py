@@ -305,3 +305,20 @@ def test_a_key_left_unset_is_named_when_the_proxy_refuses(operator_gateway, monk
     with pytest.raises(GatewayError) as e:
         GatewayHost(s, master_key=None).serving_nodes()
     assert fleet.gateway.master_key_env in str(e.value) and "no key was sent" in str(e.value)
+
+
+def test_a_drain_without_the_key_is_refused_before_anything_changes(operator_gateway, monkeypatch):
+    """Issue 35, item 5: a bench launched from a UI started without the proxy's key drained its node,
+    then failed 3 minutes later ("no key was sent"). The drain is refused at once, nothing changed."""
+    fleet, s, host = operator_gateway
+    before = file_config(s, fleet)
+    monkeypatch.delenv(fleet.gateway.master_key_env)
+    started = time.monotonic()
+    with pytest.raises(RunbookError) as e:
+        with drained(GatewayHost(s, master_key=None), "spark2"):
+            raise AssertionError("the block ran")
+    took = time.monotonic() - started
+    assert took < 30, took
+    assert str(e.value).startswith("spark2 not drained, nothing was changed: ") and "no key was sent" in str(e.value)
+    assert fleet.gateway.master_key_env in str(e.value) and "\n" not in str(e.value)
+    assert file_config(s, fleet) == before and host.serving_nodes() == ["spark1", "spark2"]

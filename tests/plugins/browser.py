@@ -174,7 +174,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
         port = int(port_file.read_text().splitlines()[0])
         pages = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
         target = next(p for p in pages if p["type"] == "page")
-        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+        # No keepalive pings: the DevTools socket is loopback, and a test may sit minutes in a run (the
+        # page busy) before its next command; a missed pong would close the browser under it.
+        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=30, ping_interval=None) as ws:
             b = Browser(ws, shots)
             b.call("Page.enable")
             b.call("Network.enable")

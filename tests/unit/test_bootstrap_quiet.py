@@ -44,3 +44,37 @@ def test_bootstrap_prometheus_runs_no_apt_get_once_installed(tmp_path):
                        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
     assert p.returncode == 0, p.stderr
     assert not calls.exists(), calls.read_text()
+
+
+def test_two_bootstraps_do_not_install_into_one_shared_venv_at_once(tmp_path):
+    """Issue 35, item 16: the venvs under /opt are shared by every clone; a second bootstrap waits
+    for the one holding <dir>.lock, then installs (here: a stand-in python and pip that record calls)."""
+    import fcntl
+    import time
+
+    calls = tmp_path / "calls"
+    fake_py = tmp_path / "python"
+    # `python -m venv DIR` makes DIR/bin/python and DIR/bin/pip that only record what they were asked.
+    fake_py.write_text(f"""#!/bin/sh
+echo "python $*" >> {calls}
+mkdir -p "$3/bin"
+printf '#!/bin/sh\\necho "pip $*" >> {calls}\\n' > "$3/bin/pip"
+cp "$3/bin/pip" "$3/bin/python"
+chmod 755 "$3/bin/pip" "$3/bin/python"
+""")
+    fake_py.chmod(0o755)
+    venv = tmp_path / "opt" / "litellm"
+    venv.parent.mkdir()
+    held = open(f"{venv}.lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX)  # another bootstrap is installing there
+    p = subprocess.Popen(["scripts/bootstrap.sh", "litellm"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env={**os.environ, "PYTHON": str(fake_py), "SPARK_LITELLM_VENV": str(venv)})
+    try:
+        time.sleep(3)
+        assert p.poll() is None and not calls.exists(), "the second bootstrap installed while the lock was held"
+    finally:
+        held.close()  # the first one is done
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    assert "waiting for it" in out, out
+    assert calls.read_text().splitlines()[0].startswith("python -m venv"), calls.read_text()

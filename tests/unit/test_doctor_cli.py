@@ -3,18 +3,20 @@ before any connection is tried. The sweep itself runs against the simulated flee
 tests/e2e/test_zz_doctor.py."""
 
 import json
+import os
 import subprocess
 import sys
 
 import yaml
 
 from spark_pipelines.core.health import NodeVerdict
-from spark_pipelines.doctor import render_json, render_text
+from spark_pipelines.doctor import Doctored, render_json, render_text
 
 
 def run(*args):
+    # No demo record read from this clone's .dagster-home: the fleet file is the one the test names.
     return subprocess.run([sys.executable, "-m", "spark_pipelines.cli", "doctor", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env={**os.environ, "DAGSTER_HOME": "/nonexistent/demo-home"})
 
 
 def variant(tmp_path, change):
@@ -73,19 +75,43 @@ def test_missing_credentials_are_input_errors_not_dead_nodes(tmp_path):
 
 def test_text_is_one_line_per_node_and_json_has_the_promised_shape():
     verdicts = {
-        "spark1": NodeVerdict("spark1", "healthy", ("/health 200", "0 running / 0 waiting"), "nothing to do"),
-        "spark2": NodeVerdict("spark2", "wedged", ("under 2 live request(s): wedge",), "cold drain"),
+        "spark1": Doctored(NodeVerdict("spark1", "healthy", ("/health 200", "0 running / 0 waiting"), "nothing to do"),
+                           in_gateway=True),
+        "spark2": Doctored(NodeVerdict("spark2", "wedged", ("under 2 live request(s): wedge",), "cold drain")),
     }
     lines = render_text(verdicts).splitlines()
     assert lines == [
         "spark1  healthy      /health 200; 0 running / 0 waiting  -> nothing to do",
         "spark2  wedged       under 2 live request(s): wedge  -> cold drain",
     ]
-    assert json.loads(render_json(verdicts)) == {"nodes": {
+    assert json.loads(render_json(verdicts, "/f.yaml")) == {"fleet_file": "/f.yaml", "nodes": {
         "spark1": {"verdict": "healthy", "evidence": ["/health 200", "0 running / 0 waiting"],
-                   "advice": "nothing to do"},
-        "spark2": {"verdict": "wedged", "evidence": ["under 2 live request(s): wedge"], "advice": "cold drain"},
+                   "advice": "nothing to do", "gateway": {"in": True, "why_out": []}},
+        "spark2": {"verdict": "wedged", "evidence": ["under 2 live request(s): wedge"], "advice": "cold drain",
+                   "gateway": {"in": None, "why_out": []}},
     }}
+
+
+def test_a_healthy_node_the_ledger_holds_out_says_why_and_what_puts_it_back():
+    """Issue 35, item 7: `doctor` said "healthy -> nothing to do" for a node the ledger held out of
+    the gateway; the answer to "why is this node out?" is now part of its line, and the exit status."""
+    healthy = NodeVerdict("spark2", "healthy", ("/health 200",), "nothing to do")
+    held = {
+        # As the ledger answers for a quarantined node: its drain note first, then the quarantine.
+        "quarantine": ("drained: health: quarantined (manual) since 2026-12-07T10:00:03Z",
+                       "quarantined: manual: quarantined by an operator (since 2026-12-07T10:00:00Z, by run 1a2b3c4d)"),
+        "bench": ("held out by its bench: 38.2 tok/s below its floor 45.0",),
+        "drain": ("drained: bench since 2026-12-07T10:00:00Z",),
+    }
+    lines = {k: render_text({"spark2": Doctored(healthy, False, why)}) for k, why in held.items()}
+    assert "quarantined: manual: quarantined by an operator" in lines["quarantine"]
+    assert "its bench or deploy puts it back" not in lines["quarantine"]
+    assert "release_quarantine_job" in lines["quarantine"] and "nothing to do; out" in lines["quarantine"]
+    assert "below its floor 45.0" in lines["bench"] and "bench_job that passes its gate" in lines["bench"]
+    assert "its bench or deploy puts it back" in lines["drain"]
+    assert all("\n" not in line for line in lines.values())
+    assert Doctored(healthy, False, held["bench"]).needs_action
+    assert not Doctored(healthy, True).needs_action
 
 
 def test_bench_history_comes_from_the_instances_bench_results(tmp_path):

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import dagster as dg
 import yaml
@@ -176,15 +177,19 @@ def test_the_metrics_command_line(tmp_path, monkeypatch, capsys):
     from spark_pipelines.cli import main
 
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    assert main(["metrics", "show", "--fleet", SEED_FLEET]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("metrics: DAGSTER_HOME is not set") and "\n" not in err
-    assert main(["metrics", "scrape-config", "--fleet", SEED_FLEET, "--out", str(tmp_path),
+    seed = str(Path(SEED_FLEET).resolve())
+    monkeypatch.chdir(tmp_path)  # no demo instance here
+    assert main(["metrics", "show", "--fleet", seed]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"metrics: fleet file {seed} (--fleet)",
+                   "metrics: no Dagster instance: set DAGSTER_HOME to the instance the chain records in, or run "
+                   "`make demo` here (its instance is .dagster-home)"]
+    assert main(["metrics", "scrape-config", "--fleet", seed, "--out", str(tmp_path),
                  "--exporter", "127.0.0.1:19464"]) == 0
     assert json.loads((tmp_path / "spark-fleet.json").read_text())[0]["targets"] == ["127.0.0.1:19464"]
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
-    assert main(["metrics", "show", "--fleet", SEED_FLEET]) == 0
+    assert main(["metrics", "show", "--fleet", seed]) == 0
     captured = capsys.readouterr()
     # An empty instance (a wrong DAGSTER_HOME) holds no fleet: not "read ok", and stderr says why.
     assert "spark_fleet_serve_nodes 2" in captured.out and "spark_exporter_instance_read_ok 0" in captured.out

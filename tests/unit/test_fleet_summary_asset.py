@@ -53,8 +53,9 @@ def summary_rows(instance, defs):
     assert isinstance(narrow, dg.TableMetadataValue) and isinstance(detail, dg.TableMetadataValue)
     assert len(narrow.schema.columns) <= 5  # the first table fits the asset pane
     rows = {r.data["node"]: dict(r.data) for r in narrow.records}
-    for r in detail.records:
-        rows[r.data["node"]].update(r.data)
+    for name in ("detail", "bench", "versions", "when"):
+        for r in mat.metadata[name].records:
+            rows[r.data["node"]].update(r.data)
     return rows, mat.metadata
 
 
@@ -68,11 +69,11 @@ def test_summary_rows_come_from_the_latest_records(instance, defs):
     assert s1["MTP acceptance (%)"] == 94.7 and s1["image id"] == "aaaabbbbcccc" and s1["checkpoint"] == "1234567890ab"
     assert s1["floor tok/s"] is not None and s1["vs reference"].endswith("x")
     # the quality figures in the detail table only (the narrow one stays at five columns)
-    assert s1["quality (/100)"] == 100.0 and s1["quality checks"] == "all passed"
+    assert s1["quality (/100)"] == 100.0 and "Quality checks failed" not in s1["why"]
     assert "quality (/100)" not in [c.name for c in meta["nodes"].schema.columns]
-    assert s2["quality (/100)"] is None and s2["quality checks"] == "-"
+    assert s2["quality (/100)"] is None
     assert s2["health"] == "healthy (deploy)"  # no sweep for spark2: its deploy's own check
-    assert s2["gateway"] == "out: bench 30.2 tok/s < floor 45"
+    assert s2["gateway"] == "out (bench)" and s2["why"].startswith("out of the gateway: bench 30.2 tok/s < floor 45. ")
     assert meta["nodes_in_gateway"].value == 1 and meta["nodes_total"].value == 2
     assert meta["headline"].value.startswith("1 of 2 node(s) in the gateway")
 
@@ -88,15 +89,16 @@ def test_refresh_sensor_requests_once_per_new_observation(instance, defs):
     assert not empty.run_requests and "no new" in empty.skip_reason.skip_message
     seed(instance)  # materializations are declarative automation's job; one gateway observation here
     first = tick(None)
-    (req,) = first.run_requests
-    assert req.asset_selection == [dg.AssetKey("fleet_summary")]
+    # Issue 35, item 13: recorded by the sensor itself, no run (a sweep each minute made ~60 runs an hour).
+    assert not first.run_requests
+    (made,) = first.asset_events
+    assert made.asset_key == dg.AssetKey("fleet_summary") and {"nodes", "detail", "bench"} <= set(made.metadata)
     again = tick(first.cursor)
-    assert not again.run_requests
+    assert not again.run_requests and not again.asset_events
     record(instance, dg.AssetObservation("node_deployment", partition="spark2",
                                          metadata={"verdict": "wedged", "quarantined": True}))
     later = tick(again.cursor or first.cursor)
-    (req2,) = later.run_requests
-    assert req2.run_key != req.run_key and int(later.cursor) > int(first.cursor)
+    assert len(later.asset_events) == 1 and not later.run_requests and int(later.cursor) > int(first.cursor)
 
 
 def test_a_quarantine_keeps_the_sweeps_verdict_and_shows_the_node_out(instance, defs):
@@ -125,7 +127,7 @@ def test_refresh_sensor_requests_nothing_when_the_summary_is_already_newer(insta
     assert not result.run_requests and "newer than the last observation" in result.skip_reason.skip_message
     record(instance, dg.AssetObservation("node_deployment", partition="spark2", metadata={"verdict": "wedged"}))
     with dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs) as ctx:
-        (req,) = sensor(ctx).run_requests  # a newer observation: one refresh
+        (made,) = sensor(ctx).asset_events  # a newer observation: one refresh
 
 
 def test_refresh_sensor_waits_for_a_summary_run_already_on_its_way(instance, defs):

@@ -201,6 +201,19 @@ def test_a_recent_bench_drain_is_left_alone_an_old_one_undone():
     assert p.empty
 
 
+def test_a_released_quarantine_is_the_reason_the_node_goes_back():
+    """Issue 35, item 10: gateway_reconcile_job after a manual release said "the health drain is over"."""
+    p = plan({"spark1": OK, "spark2": OK}, ["spark1"], {"spark2": note("health: quarantined (manual)", 600)})
+    (back,) = p.put_back
+    assert back.reason.startswith("its quarantine (manual) was released and it is healthy and promoted, out since ")
+    assert "health drain" not in p.describe()
+    p = plan({"spark1": OK, "spark2": OK}, ["spark1"], {"spark2": note("health: engine-down on 2 sweeps in a row", 60)})
+    assert p.put_back[0].reason.startswith("healthy and promoted again after the health policy took it out "
+                                           "(engine-down on 2 sweeps in a row), out since ")
+    p = plan({"spark1": OK, "spark2": OK}, ["spark1"])  # out with no drain note: the gateway step left it out
+    assert p.put_back[0].reason == "healthy and promoted, and out of the gateway config"
+
+
 # ------------------------------------------------------------------ the residue quarantine's preflight
 
 def preflight_report(free_gib, baseline):
@@ -227,13 +240,48 @@ def test_engine_figures_from_two_reads():
     m1 = {"vllm:num_requests_running": 2, "vllm:num_requests_waiting": 1, "vllm:kv_cache_usage_perc": 0.25,
           "vllm:generation_tokens_total": 1000, "vllm:spec_decode_num_draft_tokens_total": 200,
           "vllm:spec_decode_num_accepted_tokens_total": 180}
-    m2 = {**m1, "vllm:generation_tokens_total": 1600, "vllm:spec_decode_num_draft_tokens_total": 300,
-          "vllm:spec_decode_num_accepted_tokens_total": 260}
-    assert healing.engine_figures(m1) == {"requests_running": 2, "requests_waiting": 1, "kv_cache_usage": 0.25,
-                                          "mtp_acceptance": 0.9}
+    m2 = {**m1, "vllm:generation_tokens_total": 1600, "vllm:spec_decode_num_draft_tokens_total": 500,
+          "vllm:spec_decode_num_accepted_tokens_total": 420}
+    one = healing.engine_figures(m1)
+    assert {k: v for k, v in one.items() if k != "engine"} == {
+        "requests_running": 2, "requests_waiting": 1, "kv_cache_usage_pct": 25.0, "mtp_acceptance_pct": 90.0}
     two = healing.engine_figures(m2, m1, 60.0)
-    assert two["generation tok/s"] == 10.0 and two["mtp_acceptance"] == 0.8
+    assert two["generation_tok_s"] == 10.0 and two["mtp_acceptance_pct"] == 80.0
+    assert two["engine"] == ("2 running / 1 waiting now; 10 tok/s generated over the last 60 s; "
+                             "MTP acceptance 80% over the last 60 s; KV cache 25% used")
     assert healing.engine_figures(None) == {}
+
+
+def test_an_idle_nodes_figures_do_not_contradict_its_evidence():
+    """Issue 35, item 9: `mtp_acceptance 1` beside "95.7%" in the evidence (a handful of tokens since
+    the last sweep against the lifetime counters), and 1.43 tok/s on an idle node without a word."""
+    from spark_pipelines.core.health import Observation, judge
+
+    life = {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0, "vllm:generation_tokens_total": 90000,
+            "vllm:spec_decode_num_draft_tokens_total": 60000, "vllm:spec_decode_num_accepted_tokens_total": 57420}
+    later = {**life, "vllm:generation_tokens_total": 90086, "vllm:spec_decode_num_draft_tokens_total": 60012,
+             "vllm:spec_decode_num_accepted_tokens_total": 57432}
+    fig = healing.engine_figures(later, life, 60.0)
+    assert fig["mtp_acceptance_pct"] == 95.7  # 12 drafted tokens say nothing: the lifetime figure, as the evidence
+    assert "MTP acceptance 95.7% since the engine started" in fig["engine"]
+    assert fig["generation_tok_s"] == 1.43
+    assert "1.43 tok/s generated over the last 60 s (short requests between sweeps" in fig["engine"]
+    assert "0 running / 0 waiting now" in fig["engine"]
+    evidence = "; ".join(judge(Observation(node="spark1", probed_at=T0, ssh_ok=True, health_ok=True,
+                                           metrics=later)).evidence)
+    assert "MTP acceptance 95.7% since the engine started" in evidence
+
+
+def test_the_cursor_keeps_what_differs_from_a_fresh_memory():
+    """Issue 35, item 12: node_health's cursor was ~1,300 characters of JSON on the sensor's page."""
+    fresh = healing.NodeMemory()
+    assert fresh.to_json() == {}
+    m = healing.NodeMemory(verdict="healthy", streak=3, earlier={"probed_at": 1796611962.123456, "ssh_ok": True,
+                                                                  "started_at": None, "metrics": {}})
+    assert m.to_json() == {"verdict": "healthy", "streak": 3, "earlier": {"probed_at": 1796611962, "ssh_ok": True,
+                                                                          "metrics": {}}}
+    back = healing.NodeMemory.from_json(m.to_json())
+    assert back.verdict == "healthy" and back.streak == 3 and back.failing == 0 and back.since is None
 
 
 def test_a_dead_deploy_is_repaired_at_once_whatever_the_verdict_and_outside_the_budget():
@@ -249,3 +297,40 @@ def test_a_dead_deploy_is_repaired_at_once_whatever_the_verdict_and_outside_the_
     assert d.action is not None and "stays quarantined (crash-loop: x)" in d.note
     # Without a dead journal the ordinary policy: nothing on the first sweep.
     assert decide(v("engine-down"), None, S, now=T0).action is None
+
+
+def test_a_dead_procedure_is_finished_by_a_run_of_its_own_job_once_per_dead_run():
+    """Phase 0's reboot, a bench's drain, a newcomer, a cold drain a dead run left (runbook/journal.py):
+    the procedure's own job, keyed by the dead run, whatever the verdict and at once."""
+    from spark_pipelines.core import steps
+
+    for proc, job in steps.FINISHED_BY.items():
+        u = healing.Unfinished(proc, "0123456789abcdef", "drained", f"the {proc} of run 01234567")
+        d = decide(v("healthy"), None, S, now=T0, unfinished=u)
+        assert d.action is not None and d.action.job == job and d.action.kind == "finish"
+        assert d.action.run_key == f"finish-spark2-{proc}-01234567" and "01234567" in d.action.reason
+
+
+def test_a_node_a_dead_reboot_left_unreachable_is_quarantined_with_the_hard_reset_advice():
+    """A node that did not come back from a dead run's Phase 0 reboot cannot be finished over SSH;
+    a dead cold drain's own rerun turns the smart plug on, so it is requested as the others."""
+    u = healing.Unfinished("node_os", "0123456789abcdef", "rebooting", "the node os of run 01234567")
+    d = decide(v("unreachable"), None, S, now=T0, unfinished=u)
+    assert d.action.job == "quarantine_job" and d.action.config["verdict"] == "unreachable"
+    assert "hard reset" in d.action.config["reason"] and "node_os_job" in d.action.config["reason"]
+    cold = healing.Unfinished("cold_drain", "0123456789abcdef", "power-off", "the cold drain of run 01234567")
+    assert decide(v("unreachable"), None, S, now=T0, unfinished=cold).action.job == "cold_drain_job"
+
+
+def test_a_dead_deploy_is_repaired_before_another_procedure():
+    u = healing.Unfinished("bench", "0123456789abcdef", "drained", "the bench of run 01234567")
+    d = decide(v("engine-down"), None, S, now=T0, interrupted="fedcba9876543210", unfinished=u)
+    assert d.action.job == "deploy_node_job" and d.action.run_key == "repair-spark2-fedcba98"
+
+
+def test_a_node_with_a_procedure_in_flight_is_not_put_back():
+    nodes = {"spark1": NodeState("healthy", serving=True),
+             "spark2": NodeState("healthy", serving=True, busy="the bench of run 01234567 (phase drained)")}
+    plan = reconcile(nodes, ["spark1"], {"spark2": "bench (run 01234567) since 2026-01-01T00:00:00Z"},
+                     settings=S, min_in_rotation=1, now=T0)
+    assert plan.put_back == () and any("bench of run 01234567" in h for h in plan.held), plan

@@ -68,11 +68,12 @@ def test_unreachable_nodes_are_recorded_not_acted_on(defs):
         obs = observations(instance, "spark2")
         assert len(obs) == 1 and KEYS <= set(obs[0])
         assert obs[0]["verdict"].value == "unreachable" and obs[0]["evidence"].value.startswith("SSH: NodeUnreachable")
-        assert obs[0]["quarantined"].value == "" and obs[0]["in_gateway"].value is False
+        assert obs[0]["quarantined"].value == "no" and obs[0]["in_gateway"].value is False
         state["up"] = False
         res = tick(defs, instance, res.cursor)
         cursor = json.loads(res.cursor)
         assert cursor["nodes"]["spark2"]["failing"] == 2 and cursor["nodes"]["spark2"]["streak"] == 2
+        assert len(res.cursor) < 600, res.cursor  # two nodes' memory, shown on the sensor's page
         latest = observations(instance, "spark2")[0]
         assert "SSH dead for" in latest["evidence"].value  # the first sweep's time carried over
         history = instance.event_log_storage.get_asset_check_execution_history(
@@ -166,7 +167,7 @@ def test_recovery_ends_the_episode_and_the_next_one_has_its_own_key(defs, script
         assert first == {"heal-spark2-2000000000-redeploy1"}
         scripted["spark2"] = "healthy"
         res = tick(defs, instance, res.cursor)
-        assert json.loads(res.cursor)["nodes"]["spark2"]["since"] is None
+        assert json.loads(res.cursor)["nodes"]["spark2"].get("since") is None  # a fresh memory keeps no since
         clock[0] += 3600  # past the 10 min backoff
         scripted["spark2"] = "engine-down"
         res = tick(defs, instance, tick(defs, instance, res.cursor).cursor)
@@ -181,10 +182,24 @@ def test_a_regressed_redeploy_runs_with_a_fresh_jit_cache(defs):
     defs, _ = defs
     action = health_core_action("deploy_node_job", {"fresh_jit_cache": True})
     req = sensor_mod._request("spark2", action, "regressed")
-    assert req.run_config["ops"] == {"node_deployment": {"config": {"fresh_jit_cache": True}}}
+    # ... and never the rejected-version override: a healing redeploy does not deploy it knowingly.
+    assert req.run_config["ops"] == {"node_deployment": {"config": {"fresh_jit_cache": True, "allow_rejected": False}}}
     assert dg.validate_run_config(defs.resolve_job_def("deploy_node_job"), req.run_config)
     plain = sensor_mod._request("spark2", health_core_action("deploy_node_job", {}), "engine-down")
     assert not plain.run_config
+
+
+def test_a_dead_phase0_is_finished_by_a_node_os_run_that_applies(defs):
+    """node_os_job only reads by default (check: true); the run that finishes a dead Phase 0 applies,
+    as the dead run did, and its config is valid for the job (a check would leave the node stopped)."""
+    from spark_pipelines.core import healing, steps
+
+    defs, _ = defs
+    u = healing.Unfinished(steps.PROC_NODE_OS, "abcdef1234", "rebooting", "the node os of run abcdef12")
+    action = healing.finish_action("spark2", "engine-down", u)
+    req = sensor_mod._request("spark2", action, "engine-down")
+    assert req.job_name == "node_os_job" and req.run_config["ops"] == {"node_os": {"config": {"check": False}}}
+    assert dg.validate_run_config(defs.resolve_job_def("node_os_job"), req.run_config)
 
 
 def health_core_action(job, config):
@@ -216,3 +231,32 @@ def test_a_dead_deploys_journal_requests_its_repair_on_the_first_sweep(defs, mon
             defs.resolve_job_def("deploy_node_job"), repair[0].run_config)
         latest = observations(instance, "spark2")[0]
         assert latest["verdict"].value == "engine-down" and "died in phase launching" in latest["evidence"].value
+
+
+def test_a_dead_procedures_journal_in_the_ledger_requests_a_run_of_its_own_job(defs, monkeypatch):
+    """The ledger holds a journal on each node: spark1's bench while a run holds spark1's lease (in
+    progress: nothing), spark2's cold drain that powered it off, past the time its run would wait
+    (dead: cold_drain_job, whose rerun turns the plug back on); and the reconcile leaves both out."""
+    from spark_pipelines.state.ledger import Procedure
+
+    defs, _ = defs
+    bench = Procedure(procedure="bench", run_id="aaaaaaaa11111111", token="b", phase="drained", was_in=True,
+                      drain_reason="bench (run aaaaaaaa)")
+    cold = Procedure(procedure="cold_drain", run_id="0123456789abcdef", token="c", phase="power-off",
+                     down_until=1.0, engine="vllm-qwen35-v2")
+
+    def fake_sweep(s, nodes=None, **kw):
+        up = health.Observation(node="spark1", probed_at=0.0, ssh_ok=True, health_ok=True, lease_held=True,
+                                container=health.ContainerState(exists=True, status="running", running=True))
+        down = health.Observation(node="spark2", probed_at=0.0, ssh_ok=False, ssh_error="timed out")
+        return {"spark1": sweep.NodeReport(up, health.judge(up)), "spark2": sweep.NodeReport(down, health.judge(down))}
+
+    monkeypatch.setattr(sweep, "sweep", fake_sweep)
+    monkeypatch.setattr(reconcile, "read_view", lambda s, healthy: reconcile.View(
+        Snapshot({"model_list": []}), {}, {n: True for n in healthy}, {"spark1": [bench], "spark2": [cold]}))
+    with dg.instance_for_test() as instance:
+        res = tick(defs, instance)
+        assert [(r.job_name, r.partition_key, r.run_key) for r in res.run_requests] == [
+            ("cold_drain_job", "spark2", "finish-spark2-cold_drain-01234567")], res.run_requests
+        note = observations(instance, "spark2")[0]["policy"].value
+        assert "the cold drain of run 01234567" in note and "cold_drain_job finishes it" in note

@@ -169,3 +169,29 @@ def test_the_gb10_exporter_panic_fix_is_said_not_applied():
     assert p0.gpu_exporter_advice(["--web.listen-address=:9835", "--query-field-names=timestamp,name"]) is None
     said = p0.gpu_exporter_advice(["--web.listen-address=:9835"])
     assert said and "--query-field-names=timestamp,name,uuid," in said and "panics" in said
+
+
+def test_node_os_job_starts_from_the_check_and_a_check_is_an_observation(tmp_path):
+    """Issue 35, items 2-3: the launchpad pre-filled `check: false` (the run that changes settings
+    and may reboot a node), and a check-only run recorded a materialization, so the node looked
+    provisioned."""
+    import dagster as dg
+    import yaml
+
+    from spark_pipelines.assets.node_os import NodeOsConfig, recorded
+    from spark_pipelines.definitions import build_definitions
+    from spark_pipelines.runbook.node_os import Provisioned
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(yaml.safe_load(open("fleets/seed.yaml")), sort_keys=False))
+    job = build_definitions(str(fleet)).resolve_job_def("node_os_job")
+    # What the launchpad shows and what a launch without config (the asset page's Materialize) runs.
+    assert job.get_run_config_for_partition_key("spark2") == {"ops": {"node_os": {"config": {"check": True}}}}
+    assert NodeOsConfig().check is True
+    checked = recorded(Provisioned(node="spark2", planned=["service gdm3: enabled -> masked"], check_only=True))
+    assert isinstance(checked, dg.AssetObservation)
+    assert checked.partition == "spark2" and checked.asset_key == dg.AssetKey("node_os")
+    assert checked.metadata["mode"].value == "check (nothing changed)"
+    applied = recorded(Provisioned(node="spark2", planned=["service gdm3: enabled -> masked"],
+                                   applied=["service gdm3: enabled -> masked"]))
+    assert isinstance(applied, dg.MaterializeResult) and applied.metadata["mode"] == "applied"

@@ -217,3 +217,15 @@ def test_a_completed_rollout_names_the_nodes_it_skipped():
     plan = rollout.plan_waves(NODES[:3], in_rotation=NODES[:3], skip={"spark3": "quarantined: crash-loop"})
     out = rollout.execute(plan, FakeFleet(NODES[:3]), {n: "old" for n in NODES[:3]})
     assert out.completed and out.headline() == "rolled out to spark1, spark2; skipped spark3: quarantined: crash-loop"
+
+
+def test_the_nodes_a_dead_run_passed_are_finished_with_the_others():
+    """A rerun after a killed rollout: the dead run's canary (on the new version, its gate passed,
+    its previous version still kept) is finished at the end like the nodes this run passed."""
+    plan = rollout.plan_waves(["spark1", "spark2"], in_rotation=["spark1", "spark2"],
+                              skip={"spark1": "already serves the new version"})
+    fake, events = FakeFleet(["spark1", "spark2"]), []
+    fake.kept = {"spark1"}
+    out = rollout.execute(plan, fake, {"spark2": "old"}, lambda e, t: events.append(e), passed_before=["spark1"])
+    assert out.completed and fake.calls[-2:] == [("finish", "spark2"), ("finish", "spark1")], fake.calls
+    assert not fake.kept and any("spark1 passed its gate in an earlier run" in e for e in events), events

@@ -25,6 +25,9 @@ class RecordingGateway:
     def rotation(self):
         return ["spark1", "spark2"]
 
+    def readable(self):  # the running proxy answers /model/info (the precheck before any drain)
+        return None
+
     def drain(self, node, reason="", wait_s=None, dead=False, deploying=False):
         self.calls.append(f"drain {node}" + (" dead" if dead else "") + (" deploying" if deploying else ""))
         if self.drain_error:

@@ -17,7 +17,7 @@ from spark_pipelines.core.fleet import parse_fleet
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources import gateway
 from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S
-from spark_pipelines.runbook import bench, deploy, node_os, run_limits
+from spark_pipelines.runbook import bench, node_os, run_limits, transaction
 from spark_pipelines.team.instance import TEMPLATE
 
 INSTANCE_DEFAULT = yaml.safe_load(TEMPLATE.read_text())["run_monitoring"]["max_runtime_seconds"]
@@ -42,7 +42,7 @@ def job_tags(tmp_path, data) -> tuple[object, dict[str, float]]:
 
 def deploy_s(f, node) -> float:
     return (f.rollout.deploy_wait_s + f.gateway.in_flight_wait_s + f.launch_for(node).health_timeout_s
-            + deploy.ROLLBACK_HEALTH_S + 2 * gateway.change_limit_s())
+            + transaction.ROLLBACK_HEALTH_S + 2 * gateway.change_limit_s())
 
 
 def bench_s(f) -> float:

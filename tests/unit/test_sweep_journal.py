@@ -31,9 +31,10 @@ def gather(tmp_path, journal: str | None, lock: str | None, clean_boot: str | No
     return sweep.sections(out, "N0NCE")
 
 
-def test_no_journal_no_section(tmp_path):
+def test_no_journal_no_section_and_the_lease_is_read_always(tmp_path):
     got = gather(tmp_path, None, None)
-    assert "journal" not in got and "lease" not in got and "inspect" in got
+    assert "journal" not in got and "inspect" in got
+    assert sweep.lease_held(got["lease"][0]) is False  # the ledger's journals need it too
 
 
 def test_a_journal_with_the_lease_free_is_a_dead_deploy(tmp_path):

@@ -57,7 +57,9 @@ def test_storage_is_postgres_through_env_references_only(tmp_path, monkeypatch):
 
 
 def test_the_queue_limits_one_run_per_node_one_bench_one_build(tmp_path):
-    limits = yaml.safe_load(TEMPLATE.read_text())["run_queue"]["tag_concurrency_limits"]
+    concurrency = yaml.safe_load(TEMPLATE.read_text())["concurrency"]
+    assert concurrency["pools"]["default_limit"] == 1  # gateway_drain, image_build: one slot each
+    limits = concurrency["runs"]["tag_concurrency_limits"]
     assert {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
     assert {"key": "spark/bench", "limit": 1} in limits
     assert {"key": "spark/build", "limit": 1} in limits

@@ -37,9 +37,12 @@ def _facts(**kw) -> summary.NodeFacts:
 
 def test_summary_row_reads_rounded_with_units():
     row = summary.summary_row(_facts(), summary.Rotation(nodes=["spark1"], known=True))
-    assert [c[0] for c in summary.COLUMNS] + [c[0] for c in summary.DETAIL_COLUMNS[1:]] == list(row)
+    tables = (summary.COLUMNS, summary.DETAIL_COLUMNS, summary.BENCH_COLUMNS, summary.VERSION_COLUMNS,
+              summary.WHEN_COLUMNS)
+    assert {c[0] for t in tables for c in t} <= set(row)
     assert len(summary.COLUMNS) <= 5  # the first table fits the asset pane (issue 23, item 8)
-    assert row["health"] == "healthy" and row["evidence"] == "/health 200 in 0.01 s; none"
+    assert row["health"] == "healthy" and row["evidence"] == "/health 200 in 0.01 s -> none"
+    assert row["why"] == "Health: /health 200 in 0.01 s -> none"
     assert row["gateway"] == "in"
     assert row["image id"] == "0123456789ab" and row["checkpoint"] == "9f8e7d6c5b4a"
     assert row["mean tok/s"] == 51.6 and row["vs reference"] == "1.00x" and row["floor tok/s"] == 45.0
@@ -51,14 +54,35 @@ def test_summary_row_says_why_a_node_is_out():
     gate = "bench 30.1 tok/s < floor 45"
     benched_out = _facts(node="spark2", bench={"mean_tok_s": 30.1, "promoted": False, "gate": gate})
     # The gateway's own reason wins; else the bench gate; else the health sweep's quarantine.
+    # Issue 35, item 11: a short state in the narrow table (a long reason pushed tok/s off-screen),
+    # the reason whole in the detail table.
     rot = summary.Rotation(nodes=["spark1"], left_out={"spark2": "vLLM /health does not answer"}, known=True)
-    assert summary.summary_row(benched_out, rot)["gateway"] == "out: vLLM /health does not answer"
+    row = summary.summary_row(benched_out, rot)
+    assert row["gateway"] == "out (down)" and row["why"].startswith("out of the gateway: vLLM /health does not answer. ")
     rot = summary.Rotation(nodes=["spark1"], known=True)
-    assert summary.summary_row(benched_out, rot)["gateway"] == f"out: {gate}"
+    row = summary.summary_row(benched_out, rot)
+    assert row["gateway"] == "out (bench)" and row["why"].startswith(f"out of the gateway: {gate}. Health: ")
     quarantined = _facts(node="spark2", health={"verdict": "wedged", "quarantined": True})
-    assert summary.summary_row(quarantined, rot)["gateway"] == "out: quarantined by the health sweep"
+    row = summary.summary_row(quarantined, rot)
+    assert row["gateway"] == "out (quarantined)" and "quarantined by the health sweep" in row["why"]
+    held = summary.Rotation(nodes=["spark1"], known=True, left_out={
+        "spark2": "quarantined: manual: quarantined by an operator (since 2026-12-07T10:00:00Z, by run 1a2b3c4d)"})
+    assert summary.summary_row(_facts(node="spark2"), held)["gateway"] == "out (quarantined)"
+    drained = summary.Rotation(nodes=["spark1"], known=True, left_out={"spark2": "drained for its bench"})
+    assert summary.summary_row(_facts(node="spark2"), drained)["gateway"] == "out (bench)"
     rows = summary.summary_rows([_facts(), benched_out], rot)
-    assert summary.headline(rows) == f"1 of 2 node(s) in the gateway; out: spark2 (out: {gate})"
+    assert summary.headline(rows) == "1 of 2 node(s) in the gateway; out: spark2 (bench)"
+    assert all(len(r["gateway"]) <= len("out (quarantined)") for r in rows)
+
+
+def test_a_failed_bench_run_shows_in_the_summary():
+    """Issue 35, item 5: a bench that failed (no key: 3 minutes, then a stack trace) left no sign there."""
+    at = dt.datetime(2026, 12, 3, 11, 0, tzinfo=dt.timezone.utc).timestamp()
+    row = summary.summary_row(_facts(bench_failed_at=at, bench_failure="spark2 not drained, nothing was changed: "
+                                     "LiteLLM on gw: /model/info answered HTTP 500; no key was sent"),
+                              summary.Rotation(nodes=["spark1"], known=True))
+    assert row["last bench (UTC)"] == "2026-12-03 10:00 (FAILED 2026-12-03 11:00)"
+    assert "Last bench run FAILED 2026-12-03 11:00: spark2 not drained, nothing was changed" in row["why"]
 
 
 def test_a_deploy_newer_than_the_last_sweep_shows_the_deploys_own_health():
@@ -73,6 +97,8 @@ def test_a_deploy_newer_than_the_last_sweep_shows_the_deploys_own_health():
 
 
 def test_summary_row_of_a_node_never_seen_is_dashes():
+    assert summary.summary_row(_facts(health=None), summary.Rotation())["why"] == (
+        "Health: no sweep recorded (node_health off); its deploy verified it")
     row = summary.summary_row(summary.NodeFacts(node="spark9"), summary.Rotation())
     assert row["health"] == row["gateway"] == row["image id"] == row["last deploy (UTC)"] == "-"
     assert row["mean tok/s"] is None and row["MTP acceptance (%)"] is None
@@ -158,14 +184,19 @@ def test_bench_rows_are_rounded_and_carry_units_in_their_columns():
     assert recipe[0]["tok/s"] == round(155 / 3.0, 1) and recipe[0]["TTFT ms"] == 100.0
     loaded = [r for r in rows if r["phase"] == bench_core.PHASE_LOADED]
     assert loaded and loaded[0]["prompt"] == "2 requests, 2 at once"
-    value = bench_table(_report())
-    assert isinstance(value, dg.TableMetadataValue)
-    assert [c.name for c in value.schema.columns][:5] == ["phase", "prompt", "max tokens", "measured", "tok/s"]
+    tables = bench_table(_report())
+    assert set(tables) == {"table", "latency"} and all(isinstance(v, dg.TableMetadataValue) for v in tables.values())
+    # Issue 35, item 12: tables whole in the asset pane (ten columns were cut at the right edge).
+    assert [c.name for c in tables["table"].schema.columns] == ["prompt", "tok/s", "reference tok/s", "vs reference"]
+    assert [c.name for c in tables["latency"].schema.columns] == ["prompt", "measured", "TTFT ms", "TPOT ms", "failures"]
+    assert [r.data["prompt"] for r in tables["latency"].records] == [
+        r["prompt"] for r in rows if r["prompt"] != "mean"]
     # Every number in the table is short: no 15-digit floats.
-    for rec in value.records:
-        for v in rec.data.values():
-            if isinstance(v, float):
-                assert len(repr(v).split(".")[1]) <= 2
+    for value in tables.values():
+        for rec in value.records:
+            for v in rec.data.values():
+                if isinstance(v, float):
+                    assert len(repr(v).split(".")[1]) <= 2
 
 
 def test_num_and_readable_round_floats_and_keep_keys():

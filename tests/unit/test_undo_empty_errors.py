@@ -18,7 +18,7 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.resources import engine
 from spark_pipelines.resources.docker import PreviousDeploy
-from spark_pipelines.runbook import deploy, jit_cache, preflight, rollout, rotation
+from spark_pipelines.runbook import jit_cache, preflight, rollout, rotation, transaction
 
 SEED = "fleets/seed.yaml"
 
@@ -109,9 +109,9 @@ def txn(monkeypatch):
     container was kept; /health answers once the previous deployment is back."""
     monkeypatch.setattr(engine, "healthy", lambda fleet, node: True)
 
-    def make(session: Session, docker: Docker, keep_previous: bool = False) -> deploy._Transaction:
+    def make(session: Session, docker: Docker, keep_previous: bool = False) -> transaction.Transaction:
         node = session.fleet.node("spark1")
-        t = deploy._Transaction(session, node, launch_spec(session.fleet, node), Log(), keep_previous=keep_previous)
+        t = transaction.Transaction(session, node, launch_spec(session.fleet, node), Log(), keep_previous=keep_previous)
         t.docker = docker
         t.jit = _switch("spark1")
         t.kept = PreviousDeploy("vllm-previous", "sha256:old", "img:previous", "old-id", "fp")

@@ -145,3 +145,14 @@ def test_new_weights_on_the_same_architecture_keep_the_jit_key():
     args, env = ["serve", "/models/m", "--max-model-len", "262144"], {"VLLM_MARLIN_USE_ATOMIC_ADD": "1"}
     assert jit_cache.cache_key("sha256:img", a, args, env) == jit_cache.cache_key("sha256:img", b, args, env)
     assert jit_cache.cache_key("sha256:img", a, args, env) != jit_cache.cache_key("sha256:img", c, args, env)
+
+
+def test_a_rejected_version_is_matched_by_image_checkpoint_and_the_nodes_own_launch():
+    from spark_pipelines.state.markers import RejectedVersion
+
+    r = RejectedVersion(image_id="sha256:new", checkpoint=D2[:16], fingerprint="spec-a", node="spark1",
+                        gate="quality", why="answers garbage")
+    assert r.matches("sha256:new", D2, "spec-a")
+    assert not r.matches("sha256:old", D2, "spec-a")  # the image before: not rejected
+    assert not r.matches("sha256:new", D1, "spec-a")  # another checkpoint on the same image
+    assert not r.matches("sha256:new", D2, "spec-b")  # another launch spec (this node's own override)

@@ -96,6 +96,10 @@ class FleetSession(NodeFiles):
         # the command there (resources.lease: a run whose lease on the node ended under it must not
         # reconnect and go on changing the node another run may hold now).
         self.guards: list[Callable[[FleetSession, str], None]] = []
+        # Whether the run with this id has ended, as the Dagster instance the session's run belongs
+        # to knows it (None: no instance to ask). A procedure journal whose node was down for it is
+        # finished as a dead run's only when its run ended (runbook/journal.py).
+        self.run_ended: Callable[[str], bool] | None = None
         if self.settings.trust_unknown_host_keys:
             self.log.warning(
                 "trust_unknown_host_keys is on: unknown SSH host keys will be accepted and pinned "
