@@ -306,7 +306,13 @@ async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
         )
         die(1)
     h = standin_jit.kernel_hash(args.model, args.max_model_len, args.spec, args.attention_backend, VERSION)
-    await standin_jit.load_or_compile(h, pace, engine)
+    try:
+        await standin_jit.load_or_compile(h, pace, engine)
+    except standin_jit.StaleCache as e:
+        engine_traceback(
+            [("/usr/local/lib/python3.12/dist-packages/vllm/compilation/backends.py", 215, "load",
+              "compiled = self.cache.load(graph, runtime_shape)")], str(e))
+        die(1)
     await asyncio.sleep(step)
     kv_gib, kv_tokens, concurrency = kv_cache_figures(gmu, total, args.max_model_len)
     if args.tensor_parallel_size > 1:  # weights split over the ranks: the KV cache doubles (runbook: ~54 GiB)

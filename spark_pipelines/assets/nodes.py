@@ -188,13 +188,14 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"ssh", "docker"},
         code_version=cv[steps.NODE_ARTIFACTS],
-        description="The checkpoint and serving image fanned out along a tree: every verified holder serves the "
-                    "next node (about log2(N)+1 rounds); node_artifacts then verifies each node and skips.",
+        description="The checkpoint and serving image pipelined down a tree: each node passes every shard (and "
+                    "each part of the image) on to the next as soon as it verified it; node_artifacts then verifies "
+                    "each node and skips.",
     )
     @retry_unreachable(fleet.ssh)
     def artifact_distribution(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
                               serving_image: BuiltImage) -> dg.MaterializeResult:
-        # Fleet-wide (not partitioned): a tree spans nodes, so its rounds run in one step.
+        # Fleet-wide (not partitioned): a tree spans nodes, so it runs in one step.
         s = ssh.session
         payload = distribution_payload(cv, mtp_weights, serving_image)
         try:
@@ -202,7 +203,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         except DistributionFailed as e:
             fail(e)
         return dg.MaterializeResult(metadata={
-            "rounds": len(report.rounds), "seconds": report.seconds,
+            "transfers": len(report.transfers), "seconds": report.seconds, **report.figures,
             "verified": ", ".join(report.verified) or "none", "already_holding": ", ".join(report.already_holding) or "none",
             "tree": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in report.lines()) or "nothing to copy"),
         })

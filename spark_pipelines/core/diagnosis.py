@@ -312,6 +312,15 @@ SIGNATURES: tuple[Signature, ...] = (
         severity=Severity.WARNING,
     ),
     Signature(
+        id="stale-jit-cache",
+        pattern=_re(r"stale (?:torch_compile|Triton|FlashInfer JIT) cache"),
+        cause="a compile cache made for another image, checkpoint or kernel-shaping flag is mounted",
+        fix="deploy the node with fresh_jit_cache: true (the runbook: wipe ~/.cache/vllm or ~/.triton with sudo, "
+            "relaunch); a shipped cache that did this is dropped and its key's archive marked bad by the deploy",
+        runbook_ref="Troubleshooting: 'stale torch_compile cache' and 'Stale Triton cache'",
+        severity=Severity.ERROR,
+    ),
+    Signature(
         id="jit-cache-permission",
         pattern=_re(r"cannot remove .*(?:\.cache/vllm|\.cache/flashinfer|\.triton).*Permission denied"),
         cause="JIT cache files are owned by root (created inside the container)",

@@ -117,10 +117,19 @@ class RolloutSettings(Strict):
 
 
 class DistributionSettings(Strict):
-    """How the checkpoint and image fan out from the build host (core/distribution.py)."""
+    """How the checkpoint and image are pipelined down the tree from the build host (core/distribution.py)."""
 
-    fan_out: Int = Field(default=1, ge=1, le=16, description="copies one holder sends at once; 1 gives each its full link")
+    fan_out: Int = Field(default=1, ge=1, le=16, description="children one node feeds at once; 1 gives each its full "
+                                                             "link (one source: the tree is a chain)")
     max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
+
+
+class AdoptionSettings(Strict):
+    """First contact (runbook/adoption.py): the nodes are read at once, each under its own lease."""
+
+    # Each node hashes its own copy on its own disk (minutes for ~71 GB): the disks are the limit,
+    # not the orchestrator, so several at once; fewer where nodes share storage (an NFS models dir).
+    max_hashing: Int = Field(default=8, ge=1, le=64, description="nodes whose checkpoint adoption hashes at once")
 
 
 class VersionSettings(Strict):

@@ -20,7 +20,9 @@ Both hold the node's lease and take `check=True` to say what they would do and t
 from __future__ import annotations
 
 import posixpath
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any
 
@@ -48,6 +50,7 @@ from spark_pipelines.state import markers
 from spark_pipelines.state.markers import DeployMarker
 
 DEPLOYMENT, JIT = NODE_DEPLOYMENT, JIT_CACHE
+MAX_NODES_AT_ONCE = 32  # SSH sessions this process drives at once (each node's lease, reads, hash)
 
 
 def deploy_signature(code_version: str, fingerprint: str, image_id: str | None, index: str) -> str:
@@ -229,8 +232,10 @@ def state_unwritable(s: FleetSession, node: Node) -> Finding | None:
 def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: bool, nodes: Sequence[str] | None = None,
                 hub: Any = None, gw: GatewayHost | None = None, run_id: str = "", log: Any = None) -> list[Finding]:
     """Every step of the chain against the live fleet, build host first (its verified checkpoint and
-    image are what each node is compared with), then each serve node under its lease, one at a
-    time, then the gateway's routes. `check`: say what would be done, write nothing."""
+    image are what each node is compared with), then the serve nodes at once, each under its own
+    lease, at most `adoption.max_hashing` of them hashing their copy at a time (each hashes on its
+    own disk: the disks are the limit, not this process), then the gateway's routes. `check`: say
+    what would be done, write nothing. Findings come in fleet order whatever finished first."""
     say = log.info if log is not None else (lambda _line: None)
     blocked = [f for f in (state_unwritable(s, n) for n in {s.fleet.build_node.name: s.fleet.build_node,
                                                              **{n.name: n for n in _targets(s, nodes)}}.values()) if f]
@@ -243,7 +248,9 @@ def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: boo
         say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
     by = {f.step: f for f in findings}
     mtp, serving = asset_value(by[MTP_WEIGHTS]), asset_value(by[SERVING_IMAGE])
-    for node in _targets(s, nodes):
+    hashing = threading.BoundedSemaphore(s.fleet.adoption.max_hashing)
+
+    def one(node: Node) -> list[Finding]:
         with nullcontext() if check else node_lease(s, node.name, "adopt", run_id=run_id):
             finished = [] if check else journal.finish_dead(s, node, s.log, run_id=run_id)
             for x in finished:
@@ -252,14 +259,28 @@ def adopt_fleet(s: FleetSession, code_versions: Mapping[str, str], *, check: boo
                 here = [Finding(node.name, NODE_ARTIFACTS, core.DIFFERS, "the build host's checkpoint or serving image "
                                 "is not verified: nothing to compare the node with")]
             else:
-                here = [adopt_node_artifacts(s, node, mtp, serving, code_versions, check=check),
+                with hashing:  # the node's copy is hashed against the build host's manifest
+                    copy = adopt_node_artifacts(s, node, mtp, serving, code_versions, check=check)
+                here = [copy,
                         adopt_deployment(s, node, code_version=code_versions[NODE_DEPLOYMENT],
                                          image_id=serving.image_id, index=mtp.index, manifest=mtp.manifest, check=check),
                         adopt_jit_cache(s, node, checkpoint=mtp.architecture or mtp.manifest or mtp.index,
                                         check=check, run_id=run_id)]
         for f in here:
             say(f"[{f.node}] {f.step}: {f.action}: {f.why}")
-        findings += here
+        return here
+
+    targets = _targets(s, nodes)
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_NODES_AT_ONCE, len(targets))), thread_name_prefix="adopt") as pool:
+        futures = [pool.submit(one, node) for node in targets]
+        errors = []
+        for fut in futures:  # every node finishes (its lease released) before an error is raised
+            try:
+                findings += fut.result()
+            except BaseException as e:  # noqa: PERF203 - each node on its own
+                errors.append(e)
+    if errors:
+        raise errors[0]
     findings.append(adopt_gateway(s, check=check, gw=gw))
     say(f"[gateway] {findings[-1].action}: {findings[-1].why}")
     return findings

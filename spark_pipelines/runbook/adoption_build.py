@@ -37,7 +37,8 @@ from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.hub import HubError, ModelHub
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S, NodeStreams, checkpoint_script, digests_on_node, write_manifest
+from spark_pipelines.resources.transfer import (DIGEST_TIMEOUT_S, NodeStreams, checkpoint_script, digests_on_node,
+                                                hash_progress, write_manifest)
 from spark_pipelines.runbook import images as img
 from spark_pipelines.runbook import model as mdl
 from spark_pipelines.runbook import versions
@@ -406,8 +407,12 @@ def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: 
     sig = markers.signature(code_versions[step], mtp.index, mtp.manifest)
     if not s.exists(node.name, dst) and node_image is None:
         return Finding(node.name, step, BUILD, f"no checkpoint and no {serving.ref} on {node.name}; the step copies them")
-    if markers.matches(s, node, step, sig) and node_image == serving.image_id and NodeStreams(s).verify_tree(
-            build.name, node.name, mtp.path, dst, manifest=mtp.manifest).ok:
+    hashed = hash_progress(node.name, dst)
+    recorded = markers.matches(s, node, step, sig) and node_image == serving.image_id and NodeStreams(s).verify_tree(
+        build.name, node.name, mtp.path, dst, manifest=mtp.manifest, progress=hashed).ok
+    if hashed.done:  # how long the hash took, for the adoption's figures
+        facts.update(hashed.figures(time.monotonic(), "hash"))
+    if recorded:
         return Finding(node.name, step, CURRENT, f"{dst} and {serving.ref}: recorded, every file hashes to the "
                        "build host's manifest", facts=facts)
     text = _build_manifest(s, build, mtp)
@@ -420,7 +425,9 @@ def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: 
         differences.append(f"image {serving.ref}: {(node_image or 'missing')[7:19] or 'missing'} "
                            f"(the build host's: {serving.image_id[7:19]})")
     if s.exists(node.name, dst):
-        actual = {p: e for p, e in digests_on_node(s, node.name, dst).items() if p != checkpoint_core.MANIFEST_NAME}
+        actual = {p: e for p, e in digests_on_node(s, node.name, dst, progress=hashed).items()
+                  if p != checkpoint_core.MANIFEST_NAME}
+        facts.update(hashed.figures(time.monotonic(), "hash"))
         diff = checkpoint_core.diff_manifests(expected, actual)
         differences += diff.problems(node.name, expected, actual)
     else:

@@ -60,7 +60,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources import lease
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import preflight, quarantine, versions
+from spark_pipelines.runbook import jit_cache, preflight, quarantine, versions
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import DeployMarker
@@ -348,7 +348,12 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         if spec.model_source:
             txn.point_checkpoint(posixpath.basename(spec.model_source))
 
+        booting = time.monotonic()
         ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
+        if not ok and txn.jit is not None and txn.jit.plan.restore:  # once more, cold, without the shipped cache
+            ok, log_text, ready = jit_cache.boot_cold_after_shipped(s, node, spec, txn.jit, log_text, log, lambda: (
+                launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)))
+        boot_s = time.monotonic() - booting
         findings = diagnosis.diagnose(log_text)
         smoke: dict[str, Any] = {}
         if ok:
@@ -407,11 +412,15 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         keys.KV_CACHE_TOKENS: ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
         keys.STARTUP_SECONDS: round(time.monotonic() - started, 1),
+        keys.BOOT_SECONDS: round(boot_s, 1),
         keys.FREE_GIB_AT_PREFLIGHT: report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }
     if txn.jit is not None:
         meta.update(jit_cache=txn.jit.plan.verdict, jit_cache_key=txn.jit.plan.key, jit_cache_why=txn.jit.plan.why)
+        if txn.jit.shipped:
+            meta.update(jit_cache_shipped_from=txn.jit.shipped["source"], jit_cache_shipped_bytes=txn.jit.shipped["bytes"],
+                        jit_cache_ship_seconds=txn.jit.shipped["seconds"])
     if txn.checkpoint is not None:
         meta.update(checkpoint_version=txn.checkpoint.after, checkpoint_version_before=txn.checkpoint.before or "none")
     return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,

@@ -1,16 +1,28 @@
-"""Keep, restore and back up a node's JIT cache (see core/jit_cache.py for the layout and key).
+"""Keep, ship and back up a node's JIT cache (see core/jit_cache.py for the layout and key).
 
 `switch()` runs inside the deploy transaction, after preflight and before `docker run`: the
-cache mounts are pointed at the slot of the deployment's key (restored from the build host's
-archive when the node has none), and `undo()` points them back on every rollback path, so the
-previous deployment restarts on its own warm cache. `seal()` marks the slot after a healthy boot;
-`back_up()` (the `jit_cache` asset) copies a sealed slot to the build host's archive once per key.
-Stale slots are never mounted; `prune()` wipes them once a deploy has committed (their files are
-root's, written in the container, so the wipe runs as root in a throwaway container).
+cache mounts are pointed at the slot of the deployment's key, and `undo()` points them back on
+every rollback path, so the previous deployment restarts on its own warm cache. `seal()` marks the
+slot after a healthy boot; `back_up()` (the `jit_cache` asset, and a rollout once its canary
+passed) copies a sealed slot to the build host's archive once per key, with a manifest of its
+files hashed where they were compiled, checked again on the build host.
+
+A compile cache is a shipped artifact: a node about to boot a key it holds no sealed slot of (a
+newcomer, a rollout's wave node, a node whose reboot lost its cache) gets the key's archive, made
+from another node's sealed slot first when there is none yet (`ensure_archived`), copied into its
+slots and hashed there against the manifest before anything mounts it. Never another key's: an
+archive whose manifest names another key is refused and marked bad. A shipped cache that makes
+the boot fail is dropped (`drop_shipped`: set aside, the boot retried cold by the deploy) and its
+key's archive marked bad (`mark_bad`: a BAD file beside it), never shipped again; a deploy with
+`fresh_jit_cache` removes the archive, mark included. `launch.ship_jit_cache: false`: every node
+compiles its own. Stale slots are never mounted; `prune()` wipes them once a deploy has committed
+(their files are root's, written in the container, so the wipe runs as root in a throwaway
+container).
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 import shlex
 import time
@@ -18,15 +30,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_pipelines.core import diagnosis
 from spark_pipelines.core import jit_cache as core
 from spark_pipelines.core import remote
 from spark_pipelines.core.fleet import Node
-from spark_pipelines.core.launch import MODELS_MOUNT, LaunchSpec, expand_home
-from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.resources.transfer import NodeStreams
+from spark_pipelines.core.launch import MODELS_MOUNT, LaunchSpec, expand_home, launch_spec
+from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.resources.lease import node_lease
+from spark_pipelines.resources.ssh import FleetSession, RemoteError
+from spark_pipelines.resources.transfer import NodeStreams, digests_on_node
 from spark_pipelines.core.errors import RunbookError, first_line
 
 COMPLETE = "COMPLETE"  # written last into an archived key: a half-copied backup is never restored
+MANIFEST = "MANIFEST.json"  # the key and each entry's files (size, sha256), hashed on the node that compiled them
+BAD = "BAD"  # a shipped copy failed a boot, or the archive is not its key's: never shipped again
+ARCHIVE_FORMAT = "spark-jit-archive/1"
 _T = remote.PROBE_TIMEOUT_S
 WIPE_TIMEOUT_S = 900  # deleting GBs of kernels on a busy disk
 
@@ -50,9 +68,75 @@ def _entry(i: int, mount: str) -> str:
     return f"{i}_{posixpath.basename(mount.rstrip('/')).lstrip('.')}"
 
 
+class ShipRefused(RunbookError):
+    """The key's archive is not that key's (its manifest names another): never mounted."""
+
+
+# One POSIX sh program, constant text: the archive directory arrives as $1.
+_STATE = ('d=$1; if [ -e "$d/BAD" ]; then echo bad; elif [ -f "$d/COMPLETE" ] && [ -f "$d/MANIFEST.json" ]; '
+          'then echo complete; elif [ -f "$d/COMPLETE" ]; then echo unverifiable; else echo absent; fi')
+
+
+def archive_state(s: FleetSession, key: str) -> str:
+    """complete | bad | unverifiable (an archive made before manifests: never shipped, made again)
+    | absent."""
+    r = s.run(s.fleet.build_node.name, ["sh", "-c", _STATE, "jit-archive", archived_dir(s, key)], log=False,
+              timeout=_T)
+    return r.stdout.strip() or "absent"
+
+
 def is_archived(s: FleetSession, key: str) -> bool:
+    return archive_state(s, key) == "complete"
+
+
+def bad_reason(s: FleetSession, key: str) -> str:
     build = s.fleet.build_node.name
-    return s.exists(build, posixpath.join(archived_dir(s, key), COMPLETE))
+    path = posixpath.join(archived_dir(s, key), BAD)
+    try:
+        return json.loads(s.read_text(build, path)).get("why", "marked bad")
+    except (RemoteError, ValueError, AttributeError):
+        return "marked bad"
+
+
+def mark_bad(s: FleetSession, key: str, why: str, node: str = "") -> None:
+    """Never ship this key's archive again (a BAD file beside it, with why and where)."""
+    build = s.fleet.build_node.name
+    d = archived_dir(s, key)
+    s.run(build, ["mkdir", "-p", d], log=False, timeout=_T)
+    s.put_text(build, posixpath.join(d, BAD), json.dumps({
+        "why": why[:500], "node": node, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    s.log.warning(f"[{build}] the JIT cache archive of key {key} is marked bad and not shipped again: {why[:300]}")
+
+
+def archive_digests(s: FleetSession, key: str, entries: list[str]) -> dict[str, dict]:
+    """{entry: {path: {size, sha256}}} of the archive as it lies on the build host."""
+    build = s.fleet.build_node.name
+    return {e: digests_on_node(s, build, posixpath.join(archived_dir(s, key), e)) for e in entries}
+
+
+def write_archive_manifest(s: FleetSession, key: str, entries: dict[str, dict], source: str) -> None:
+    """The archive's manifest (the key and each entry's files), then COMPLETE: shippable from now."""
+    build = s.fleet.build_node.name
+    d = archived_dir(s, key)
+    s.put_text(build, posixpath.join(d, MANIFEST), json.dumps(
+        {"format": ARCHIVE_FORMAT, "key": key, "source": source, "entries": entries}, sort_keys=True))
+    s.run(build, ["touch", posixpath.join(d, COMPLETE)], log=False, timeout=_T)
+
+
+def read_archive_manifest(s: FleetSession, key: str) -> dict:
+    """The archive's manifest; ShipRefused when it is not `key`'s, RunbookError when unreadable."""
+    build = s.fleet.build_node.name
+    path = posixpath.join(archived_dir(s, key), MANIFEST)
+    try:
+        data = json.loads(s.read_text(build, path))
+    except (RemoteError, ValueError) as e:
+        raise RunbookError(f"{build}:{path} is unreadable ({first_line(e)})") from None
+    if not isinstance(data, dict) or data.get("format") != ARCHIVE_FORMAT or not isinstance(data.get("entries"), dict):
+        raise RunbookError(f"{build}:{path} is not a {ARCHIVE_FORMAT} manifest")
+    if data.get("key") != key:
+        raise ShipRefused(f"the archive under key {key} holds the cache of key {data.get('key')!r} "
+                          f"(from {data.get('source') or 'unknown'}): another key's cache is never mounted")
+    return data
 
 
 def read(s: FleetSession, node: Node, key: str, mounts: list[str]) -> list[core.MountState]:
@@ -72,6 +156,7 @@ class Switch:
     retired: list[tuple[str, str]] = field(default_factory=list)  # (slot, where it went): a fresh cache
     linked: list[str] = field(default_factory=list)
     fresh: bool = False  # the operator asked for a fresh cache: the build host's archive of the key goes too
+    shipped: dict[str, Any] = field(default_factory=dict)  # the shipped cache: source, bytes, seconds
 
 
 def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *, fresh: bool = False,
@@ -92,7 +177,11 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
                 s.run(n, ["mv", "-T", slot, f"{slot}.stale-{stamp}"], log=False, timeout=_T)
                 retired.append((slot, f"{slot}.stale-{stamp}"))
     states = read(s, node, key, mounts)
-    plan = core.plan(key, states, archived=not fresh and is_archived(s, key))
+    warm = bool(states) and all(st.slot_exists and st.slot_sealed and not st.slot_empty for st in states)
+    shippable, not_shipped = (False, "") if fresh or warm else _shippable(s, node, key, log)
+    plan = core.plan(key, states, archived=shippable)
+    if not_shipped and plan.verdict == "cold":
+        plan = core.Plan(key, "cold", f"{plan.why}; {not_shipped}", plan.set_aside)
     sw = Switch(n, plan, states, [core.slot_path(m, key) for m in mounts], retired=retired, fresh=fresh)
     note(sw)
     try:
@@ -112,13 +201,18 @@ def switch(s: FleetSession, node: Node, spec: LaunchSpec, key: str, log: Any, *,
             s.run(n, ["mkdir", "-p", slot], log=False, timeout=_T)
         if plan.restore:
             try:
-                restore(s, node, key, mounts, sw.slots)
+                sw.shipped = restore(s, node, key, mounts, sw.slots)
+                plan = sw.plan = core.Plan(key, "restore", f"{plan.why} (shipped: {sw.shipped['bytes']} bytes from "
+                                                           f"{sw.shipped['source']}'s sealed cache, every file hashed "
+                                                           "to its manifest on this node)", plan.set_aside, restore=True)
             except Exception as e:  # a cache is an optimisation: a failed restore costs a cold boot
                 for slot in sw.slots:  # never boot on a half-restored cache
                     _set_aside(s, n, slot, "failed", sw)
                     s.run(n, ["mkdir", "-p", slot], log=False, timeout=_T)
-                why = first_line(e)[:200]
-                plan = sw.plan = core.Plan(key, "cold", f"restoring key {key} from the build host failed ({why}): "
+                why = first_line(e)[:300]
+                if isinstance(e, ShipRefused):
+                    mark_bad(s, key, why, n)
+                plan = sw.plan = core.Plan(key, "cold", f"shipping key {key} from the build host failed ({why}): "
                                                         f"a first boot (25-45 min) compiles it", plan.set_aside)
         for m, slot in zip(mounts, sw.slots):
             # Relative target: the link stays right when the home is mounted elsewhere.
@@ -175,7 +269,7 @@ def seal(s: FleetSession, sw: Switch) -> list[str]:
     the build host's user). Returns what was removed from the build host."""
     for slot in sw.slots:
         s.run(sw.node, ["touch", posixpath.join(slot, core.SEALED)], log=False, timeout=_T)
-    if sw.fresh and is_archived(s, sw.plan.key):
+    if sw.fresh and archive_state(s, sw.plan.key) != "absent":  # a bad mark goes with it
         build, src = s.fleet.build_node.name, archived_dir(s, sw.plan.key)
         s.run(build, ["rm", "-rf", "--", src], log=False, timeout=WIPE_TIMEOUT_S)
         return [f"{build}:{src}"]
@@ -214,36 +308,144 @@ def prune_slots(s: FleetSession, n: str, spec: LaunchSpec, keep: list[str]) -> l
     return wiped
 
 
-def restore(s: FleetSession, node: Node, key: str, mounts: list[str], slots: list[str]) -> None:
-    """Copy the archived cache of `key` from the build host into the node's slots."""
+def restore(s: FleetSession, node: Node, key: str, mounts: list[str], slots: list[str]) -> dict[str, Any]:
+    """Ship the archived cache of `key` from the build host into the node's slots, each file
+    hashed there against the archive's manifest before anything mounts it. Raises ShipRefused
+    (before a byte is copied) when the archive is another key's, RunbookError when the copy does not
+    verify. Returns {source, bytes, seconds}."""
     build = s.fleet.build_node.name
+    started = time.monotonic()
+    manifest = read_archive_manifest(s, key)
     src = archived_dir(s, key)
+    copied = 0
     for i, (m, slot) in enumerate(zip(mounts, slots)):
-        _copy(s, build, posixpath.join(src, _entry(i, m)), node.name, slot)
+        entry = _entry(i, m)
+        want = manifest["entries"].get(entry)
+        if want is None:
+            raise RunbookError(f"the archive of key {key} has no {entry} (made for other cache mounts)")
+        _copy(s, build, posixpath.join(src, entry), node.name, slot)
+        got = digests_on_node(s, node.name, slot)
+        if got != want:
+            differ = sorted(p for p in set(got) | set(want) if got.get(p) != want.get(p))
+            raise RunbookError(f"the shipped cache of key {key} does not hash to its manifest on {node.name} "
+                               f"({len(differ)} file(s), e.g. {differ[0]}): not mounted")
+        copied += sum(int(e["size"]) for e in want.values())
     for slot in slots:  # the archive was made from a healthy boot
         s.run(node.name, ["touch", posixpath.join(slot, core.SEALED)], log=False, timeout=_T)
+    return {"source": manifest.get("source") or build, "bytes": copied,
+            "seconds": round(time.monotonic() - started, 2)}
+
+
+def _shippable(s: FleetSession, node: Node, key: str, log: Any) -> tuple[bool, str]:
+    """(the key's archive can be shipped to `node`, why not when it cannot and that is news)."""
+    if not s.fleet.launch.ship_jit_cache:
+        return False, "launch.ship_jit_cache is off: every node compiles its own"
+    state = archive_state(s, key)
+    if state == "bad":
+        return False, f"the archive of key {key} is marked bad ({bad_reason(s, key)}): not shipped"
+    if state == "complete":
+        return True, ""
+    return bool(ensure_archived(s, key, exclude=node.name, log=log)), ""
+
+
+def ensure_archived(s: FleetSession, key: str, *, exclude: str = "", log: Any = None) -> str | None:
+    """Archive `key` from a serve node whose slots of it are sealed (a healthy boot compiled them),
+    under that node's lease (a busy node is passed over). Returns the node archived from, or None."""
+    say = (log or s.log).info
+    for other in s.fleet.serve_nodes:
+        if other.name == exclude:
+            continue
+        spec = launch_spec(s.fleet, other)
+        try:
+            states = read(s, other, key, cache_mounts(spec))
+        except (RemoteError, ValueError):
+            continue
+        if not states or not all(st.slot_exists and st.slot_sealed and not st.slot_empty for st in states):
+            continue
+        try:
+            with node_lease(s, other.name, f"jit-cache back-up of key {key}"):
+                done = back_up(s, other, spec, key)
+        except (RunbookError, RemoteError) as e:
+            say(f"[{other.name}] its sealed cache of key {key} was not archived: {first_line(e)}")
+            continue
+        if done["action"] in ("archived", "present"):
+            say(f"[{other.name}] its sealed cache of key {key} is archived on the build host to be shipped "
+                f"({done['action']})")
+            return other.name
+    return None
+
+
+def drop_shipped(s: FleetSession, sw: Switch, why: str) -> None:
+    """The boot on a shipped cache failed: its slots go aside (`failed-shipped`, wiped after the
+    commit) and empty ones take their place, so the retry compiles (a cold boot). The caller marks
+    the archive bad once the cold boot served."""
+    for slot in sw.slots:
+        _set_aside(s, sw.node, slot, "failed-shipped", sw)
+        s.run(sw.node, ["mkdir", "-p", slot], log=False, timeout=_T)
+    key = sw.plan.key
+    sw.plan = core.Plan(key, "cold", f"the cache shipped for key {key} failed the boot ({why[:200]}): dropped, "
+                                     "booted cold; its archive is marked bad and not shipped again", sw.plan.set_aside)
+
+
+def boot_cold_after_shipped(s: FleetSession, node: Node, spec: LaunchSpec, sw: Switch, log_text: str, log: Any,
+                            launch: Callable[[], tuple[bool, str, Any]]) -> tuple[bool, str, Any]:
+    """The boot on a shipped cache failed (`log_text`): the failed container goes, the cache is
+    dropped and `launch` (the deploy's) runs once more, cold; when that serves, the cache was the
+    cause and its key's archive is marked bad. Returns what `launch` returned."""
+    findings = diagnosis.diagnose(log_text)
+    picked = next((f for f in findings if f.signature.severity == diagnosis.Severity.ERROR),
+                  findings[0] if findings else None)
+    why = picked.line.strip() if picked is not None else "the engine did not become healthy"
+    log.warning(f"[{node.name}] the boot on the shipped JIT cache failed ({why[:200]}): dropping it, booting cold")
+    docker = NodeDocker(s)
+    failed = docker.inspect_container(node.name, spec.container_name)
+    if failed is not None:  # the deploy's own launch (the kept deployment has a name of its own)
+        docker.remove(node.name, str(failed["Id"]), force=True)
+    drop_shipped(s, sw, why)
+    ok, text, ready = launch()
+    if ok:
+        mark_bad(s, sw.plan.key, f"a boot on it failed on {node.name} ({why[:300]}) and a cold boot served", node.name)
+    return ok, text, ready
 
 
 def back_up(s: FleetSession, node: Node, spec: LaunchSpec, key: str) -> dict[str, Any]:
-    """Archive the node's sealed slots of `key` on the build host (once per key). Returns what
-    happened: {"action": "archived" | "present" | "not-sealed", ...}."""
+    """Archive the node's sealed slots of `key` on the build host (once per key): each slot hashed
+    on the node, copied, hashed again on the build host; the manifest and COMPLETE written only
+    when both agree. Returns {"action": "archived" | "present" | "bad" | "not-sealed" | "failed", ...}."""
     mounts = cache_mounts(spec)
     dest = archived_dir(s, key)
     build = s.fleet.build_node.name
-    if is_archived(s, key):
+    state = archive_state(s, key)
+    if state == "complete":
         return {"action": "present", "archive": dest}
+    if state == "bad":
+        return {"action": "bad", "archive": dest, "why": f"marked bad ({bad_reason(s, key)}): not archived again "
+                                                         "(a deploy with fresh_jit_cache removes the mark)"}
     states = read(s, node, key, mounts)
     unsealed = [st.path for st in states if not (st.slot_exists and st.slot_sealed)]
     if unsealed:
         return {"action": "not-sealed", "archive": dest,
                 "why": f"no healthy boot on key {key} yet ({', '.join(unsealed)}): nothing to back up"}
+    started = time.monotonic()
+    entries = {_entry(i, m): core.slot_path(m, key) for i, m in enumerate(mounts)}
+    try:
+        theirs = {e: digests_on_node(s, node.name, slot) for e, slot in entries.items()}
+    except RemoteError as e:
+        return {"action": "failed", "archive": dest, "why": f"the slots could not be hashed on {node.name}: "
+                                                            f"{first_line(e)}"}
+    s.run(build, ["rm", "-rf", "--", dest], log=False, timeout=WIPE_TIMEOUT_S)  # a partial or unverifiable one
     s.run(build, ["mkdir", "-p", dest], log=False, timeout=_T)
-    for i, m in enumerate(mounts):
-        _copy(s, node.name, core.slot_path(m, key) + "/", build, posixpath.join(dest, _entry(i, m)))
-    s.run(build, ["touch", posixpath.join(dest, COMPLETE)], log=False, timeout=_T)
-    r = s.run(build, ["du", "-sk", dest], log=False, timeout=_T * 4)
-    size_kib = int(r.stdout.split()[0]) if r.stdout.split() else 0
-    return {"action": "archived", "archive": dest, "size_mib": round(size_kib / 1024, 1)}
+    for e, slot in entries.items():
+        _copy(s, node.name, slot + "/", build, posixpath.join(dest, e))
+    ours = archive_digests(s, key, list(entries))
+    if ours != theirs:
+        s.run(build, ["rm", "-rf", "--", dest], log=False, timeout=WIPE_TIMEOUT_S)
+        return {"action": "failed", "archive": dest, "why": "the copy on the build host does not hash to the node's "
+                                                            "slots (a file changed while copying?): not kept"}
+    write_archive_manifest(s, key, theirs, node.name)
+    size = sum(int(f["size"]) for files in theirs.values() for f in files.values())
+    return {"action": "archived", "archive": dest, "size_mib": round(size / (1 << 20), 1), "source": node.name,
+            "seconds": round(time.monotonic() - started, 2)}
 
 
 def _copy(s: FleetSession, src: str, src_dir: str, dst: str, dst_dir: str) -> None:

@@ -27,7 +27,7 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
-from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.runbook import jit_cache, quarantine, versions
 from spark_pipelines.runbook.journal import finish_dead
 from spark_pipelines.resources import engine
@@ -235,6 +235,23 @@ def _relink_cache(s: FleetSession, node: Node, point: RolloutPoint, log: Any) ->
             failed.append(f"{mount} (kept as {aside}): {first_line(e)}")
     if failed:
         log.warning(f"[{n}] JIT cache mounts not all put back: {'; '.join(failed)}; the next deploy re-links them")
+
+
+def archive_cache(s: FleetSession, node: Node, spec: LaunchSpec, key: str | None, log: Any, *, run_id: str = "") -> str:
+    """A node passed its gate (the canary first): its sealed compile cache archived on the build
+    host, once per key, before the next wave deploys, so each wave node boots on it (shipped,
+    verified) instead of compiling. A failure costs the waves a cold boot, never the rollout."""
+    if key is None or not s.fleet.launch.ship_jit_cache:
+        return "not archived (no key, or launch.ship_jit_cache is off)"
+    try:
+        with node_lease(s, node.name, "rollout: archive its JIT cache", run_id=run_id):
+            done = jit_cache.back_up(s, node, spec, key)
+    except (RunbookError, RemoteError) as e:
+        log.warning(f"[{node.name}] its JIT cache was not archived for the waves: {first_line(e)}; they boot cold")
+        return f"not archived: {first_line(e)}"
+    said = f"JIT cache of key {key}: {done['action']}" + (f" ({done['why']})" if done.get("why") else "")
+    log.info(f"[{node.name}] {said}" + (": the next waves boot on it" if done["action"] in ("archived", "present") else ""))
+    return said
 
 
 def reject(s: FleetSession, nodes: list[Node], image_id: str, manifest: str | None, judged: Any, *,

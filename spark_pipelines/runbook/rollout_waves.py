@@ -15,7 +15,9 @@ from typing import Any, Protocol
 from spark_pipelines.core import baseline
 from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
+from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
+from spark_pipelines.core.fleet import Node
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
@@ -74,9 +76,7 @@ class WaveSteps:
             self.log.info(f"rollout: {node} runs the new version already (deployed by a dead run of this "
                           "rollout, never judged): not deployed again, gated")
             return self.new[node]
-        artifacts = NodeArtifacts(node=node, path=layout.checkpoint_version_path(fleet, target, self.checkpoint),
-                                  image=self.image.ref, image_id=self.image.image_id, index=self.checkpoint.index,
-                                  manifest=self.checkpoint.manifest, architecture=self.checkpoint.architecture)
+        artifacts = self._artifacts(target)
         # gated: out of the gateway from its deploy until its bench gate promotes it (no request
         # reaches a version before its gate); without the bench gate, back after the commit.
         d = deploy_artifacts(self.s, target, artifacts, self.deploy_code_version, self.log, run_id=self.run_id,
@@ -92,6 +92,7 @@ class WaveSteps:
         target = fleet.node(node)
         if not self.bench_gate:
             node_rollout.mark_passed(self.s, target, self.run_id)
+            self._archive_cache(target)
             return core.judge(node, healthy=True, benched=False)
         # Judged against the baseline inside the bench: a new version below it goes back to the
         # previous one without having served a request.
@@ -104,6 +105,7 @@ class WaveSteps:
         if judged.passed:
             self.passed.add(node)
             node_rollout.mark_passed(self.s, target, self.run_id)
+            self._archive_cache(target)
         else:
             # Stopped by its gate: no ungated deploy (a healing redeploy, deploy_node_job) may put
             # this version on a node that does not run it; the nodes not reached would otherwise get
@@ -112,6 +114,17 @@ class WaveSteps:
                                        self.image.image_id, self.checkpoint.manifest, judged, run_id=self.run_id)
             self.log.info(said)
         return judged
+
+    def _archive_cache(self, target: Node) -> None:
+        """Passed (the canary first): its compile cache archived before the next wave, which boots on it."""
+        spec = launch_spec(self.s.fleet, target)
+        node_rollout.archive_cache(self.s, target, spec, jit_core.key_for(self._artifacts(target), spec), self.log,
+                                   run_id=self.run_id)
+
+    def _artifacts(self, target: Node) -> NodeArtifacts:
+        return NodeArtifacts(node=target.name, path=layout.checkpoint_version_path(self.s.fleet, target, self.checkpoint),
+                             image=self.image.ref, image_id=self.image.image_id, index=self.checkpoint.index,
+                             manifest=self.checkpoint.manifest, architecture=self.checkpoint.architecture)
 
     def revert(self, node: str, why: str) -> str:
         target = self.s.fleet.node(node)

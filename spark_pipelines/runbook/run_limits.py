@@ -94,7 +94,8 @@ def _copy_terms(what: str, copies: int) -> list[tuple[str, float]]:
 
 
 def distribution_terms(f: Fleet, receivers: int) -> list[tuple[str, float]]:
-    # Every round makes at least one attempt, and a receiver gets distribution.max_attempts.
+    # The pipeline's worst case: each receiver waits for the ones above it and gets
+    # distribution.max_attempts tries, so receivers x attempts whole copies one after another.
     return _copy_terms("distribution", receivers * f.distribution.max_attempts) if receivers else []
 
 

@@ -210,13 +210,18 @@ def mark_known_good(s: FleetSession, node: Node, container: dict[str, Any] | Non
 # ------------------------------------------------------------------------------ disk
 
 
-def require_space(s: FleetSession, node: Node, manifest_text: str, digest: str, what: str) -> core.SpaceVerdict:
+def require_space(s: FleetSession, node: Node, manifest_text: str, digest: str, what: str,
+                  extra_bytes: int = 0) -> core.SpaceVerdict:
     """Before a copy of version `digest` to the node: the bytes it writes (files its serving
-    version holds alike are hard-linked, not written) against the free space under the models
-    directory. Raises RunbookError with both numbers and what to remove; nothing changed."""
+    version holds alike are hard-linked, not written; `extra_bytes` beside it: the image's parts
+    of a distribution) against the free space under the models directory. Raises RunbookError
+    with both numbers and what to remove; nothing changed."""
     held = read(s, node)
     if held.holds(digest):
-        return core.SpaceVerdict(True, 0, None if held.free_kib is None else held.free_kib * 1024)
+        verdict = core.space_for(extra_bytes, held.free_kib)
+        if not verdict.ok:
+            raise RunbookError(verdict.words(node.name, posixpath.dirname(held.serving_path), what))
+        return verdict
     files = checkpoint_core.parse_manifest(manifest_text)["files"]
     linkable = None
     serving = held.holds(held.serving) if held.serving else None
@@ -227,7 +232,7 @@ def require_space(s: FleetSession, node: Node, manifest_text: str, digest: str, 
             linkable = checkpoint_core.parse_manifest(text)["files"]
         except (RemoteError, ValueError):
             linkable = None
-    verdict = core.space_for(core.bytes_to_write(files, linkable), held.free_kib)
+    verdict = core.space_for(core.bytes_to_write(files, linkable) + extra_bytes, held.free_kib)
     if not verdict.ok:
         raise RunbookError(verdict.words(node.name, posixpath.dirname(held.serving_path), what),
                            {"versions": "\n".join(f"- {ln}" for ln in core.describe(held)) or "none"})
