@@ -124,44 +124,44 @@ class DistributionReport:
         return out
 
 
-def holds_copy(s: FleetSession, node: Node, payload: Payload) -> bool:
+def holds_copy(session: FleetSession, node: Node, payload: Payload) -> bool:
     """The node's marker says it received this checkpoint verified, it holds that version, and the
     same image id.
     (node_artifacts re-hashes the content on its own run; a damaged holder's receivers fail their
     content check against the manifest, so damage does not spread as a pass.)"""
     try:
-        return (markers.matches(s, node, STEP, payload.signature) is not None
-                and versions.read(s, node).holds(payload.manifest) is not None
-                and NodeDocker(s).image_id(node.name, payload.image) == payload.image_id)
+        return (markers.matches(session, node, STEP, payload.signature) is not None
+                and versions.read(session, node).holds(payload.manifest) is not None
+                and NodeDocker(session).image_id(node.name, payload.image) == payload.image_id)
     except RemoteError:
         return False
 
 
-def copy_to(s: FleetSession, holder: Node, receiver: Node, payload: Payload, *, run_id: str = "",
+def copy_to(session: FleetSession, holder: Node, receiver: Node, payload: Payload, *, run_id: str = "",
             bwlimit_kib: int | None = None) -> tuple[int, bool]:
     """One whole copy, as node_artifacts makes it: checkpoint (one rsync, then every file hashed),
     image, checks, marker. Holds the receiver's lease. Returns (bytes rsync sent, whether the
     image was streamed)."""
-    f = s.fleet
-    streams = NodeStreams(s)
+    fleet = session.fleet
+    streams = NodeStreams(session)
     # A holder serves its own version of the checkpoint (the build host's is what mtp_weights made).
-    src_dir = (payload.src_dir if holder.name == f.build_node.name
-               else versions_core.version_path(layout.hybrid_dir(f, holder), payload.manifest or ""))
-    with node_lease(s, receiver.name, f"distribution from {holder.name}", run_id=run_id):
-        got = versions.receive(s, streams, holder.name, receiver, src_dir, payload.manifest or "",
+    src_dir = (payload.src_dir if holder.name == fleet.build_node.name
+               else versions_core.version_path(layout.hybrid_dir(fleet, holder), payload.manifest or ""))
+    with node_lease(session, receiver.name, f"distribution from {holder.name}", run_id=run_id):
+        got = versions.receive(session, streams, holder.name, receiver, src_dir, payload.manifest or "",
                                bwlimit_kib=bwlimit_kib)
         img = streams.copy_image(holder.name, receiver.name, payload.image)
         if img.image_id != payload.image_id:
             raise RunbookError(f"{receiver.name}: received image {img.image_id[:19]} from {holder.name}, but the "
                                f"build host built {payload.image_id[:19]}; rerun the distribution")
-        markers.write(s, receiver, STEP, payload.signature, manifest=payload.manifest, source=holder.name,
+        markers.write(session, receiver, STEP, payload.signature, manifest=payload.manifest, source=holder.name,
                       path=got.path)
     return got.copy.bytes_sent, not img.skipped
 
 
-def parts_dir(s: FleetSession, node: Node, image_id: str) -> str:
+def parts_dir(session: FleetSession, node: Node, image_id: str) -> str:
     """Where a node keeps the image's parts during a distribution (beside the checkpoint versions)."""
-    return f"{layout.models_dir(s.fleet, node)}/.image-{image_id.removeprefix('sha256:')[:16]}.parts"
+    return f"{layout.models_dir(session.fleet, node)}/.image-{image_id.removeprefix('sha256:')[:16]}.parts"
 
 
 @dataclass
@@ -177,20 +177,20 @@ class _Receiver:
     loading: bool = False
 
 
-def distribute(s: FleetSession, receivers: list[Node], payload: Payload, *, log: Any = None, run_id: str = "",
+def distribute(session: FleetSession, receivers: list[Node], payload: Payload, *, log: Any = None, run_id: str = "",
                progress_every_s: float = 10.0) -> DistributionReport:
     """Bring payload from the build host to every receiver, pipelined down the tree; raise
     DistributionFailed naming the receivers left without a verified copy (after the others
     completed)."""
-    return _Distribution(s, payload, log or s.log, run_id, progress_every_s).run(receivers)
+    return _Distribution(session, payload, log or session.log, run_id, progress_every_s).run(receivers)
 
 
 class _Distribution:
-    def __init__(self, s: FleetSession, payload: Payload, log: Any, run_id: str, every_s: float) -> None:
-        self.s, self.payload, self.log, self.run_id, self.every_s = s, payload, log, run_id, every_s
-        self.f = s.fleet
+    def __init__(self, session: FleetSession, payload: Payload, log: Any, run_id: str, every_s: float) -> None:
+        self.s, self.payload, self.log, self.run_id, self.every_s = session, payload, log, run_id, every_s
+        self.f = session.fleet
         self.build = self.f.build_node
-        self.streams = NodeStreams(s)
+        self.streams = NodeStreams(session)
         self.events: queue.Queue = queue.Queue()
         self.rx: dict[str, _Receiver] = {}
         self.dirs: dict[str, list[str]] = {}  # node -> [checkpoint dir, parts dir] it sends from / writes to

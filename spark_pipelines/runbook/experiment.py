@@ -96,12 +96,12 @@ def _loaded(r: bench_core.BenchReport) -> Any:
     return next((p.aggregate_tok_s for p in r.phases if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
 
 
-def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, variants: list[Variant], log: Any, *,
+def run_experiment(session: FleetSession, gw: GatewayHost, node_name: str | None, variants: list[Variant], log: Any, *,
                    suite: str = "all", repeats: int = 3, run_id: str = "") -> Compared:
     """Drain the node, deploy and bench each variant, compare them, then put the production launch
     back and restore the node (in every outcome). Holds the node's run lease. Raises RunbookError
     for variants that do not validate, and for a deploy or bench that fails."""
-    fleet = s.fleet
+    fleet = session.fleet
     name = node_name or fleet.serve_nodes[0].name
     try:
         node = fleet.node(name)
@@ -111,14 +111,14 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
     if len(fleets) != 2:
         raise RunbookError("the two variants need different names")
     reports: dict[str, bench_core.BenchReport] = {}
-    with node_lease(s, node.name, "experiment", run_id=run_id):
-        finish_dead(s, node, log, run_id=run_id)  # what dead runs left first: production serving, routed
+    with node_lease(session, node.name, "experiment", run_id=run_id):
+        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: production serving, routed
         with drained(gw, node.name):
             try:
                 for vname, vf in fleets.items():
                     vnode = vf.node(node.name)
                     log.info(f"variant {vname}: deploying")
-                    deploy(s, vnode, launch_spec(vf, vnode), log, run_id=run_id)
+                    deploy(session, vnode, launch_spec(vf, vnode), log, run_id=run_id)
                     wait_idle(vf, vnode)
                     reports[vname] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
                                                suite=suite, concurrency=fleet.bench.loaded_concurrency,
@@ -126,7 +126,7 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
                                                max_s=fleet.health.bench_max_s)
             finally:
                 log.info(f"restoring the production launch on {node.name}")
-                deploy(s, node, launch_spec(fleet, node), log, run_id=run_id)
+                deploy(session, node, launch_spec(fleet, node), log, run_id=run_id)
     (na, ra), (nb, rb) = reports.items()
     verdicts = []
     # MTP-2 vs MTP-3 under a length one server honoured and the other did not would crown the mix.

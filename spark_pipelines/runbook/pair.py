@@ -176,24 +176,24 @@ print(json.dumps(out))
 """
 
 
-def _python(s: FleetSession, node: str, script: str, args: list[str], timeout: float) -> str:
-    r = s.run(node, ["python3", "-c", script, *args], check=False, log=False, timeout=timeout)
+def _python(session: FleetSession, node: str, script: str, args: list[str], timeout: float) -> str:
+    r = session.run(node, ["python3", "-c", script, *args], check=False, log=False, timeout=timeout)
     return r.stdout if r.stdout.strip() else (r.stderr or r.tail or f"exit {r.exit_status}")
 
 
-def observe(s: FleetSession, pair: NodePair, launch: PairLaunch) -> core.PairObservations:
+def observe(session: FleetSession, pair: NodePair, launch: PairLaunch) -> core.PairObservations:
     """Read-only (a listener on the head for PROBE_S at most): what the pair's preflight judges."""
-    docker = NodeDocker(s)
+    docker = NodeDocker(session)
     image = launch.head.image
     nodes = (pair.worker, pair.head)
     ids = {n: docker.image_id(n, image) for n in nodes}
-    checkpoints = {n: versions.serving_digest(s, s.fleet.node(n)) for n in nodes}
+    checkpoints = {n: versions.serving_digest(session, session.fleet.node(n)) for n in nodes}
     nccl = {}
     for n in nodes:
         if ids[n] is None:
             nccl[n] = core.NcclReport(None, None, None, None, None, f"no image {image} on {n}")
             continue
-        out = s.run(n, ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", NCCL_PROBE],
+        out = session.run(n, ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", NCCL_PROBE],
                     check=False, log=False, timeout=300)
         nccl[n] = core.NcclReport.parse(out.stdout or out.tail)
     link = pair.link
@@ -203,14 +203,14 @@ def observe(s: FleetSession, pair: NodePair, launch: PairLaunch) -> core.PairObs
 
     def listen() -> None:
         try:
-            heard["out"] = _python(s, pair.head, LINK_LISTEN, [link.head_address, str(pair.master_port), str(PROBE_S)],
+            heard["out"] = _python(session, pair.head, LINK_LISTEN, [link.head_address, str(pair.master_port), str(PROBE_S)],
                                    timeout=PROBE_S + 30)
         except Exception as e:  # reported as the probe's error
             heard["error"] = first_line(e)
 
     listener = threading.Thread(target=listen, daemon=True, name=f"pair-{pair.name}-listen")
     listener.start()
-    probe = _python(s, pair.worker, LINK_PROBE,
+    probe = _python(session, pair.worker, LINK_PROBE,
                     [link.head_address, str(pair.master_port), str(link.mtu), str(PROBE_S - 3)], timeout=PROBE_S + 30)
     listener.join(PROBE_S + 40)
     if "error" in heard or "out" not in heard:
@@ -223,8 +223,8 @@ def observe(s: FleetSession, pair: NodePair, launch: PairLaunch) -> core.PairObs
                                  ids, checkpoints, nccl)
 
 
-def preflight_pair(s: FleetSession, pair: NodePair, launch: PairLaunch | None = None) -> PreflightReport:
-    return core.evaluate(pair, observe(s, pair, launch or pair_launch(s.fleet, pair)))
+def preflight_pair(session: FleetSession, pair: NodePair, launch: PairLaunch | None = None) -> PreflightReport:
+    return core.evaluate(pair, observe(session, pair, launch or pair_launch(session.fleet, pair)))
 
 
 @dataclass
@@ -244,25 +244,25 @@ def _refuse_off(pair: NodePair) -> None:
                            "turn it on in the fleet file (pairs[].enabled: true, with its link) first")
 
 
-def deploy_pair(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> PairDeployed:
+def deploy_pair(session: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> PairDeployed:
     """The pair's deploy as one transaction over both nodes (module doc). Raises DeployFailed with
     the pair's diagnosis and what the rollback left; NodeBusy when a run holds either node."""
     _refuse_off(pair)
-    f = s.fleet
-    launch = pair_launch(f, pair)
-    head, worker = f.node(pair.head), f.node(pair.worker)
+    fleet = session.fleet
+    launch = pair_launch(fleet, pair)
+    head, worker = fleet.node(pair.head), fleet.node(pair.worker)
     purpose = f"pair {pair.name} deploy"
-    with node_lease(s, worker.name, purpose, run_id=run_id), node_lease(s, head.name, purpose, run_id=run_id):
+    with node_lease(session, worker.name, purpose, run_id=run_id), node_lease(session, head.name, purpose, run_id=run_id):
         for n in (worker, head):
-            deploy.finish_interrupted(s, n, log, run_id=run_id)
-        report = preflight_pair(s, pair, launch)
+            deploy.finish_interrupted(session, n, log, run_id=run_id)
+        report = preflight_pair(session, pair, launch)
         log.info(report.explain())
         if not report.passed:
             raise DeployFailed(f"pair {pair.name}: preflight blocked, nothing was changed: " + "; ".join(
                 f"{c.name}: {c.detail} -> {c.fix}" for c in report.failures()), {"preflight": report.explain()})
-        gw = deploy.gateway_of(s, head)
+        gw = deploy.gateway_of(session, head)
         reason = f"{gateway_core.DEPLOY_DRAIN} pair {pair.name} (run {run_id[:8] or '-'})"
-        journals = {n.name: TransactionJournal.begin(s, n, spec, run_id, keep_previous=False,
+        journals = {n.name: TransactionJournal.begin(session, n, spec, run_id, keep_previous=False,
                                                  drain_reason=reason if gw is not None else None)
                     for n, spec in ((worker, launch.worker), (head, launch.head))}
         try:
@@ -271,11 +271,11 @@ def deploy_pair(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") 
                 if gw is not None:
                     # The head first: the node clients reach. One deploy for rollout.max_unavailable.
                     for n, first in ((head, True), (worker, False)):
-                        dead = not engine.healthy(f, n)
+                        dead = not engine.healthy(fleet, n)
                         drains[n.name] = stack.enter_context(drained(
-                            gw, n.name, reason=reason, wait_s=f.rollout.deploy_wait_s, dead=dead,
+                            gw, n.name, reason=reason, wait_s=fleet.rollout.deploy_wait_s, dead=dead,
                             deploying=first and not dead))
-                done = _transaction(s, pair, launch, log, journals, drains, report.explain())
+                done = _transaction(session, pair, launch, log, journals, drains, report.explain())
                 if worker.name in drains:
                     drains[worker.name].keep_out = True  # headless: the pair serves through its head
                 return done
@@ -284,19 +284,19 @@ def deploy_pair(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") 
                 j.end()
 
 
-def _transaction(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, journals: dict[str, Any],
+def _transaction(session: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, journals: dict[str, Any],
                  drains: dict[str, Drain], pair_report: str) -> PairDeployed:
-    f = s.fleet
+    fleet = session.fleet
     started = time.monotonic()
     txns: list[Any] = []  # Transaction, in launch order
     reports = [pair_report]
     logs: dict[str, str] = {}
     try:
         try:
-            ids = _launch_both(s, pair, launch, log, journals, drains, txns, reports, logs)
-            smoke = engine.smoke_test(f, f.node(pair.head))
+            ids = _launch_both(session, pair, launch, log, journals, drains, txns, reports, logs)
+            smoke = engine.smoke_test(fleet, fleet.node(pair.head))
         except BaseException as e:
-            _roll_back(s, pair, txns, e, logs, log)  # raises
+            _roll_back(session, pair, txns, e, logs, log)  # raises
         for txn in txns:  # verified on both nodes: each drops what it set aside
             txn.commit()
             txn.journal.try_update(phase="ending", outcome="committed")
@@ -308,27 +308,27 @@ def _transaction(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
                         {t.node.name: t.spec for t in txns})
 
 
-def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, journals: dict[str, Any],
+def _launch_both(session: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, journals: dict[str, Any],
                  drains: dict[str, Drain], txns: list[Any], reports: list[str], logs: dict[str, str]) -> dict[str, str]:
     """Both nodes set aside and through their own preflight and memory gate first, then the worker
     launched, then the head right after its milestone (each transaction added to `txns` as it
     starts: the rollback's list); returns node -> the container verified there."""
-    f = s.fleet
-    docker = NodeDocker(s)
+    fleet = session.fleet
+    docker = NodeDocker(session)
     for node_name, spec in ((pair.worker, launch.worker), (pair.head, launch.head)):
-        n = f.node(node_name)
+        n = fleet.node(node_name)
         image_id = docker.image_id(n.name, spec.image)
         if image_id is None:
             raise NotServing(f"image {spec.image} is gone from {n.name}", {})
-        spec = deploy.labelled(spec, image_id, None, deploy.version_to_launch(s, n, None))
-        txn = Transaction(s, n, spec, log, drains.get(n.name))
+        spec = deploy.labelled(spec, image_id, None, deploy.version_to_launch(session, n, None))
+        txn = Transaction(session, n, spec, log, drains.get(n.name))
         txn.journal = journals[n.name]
         txn.journal.update(new_fingerprint=spec.fingerprint, new_image_id=image_id)
         txns.append(txn)
         txn.set_aside()
         txn.prepare()
         assert txn.prepared is not None
-        rep = preflight.evaluate(s, n, preflight.observe(s, n, spec.image, txn.prepared), spec.gpu_memory_utilization)
+        rep = preflight.evaluate(session, n, preflight.observe(session, n, spec.image, txn.prepared), spec.gpu_memory_utilization)
         reports.append(rep.explain())
         if not rep.passed:
             raise NotServing(f"preflight blocked {n.name}: " + "; ".join(
@@ -336,8 +336,8 @@ def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
         if spec.model_source:
             txn.point_checkpoint(posixpath.basename(spec.model_source))
     worker_txn, head_txn = txns
-    _launch_worker(s, pair, worker_txn.node, worker_txn.spec, logs)
-    _launch_head(s, pair, head_txn.node, head_txn.spec, logs)
+    _launch_worker(session, pair, worker_txn.node, worker_txn.spec, logs)
+    _launch_head(session, pair, head_txn.node, head_txn.spec, logs)
     ids = {}
     for txn in txns:  # the worker too, once the head came up: a worker that went is a pair that is down
         live = docker.inspect_container(txn.node.name, txn.spec.container_name) or {}
@@ -349,9 +349,9 @@ def _launch_both(s: FleetSession, pair: NodePair, launch: PairLaunch, log: Any, 
     return ids
 
 
-def _launch_worker(s: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, logs: dict[str, str]) -> None:
-    docker = NodeDocker(s)
-    s.run(n.name, ["mkdir", "-p", *spec.host_dirs], log=False, timeout=60)
+def _launch_worker(session: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, logs: dict[str, str]) -> None:
+    docker = NodeDocker(session)
+    session.run(n.name, ["mkdir", "-p", *spec.host_dirs], log=False, timeout=60)
     docker.run_container(n.name, spec.docker_run_argv())
     watch = docker.follow_logs(n.name, spec.container_name, until=lambda line: WORKER_MILESTONE in line,
                                timeout=pair.worker_ready_s)
@@ -359,20 +359,20 @@ def _launch_worker(s: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, l
         logs[n.name] = docker.logs(n.name, spec.container_name, tail="all")
         how = "its container exited" if watch.ended else f"within {pair.worker_ready_s} s (pairs[].worker_ready_s)"
         raise NotServing(f"the worker {n.name} did not reach its headless milestone: {how}", {})
-    s.log.info(f"[{n.name}] worker (rank 1) up: {watch.matched.strip()[:160]}; launching the head {pair.head}")
+    session.log.info(f"[{n.name}] worker (rank 1) up: {watch.matched.strip()[:160]}; launching the head {pair.head}")
 
 
-def _launch_head(s: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, logs: dict[str, str]) -> None:
-    ok, log_text, _ = launch_and_wait(s, n, spec, s.fleet.launch_for(n).health_timeout_s)
+def _launch_head(session: FleetSession, pair: NodePair, n: Node, spec: LaunchSpec, logs: dict[str, str]) -> None:
+    ok, log_text, _ = launch_and_wait(session, n, spec, session.fleet.launch_for(n).health_timeout_s)
     logs[n.name] = log_text
     if not ok:
         raise NotServing(f"the head {n.name} did not become healthy", {})
 
 
-def _roll_back(s: FleetSession, pair: NodePair, txns: list[Any], cause: BaseException, logs: dict[str, str],
+def _roll_back(session: FleetSession, pair: NodePair, txns: list[Any], cause: BaseException, logs: dict[str, str],
                log: Any) -> None:
     """Both nodes back to what they served before (head first), with the pair's diagnosis; raises."""
-    docker = NodeDocker(s)
+    docker = NodeDocker(session)
     for txn in txns:  # both logs before the rollback removes the containers
         if txn.node.name not in logs:
             try:
@@ -387,7 +387,7 @@ def _roll_back(s: FleetSession, pair: NodePair, txns: list[Any], cause: BaseExce
         except Exception:  # noqa: BLE001
             pass
     diag = core.diagnose(pair, logs.get(pair.head, ""), logs.get(pair.worker, ""), worker_running=worker_running)
-    gone = [t.node.name for t in txns if lease.lost(s, t.node.name) is not None]
+    gone = [t.node.name for t in txns if lease.lost(session, t.node.name) is not None]
     why = cause.description if isinstance(cause, RunbookError) else f"failed: {first_line(cause)}"
     why = f"pair {pair.name}: {why}"
     outcomes: list[str] = []
@@ -420,22 +420,22 @@ def _roll_back(s: FleetSession, pair: NodePair, txns: list[Any], cause: BaseExce
 # ----------------------------------------------------------------- the pair turned off again
 
 
-def separate(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> list[Deployed]:
+def separate(session: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> list[Deployed]:
     """Both nodes back to TP=1 serving, each its own gateway backend again. The head leaves the
     gateway first and its requests in flight end (nothing a client sent fails); then each node is
     deployed at its own launch (runbook.deploy) and put back. Holds both leases throughout."""
-    f = s.fleet
-    head, worker = f.node(pair.head), f.node(pair.worker)
+    fleet = session.fleet
+    head, worker = fleet.node(pair.head), fleet.node(pair.worker)
     purpose = f"pair {pair.name} off"
-    with node_lease(s, worker.name, purpose, run_id=run_id), node_lease(s, head.name, purpose, run_id=run_id):
-        gw = deploy.gateway_of(s, head)
+    with node_lease(session, worker.name, purpose, run_id=run_id), node_lease(session, head.name, purpose, run_id=run_id):
+        gw = deploy.gateway_of(session, head)
         done: list[Deployed] = []
         with ExitStack() as stack:
             if gw is not None:
                 stack.enter_context(drained(gw, head.name, reason=f"pair {pair.name} off (run {run_id[:8] or '-'})",
-                                            wait_s=f.rollout.deploy_wait_s, dead=not engine.healthy(f, head)))
+                                            wait_s=fleet.rollout.deploy_wait_s, dead=not engine.healthy(fleet, head)))
             for n in (worker, head):  # the worker's container going takes the (drained) head down with it
-                done.append(deploy.deploy(s, n, launch_spec(f, n), log, run_id=run_id))
+                done.append(deploy.deploy(session, n, launch_spec(fleet, n), log, run_id=run_id))
                 if gw is not None and n is worker:
                     put_back(gw, n.name)
         return done
@@ -446,22 +446,22 @@ def separate(s: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> 
 # ------------------------------------------------------------------------------------ bench
 
 
-def bench_pair(s: FleetSession, pair: NodePair, log: Any, *, tp1_tok_s: dict[str, float] | None = None,
+def bench_pair(session: FleetSession, pair: NodePair, log: Any, *, tp1_tok_s: dict[str, float] | None = None,
                repeats: int | None = None) -> tuple[core.PairBench, Any]:
     """The pair's head at 1 stream (the recipe's five prompts) and 2 streams (two requests at
     once), drained from the gateway (its requests in flight end first, as every bench), then put
     back. `tp1_tok_s`: each node's own TP=1 single-stream figure (its latest bench), when known."""
     from spark_pipelines.resources.bench_client import run_bench
 
-    f = s.fleet
-    head = f.node(pair.head)
-    gw = deploy.gateway_of(s, head)
+    fleet = session.fleet
+    head = fleet.node(pair.head)
+    gw = deploy.gateway_of(session, head)
     with ExitStack() as stack:
         if gw is not None:
             stack.enter_context(drained(gw, head.name, reason=f"bench pair {pair.name}", idle=True))
-        report = run_bench(f"{engine.api_root(f, head)}/v1", f.launch_for(head).served_model_name, suite="all",
-                           concurrency=2, loaded_requests=2, repeats=repeats or f.bench.repeats,
-                           ignore_eos=f.bench.force_output_length, max_s=f.health.bench_max_s,
+        report = run_bench(f"{engine.api_root(fleet, head)}/v1", fleet.launch_for(head).served_model_name, suite="all",
+                           concurrency=2, loaded_requests=2, repeats=repeats or fleet.bench.repeats,
+                           ignore_eos=fleet.bench.force_output_length, max_s=fleet.health.bench_max_s,
                            reference_mean_tok_s=core.RUNBOOK_TP2_TOK_S)
     single = report.recipe_mean_tok_s
     loaded = next((p.aggregate_tok_s for p in report.phases if p.concurrency == 2), None)

@@ -39,14 +39,14 @@ class RolloutRecords(Protocol):
     def reverted(self, node: str, said: str, why: str) -> None: ...
 
 
-def plan(s: FleetSession, sv: node_rollout.Survey) -> core.RolloutPlan:
+def plan(session: FleetSession, sv: node_rollout.Survey) -> core.RolloutPlan:
     """The waves over the serve nodes the survey left to change. A canary that serves the new
     version already has nothing to prove (one node's launch changed): the first node that changes
     goes alone instead. Raises core.RolloutRefused (nothing changed)."""
-    f = s.fleet
-    canary = None if sv.skip.get(f.rollout.canary or "") == node_rollout.ALREADY_SERVES else f.rollout.canary
-    return core.plan_waves([n.name for n in f.serve_nodes], in_rotation=sv.rotation,
-                           max_unavailable=f.rollout.max_unavailable, min_in_rotation=f.gateway.min_in_rotation,
+    fleet = session.fleet
+    canary = None if sv.skip.get(fleet.rollout.canary or "") == node_rollout.ALREADY_SERVES else fleet.rollout.canary
+    return core.plan_waves([n.name for n in fleet.serve_nodes], in_rotation=sv.rotation,
+                           max_unavailable=fleet.rollout.max_unavailable, min_in_rotation=fleet.gateway.min_in_rotation,
                            canary=canary, skip=sv.skip)
 
 

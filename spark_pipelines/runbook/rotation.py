@@ -33,21 +33,21 @@ from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import ledger
 
 
-def promotion(s: FleetSession) -> tuple[list[str], dict[str, str]]:
+def promotion(session: FleetSession) -> tuple[list[str], dict[str, str]]:
     """Nodes to put in rotation, and the reason each other node is left out: quarantined or held
     out by a gate (the ledger), or its vLLM does not answer /health."""
-    f = s.fleet
+    fleet = session.fleet
     rotation: list[str] = []
     out: dict[str, str] = {}
-    led = ledger.read(s)
-    for node in f.serve_nodes:
+    led = ledger.read(session)
+    for node in fleet.serve_nodes:
         held = led.why_held(node.name)
-        pair = enabled_pair_of(f, node.name)
+        pair = enabled_pair_of(fleet, node.name)
         if held:
             out[node.name] = held
         elif pair is not None and pair.worker == node.name:  # headless: the pair is its head's backend
             out[node.name] = pair_core.WORKER_OUT.format(pair=pair.name, head=pair.head)
-        elif not engine.healthy(f, node):
+        elif not engine.healthy(fleet, node):
             out[node.name] = "vLLM /health does not answer"
         else:
             rotation.append(node.name)
