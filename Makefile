@@ -33,7 +33,7 @@ test-fast:
 PORT ?= 3000
 ui:
 	@scripts/bootstrap.sh base
-	@.venv/bin/python -c "import sys; from spark_pipelines.demo import ui_command; sys.exit(ui_command(sys.argv[1]))" '$(PORT)'
+	@.venv/bin/python -c "import sys; from spark_pipelines.cli.demo import ui_command; sys.exit(ui_command(sys.argv[1]))" '$(PORT)'
 
 sim-down:
 	.venv/bin/spark-pipelines sim down

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spark_pipelines import adopt_command
+from spark_pipelines.cli import adopt as adopt_command
 from spark_pipelines.resources.ssh import read_command_log
 from spark_sim.fleet import SimFleet
 from spark_sim.hand import build_by_hand

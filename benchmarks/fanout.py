@@ -1,19 +1,22 @@
-"""Fan-out distribution vs copying from the build host alone, on rate-limited simulated links.
+"""Pipelined distribution vs copying from the build host alone, on rate-limited simulated links.
 
-    .venv/bin/python benchmarks/fanout.py [--link-mbit 200] [--size-mib 192] [--image-mib 32] [--nodes 1,2,4,8]
+    .venv/bin/python benchmarks/fanout.py [--link-mbit 200] [--size-mib 192] [--shards 16] [--image-mib 32]
+                                          [--nodes 1,2,4,8]
 
 Brings up a simulated fleet of the build host + max(--nodes) receivers in SPARK_SIM_SLOT /
 SPARK_SIM_ROOT (default slot 21, /var/lib/spark-sim-bench-fanout), every node's link limited to
 --link-mbit each way with tc (a real NIC: the build host's uplink is the one it has). On the build
-host: a synthetic checkpoint (safetensors shards + index + sha256 manifest) and an image with a
-random layer. For 1, 2, 4, 8 receivers, from empty receivers each time:
-- build-host-only: the build host copies to each receiver in turn (today's node_artifacts);
-- tree: runbook/distribution.py, every verified holder serving the next (the same copy code).
-Both copies are the full procedure (rsync --partial, docker save | docker load, content
-verification on the receiver, marker). Then one copy's throughput against `scp -r` of the same
-files over the same link. The last line ends with the tree / build-host-only ratio at the largest
-receiver count (goal at 8: <= 0.5). With --with-build-host, --nodes counts the serve nodes that hold
-the artifacts at the end, the build host one of them (as the seed's spark1): 8 nodes are 7 copies.
+host: a synthetic checkpoint (safetensors shards + index + sha256 manifest; 16 shards as the real
+~71 GB checkpoint's ~5 GB ones) and an image with a random layer. For 1, 2, 4, 8 receivers, from
+empty receivers each time:
+- build-host-only: the build host copies to each receiver in turn (node_artifacts' whole copy:
+  one rsync, every file hashed, docker save | docker load, marker);
+- tree: runbook/distribution.py, each unit passed down the tree as soon as it verified.
+Then one copy's throughput against `scp -r` of the same files + the image stream over the same
+link, for node_artifacts' whole copy and for the pipeline to one receiver. The last line ends with
+the tree / build-host-only ratio at the largest receiver count (goal at 8: <= 0.25). With
+--with-build-host, --nodes counts the serve nodes that hold the artifacts at the end, the build
+host one of them (as the seed's spark1): 8 nodes are 7 copies.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import sys
 import tarfile
 import time
 
-from spark_pipelines.core import distribution as plan_core
 from spark_pipelines.core import layout, remote
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.docker import NodeDocker
@@ -76,7 +78,9 @@ def wipe(s: FleetSession, nodes: list[str], payload: Payload) -> None:
     f = s.fleet
     for name in nodes:
         node = f.node(name)
-        s.run(name, ["rm", "-rf", layout.hybrid_dir(f, node), layout.marker_path(node, "node_artifacts")], log=False)
+        models = layout.models_dir(f, node)
+        s.run(name, ["sh", "-c", 'rm -rf "$1" "$1".v-* "$2"/.*.incoming "$3"', "wipe", layout.hybrid_dir(f, node),
+                     models, layout.marker_path(node, "node_artifacts")], log=False)
         s.run(name, ["docker", "image", "rm", "-f", payload.image], check=False, log=False)
 
 
@@ -84,7 +88,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--link-mbit", type=float, default=200)
     ap.add_argument("--size-mib", type=int, default=192, help="synthetic checkpoint size")
-    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--image-mib", type=int, default=32)
     ap.add_argument("--nodes", default="1,2,4,8", help="receiver counts to measure")
     ap.add_argument("--with-build-host", action="store_true",
@@ -138,9 +142,9 @@ def run(fleet, args, counts: list[int]) -> int:
             t0 = time.monotonic()
             report = distribute(s, [build, *(fleet.node(r) for r in targets)], payload)
             tree = time.monotonic() - t0
-            results[k] = (alone, tree, len(report.rounds))
-            print(f"{k} receiver(s): build-host-only {alone:6.1f} s   tree {tree:6.1f} s in {len(report.rounds)} "
-                  f"round(s) (planned {plan_core.rounds_needed(k)})   ratio {tree / alone:.2f}")
+            results[k] = (alone, tree, len(report.transfers))
+            print(f"{k} receiver(s): build-host-only {alone:6.1f} s   tree {tree:6.1f} s in {len(report.transfers)} "
+                  f"transfer(s)   ratio {tree / alone:.2f}")
             for line in report.lines():
                 print(f"    {line}")
 
@@ -150,6 +154,10 @@ def run(fleet, args, counts: list[int]) -> int:
         t0 = time.monotonic()
         copy_to(s, build, fleet.node(one), payload)
         ours = time.monotonic() - t0
+        wipe(s, [one], payload)
+        t0 = time.monotonic()
+        distribute(s, [build, fleet.node(one)], payload)
+        piped = time.monotonic() - t0
         route = NodeStreams(s).ensure_peer_access(build.name, one)
         scp_dir = s.expand(one, "~/fanout-scp")
         s.run(one, ["rm", "-rf", scp_dir], log=False)
@@ -168,13 +176,15 @@ def run(fleet, args, counts: list[int]) -> int:
         wire = scp_ckpt + scp_image
         link = args.link_mbit / 8 * 1e6 / (1 << 20)
         figures.append(f"link {args.link_mbit:g} Mbit/s = {link:.1f} MiB/s each way")
-        figures.append(f"one copy (rsync + docker save|load + verification): {ours:.1f} s = {total_mib / ours:.1f} MiB/s; "
-                       f"scp of the same files + the image stream: {wire:.1f} s = {total_mib / wire:.1f} MiB/s; "
-                       f"throughput ours/scp {wire / ours:.2f} (goal >= 0.9)")
+        figures.append(f"scp of the same files + the image stream: {wire:.1f} s = {total_mib / wire:.1f} MiB/s")
+        figures.append(f"one whole copy (node_artifacts: rsync + docker save|load + verification): {ours:.1f} s = "
+                       f"{total_mib / ours:.1f} MiB/s; throughput ours/scp {wire / ours:.2f} (goal >= 0.9)")
+        figures.append(f"one copy through the pipeline (units, parts, per-file verification): {piped:.1f} s = "
+                       f"{total_mib / piped:.1f} MiB/s; throughput ours/scp {wire / piped:.2f}")
         for k in counts:
             alone, tree, rounds = results[k]
             figures.append(f"{k} receiver(s){f' ({k + 1} nodes)' if args.with_build_host else ''}: "
-                           f"build-host-only {alone:.1f} s, tree {tree:.1f} s ({rounds} rounds), "
+                           f"build-host-only {alone:.1f} s, tree {tree:.1f} s ({rounds} transfers), "
                            f"tree/build-host-only {tree / alone:.2f}")
     print()
     for line in figures:
@@ -182,11 +192,12 @@ def run(fleet, args, counts: list[int]) -> int:
     kmax = counts[-1]
     alone, tree, _ = results[kmax]
     print(json.dumps({"link_mbit": args.link_mbit, "size_mib": args.size_mib, "image_mib": args.image_mib,
-                      "results": {k: {"build_host_only_s": round(a, 1), "tree_s": round(t, 1), "rounds": r}
+                      "shards": args.shards,
+                      "results": {k: {"build_host_only_s": round(a, 1), "tree_s": round(t, 1), "transfers": r}
                                   for k, (a, t, r) in results.items()}}))
     where = (f"{kmax + 1} serve nodes, the build host among them ({kmax} receivers)" if args.with_build_host
              else f"{kmax} nodes")
-    print(f"at {where} (goal <= 0.5): tree / build-host-only {tree / alone:.2f}")
+    print(f"at {where} (goal <= 0.25): tree / build-host-only {tree / alone:.2f}")
     return 0
 
 

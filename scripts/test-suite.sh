@@ -5,7 +5,8 @@
 #
 #   e2e        tests/e2e: one simulated fleet (test_chain's first deploy first), plus the `make demo`
 #              and first-contact tests on fleets of their own; then the two distribution tests that
-#              bring up 4 and 8 nodes of their own (they balance the two sessions' times)
+#              bring up 4 and 8 nodes of their own, and the node pair's (TP=2) module, which
+#              deploys both nodes its own way (they balance the two sessions' times)
 #   the rest   unit, integration, then the faults (their fleet lives until the session ends)
 #
 # Each session takes its own simulated-fleet slot (tests/plugins/sim.py), so they share nothing on
@@ -16,7 +17,8 @@ py=.venv/bin/python
 if [[ "${1:-}" == "--" ]]; then shift; exec "$py" -m pytest "$@"; fi
 if [[ "${SPARK_TEST_STREAMS:-2}" == 1 ]]; then exec "$py" -m pytest; fi
 
-own_fleets=(tests/integration/test_distribution_tree.py tests/integration/test_fleet_of_eight.py)
+own_fleets=(tests/integration/test_distribution_tree.py tests/integration/test_fleet_of_eight.py
+            tests/integration/test_pair.py)
 logs=$(mktemp -d)
 e2e_pid=
 trap '[[ -n $e2e_pid ]] && kill -- -"$e2e_pid" 2>/dev/null; rm -rf "$logs"' EXIT

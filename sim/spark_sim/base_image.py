@@ -1,7 +1,7 @@
 """The offline Python base image of the simulated fleet, assembled from Debian packages.
 
 The `FROM` of every simulated build is an image made here (no registry is reachable): the
-product's offline rootfs (spark_pipelines.team.rootfs: a minimal Python 3.11 and busybox) plus git
+product's offline rootfs (spark_pipelines.resources.rootfs: a minimal Python 3.11 and busybox) plus git
 (local clones and `git apply`), tarred once into a cache dir and `docker import`ed into each node's
 engine on every `sim up`.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from spark_pipelines.team import rootfs
-from spark_pipelines.team.rootfs import BUSYBOX_APPLETS
-from spark_pipelines.team.rootfs import RootfsError as BaseImageError  # noqa: F401  (the sim CLI's name)
+from spark_pipelines.resources import rootfs
+from spark_pipelines.resources.rootfs import BUSYBOX_APPLETS
+from spark_pipelines.resources.rootfs import RootfsError as BaseImageError  # noqa: F401  (the sim CLI's name)
 from spark_sim.gpu_hook import CONTAINER_STATE_PATH
 
 IMAGE_REF = "sim-python-base:latest"

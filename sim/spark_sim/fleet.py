@@ -171,6 +171,7 @@ class SimFleet:
                     network.make_member_netns(self.layout, m, self._record)
                     if link_mbit is not None and not m.is_gateway:
                         network.limit_link(self.layout, m, link_mbit)
+                self._make_pair_links(seed, members)
                 host_keys = {m.name: host.make_member(m) for m in members}
                 host.write_known_hosts(members, host_keys)
                 for m in members:
@@ -191,7 +192,7 @@ class SimFleet:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 list(pool.map(lambda m: base_image.import_into(m.docker_host, tar), self.nodes))
             pins = self._make_upstream()
-            doc = fleet_doc(self.layout, seed, members, pins)
+            doc = fleet_doc(self.layout, seed, members, pins, self.state.get("pair_links", {}))
             parse_fleet(doc, "simulated fleet")  # refuse to write a fleet the tools would refuse
             text = (
                 "# Simulated fleet written by `spark-pipelines sim up`: the seed fleet with only what must\n"
@@ -207,6 +208,20 @@ class SimFleet:
             self.down()
             raise
         return fleet_path
+
+    def _make_pair_links(self, seed: dict[str, Any], members: list[Member]) -> None:
+        """The direct link of each of the seed's node pairs whose nodes are simulated (the pair
+        stays off in the fleet file, as in the seed: a test or the operator turns it on)."""
+        by_name = {m.name: m for m in members if not m.is_gateway}
+        links: dict[str, dict[str, Any]] = {}
+        for p in seed.get("pairs") or []:
+            head, worker = by_name.get(p.get("head")), by_name.get(p.get("worker"))
+            if head is None or worker is None or links:
+                continue  # one link per sim: one subnet for it
+            head_ip, worker_ip = network.make_pair_link(self.layout, head, worker)
+            links[p["name"]] = {"head_address": head_ip, "worker_address": worker_ip, "mtu": network.LINK_MTU}
+        self.state["pair_links"] = links
+        self._save_state()
 
     def add_node(self, hardware: str = "gx10") -> Member:
         """A GB10 joins the running fleet, not yet in its fleet file (the operator adds it there):

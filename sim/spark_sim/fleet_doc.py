@@ -28,7 +28,8 @@ def gateway_of(seed: dict[str, Any]) -> dict[str, Any]:
             "front": GatewayFront.model_validate(front) if front is not None else None}
 
 
-def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: dict[str, Any]) -> dict[str, Any]:
+def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: dict[str, Any],
+              pair_links: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     doc = copy.deepcopy(seed)
     templates = {n["hardware"]: n for n in seed["nodes"]}
 
@@ -70,6 +71,10 @@ def fleet_doc(lay: Layout, seed: dict[str, Any], members: list[Member], pins: di
     # One attempt per step: the fault tests bound how long a step takes against a dead node, and
     # the connect-retry test turns retries on for itself.
     doc["ssh"] = {"connect_retries": 0, "connect_backoff_s": 1}
+    # A pair whose nodes are simulated gets its link (the sim made it); it stays off as in the seed.
+    serving = {n["name"] for n in nodes}
+    doc["pairs"] = [{**p, **({"link": pair_links[p["name"]]} if p["name"] in (pair_links or {}) else {})}
+                    for p in doc.get("pairs") or [] if {p.get("head"), p.get("worker")} <= serving]
     if pins:
         doc["pins"]["recipe_repo"] = pins["recipe_repo"]
         doc["pins"]["build_repo"] = pins["build_repo"]

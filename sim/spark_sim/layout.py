@@ -122,6 +122,11 @@ class Layout:
     def host_ip(self) -> str:
         return f"{self.subnet}.1"
 
+    def link_address(self, end: int) -> str:
+        """An address on a node pair's direct link (network.make_pair_link): its own subnet, only
+        the two nodes' namespaces are on it."""
+        return f"10.214.{self.slot}.{end}"
+
     @property
     def hub_cache(self) -> Path:
         """The local model source (an HF hub cache layout) that the node's `hf` reads."""

@@ -55,3 +55,20 @@ def limit_link(lay: Layout, m: Member, mbit: float) -> None:
     for ns, dev in ((m.netns, "eth0"), (lay.switch_ns, port)):
         run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
              "latency", "100ms"], what=f"tc on {dev} of {m.name} ({rate})")
+
+
+LINK_DEV = "dac0"  # a pair's direct link in each of its two namespaces (the runbook's DAC between CX-7 ports)
+LINK_MTU = 9000
+
+
+def make_pair_link(lay: Layout, head: Member, worker: Member, mtu: int = LINK_MTU) -> tuple[str, str]:
+    """A direct link between two nodes' namespaces, beside the bridge (a veth, jumbo frames):
+    what a node pair's NCCL and rendezvous run over. Returns (head address, worker address).
+    Gone with the namespaces at `down`: nothing to record."""
+    head_ip, worker_ip = lay.link_address(1), lay.link_address(2)
+    run(["ip", "-n", head.netns, "link", "add", LINK_DEV, "type", "veth", "peer", "name", LINK_DEV,
+         "netns", worker.netns], what=f"creating the link {head.name} <-> {worker.name}")
+    for m, ip in ((head, head_ip), (worker, worker_ip)):
+        run(["ip", "-n", m.netns, "link", "set", LINK_DEV, "mtu", str(mtu), "up"])
+        run(["ip", "-n", m.netns, "addr", "add", f"{ip}/24", "dev", LINK_DEV])
+    return head_ip, worker_ip

@@ -25,6 +25,9 @@ from spark_sim.network import Record
 from spark_sim.node_lib import NodeLib
 
 
+SIM_RUNTIME = "sim-runc"  # dockerd's default runtime on every simulated node (runtime_shim.py)
+
+
 class NodeHost:
     """Makes and starts the parts of each member under one layout."""
 
@@ -156,7 +159,14 @@ class NodeHost:
             f"{m.bin}/nvidia-smi -pm *", f"{m.bin}/nvidia-smi -lgc *", f"{m.bin}/nvidia-smi -rgc",
             *self._os_sudoers(m),
         ])
-        write(m.dir / "docker" / "daemon.json", "{}\n")
+        # runc through the shim that clamps a container's spec to what this machine grants
+        # (runtime_shim.py: a pair's --privileged and memlock=-1 where CAP_SYS_RESOURCE is missing).
+        write(m.hook_dir / SIM_RUNTIME, (
+            "#!/bin/sh\n"
+            f"PYTHONPATH={lib.path} exec {lib.python} -s {lib.module_file('runtime_shim')} \"$@\"\n"
+        ), 0o755)
+        write(m.dir / "docker" / "daemon.json", json.dumps(
+            {"runtimes": {SIM_RUNTIME: {"path": str(m.hook_dir / SIM_RUNTIME)}}, "default-runtime": SIM_RUNTIME}) + "\n")
 
     def _make_os_files(self, m: Member) -> None:
         """The OS parts Phase 0 touches (node_os.py): systemd, sysctl, swap, /etc files, earlyoom,

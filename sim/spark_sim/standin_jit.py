@@ -4,8 +4,11 @@ On a GB10 the first boot compiles torch.compile artifacts, FlashInfer and Triton
 three cache mounts (runbook: first boot 25-45 min, second 7-10). The stand-in models that inside
 its container: for each cache directory that is a mount (never a directory of the machine it
 runs on outside a container), it looks for the entries its own kernel hash names; missing ones
-cost compile time and are written, present ones are loaded. Stdlib only: copied into the image
-next to vllm_standin.py.
+cost compile time and are written, present ones are loaded. A mounted cache that holds kernels
+compiled for another hash and none for its own is a stale cache (a compile cache made for another
+image, checkpoint or kernel-shaping flag, shipped or mounted by mistake): the boot fails the way the
+runbook's "stale torch_compile cache" and "Stale Triton cache" rows describe, naming the directory
+to wipe. Stdlib only: copied into the image next to vllm_standin.py.
 """
 
 from __future__ import annotations
@@ -56,6 +59,21 @@ class Entry:
             return os.path.join(self.root, "90a", "cached_ops", f"fused_moe_sm121_{h}")
         return os.path.join(self.root, h)
 
+    def others(self, h: str) -> list[str]:
+        """The kernel hashes this cache holds entries for, other than `h` (a stale cache's)."""
+        if self.name == "vllm":
+            base, prefix = os.path.join(self.root, "torch_compile_cache"), ""
+        elif self.name == "flashinfer":
+            base, prefix = os.path.join(self.root, "90a", "cached_ops"), "fused_moe_sm121_"
+        else:
+            base, prefix = self.root, ""
+        try:
+            names = os.listdir(base)
+        except OSError:
+            return []
+        found = [n[len(prefix):] for n in names if n.startswith(prefix)]
+        return sorted(x for x in found if x != h and os.path.isfile(os.path.join(self.path(x), "cache_key")))
+
     def fill(self, h: str) -> None:
         d = self.path(h)
         os.makedirs(d, exist_ok=True)
@@ -83,10 +101,35 @@ def cold_seconds(pace: float, share: float) -> float:
     return max(0.0, pace * factor * share)
 
 
+class StaleCache(RuntimeError):
+    """A mounted cache holds kernels of another hash only: the error line vLLM's loader would end on."""
+
+    def __init__(self, e: Entry, theirs: list[str], h: str) -> None:
+        what = {"vllm": "torch_compile", "flashinfer": "FlashInfer JIT", "triton": "Triton"}[e.name]
+        super().__init__(f"RuntimeError: stale {what} cache at {e.root}: its kernels were compiled for "
+                         f"{', '.join(theirs[:3])}, this engine needs {h} (another image, checkpoint or "
+                         f"kernel flags); wipe {e.root} and restart")
+        self.entry = e
+
+
+def stale(h: str, found: list[Entry]) -> StaleCache | None:
+    """The first mounted cache that holds another hash's kernels and none of `h`'s."""
+    for e in found:
+        theirs = e.others(h)
+        if theirs and not e.warm:
+            return StaleCache(e, theirs, h)
+    return None
+
+
 async def load_or_compile(h: str, pace: float, log: Callable[[str, str], None], found: list[Entry] | None = None) -> None:
     """Load the mounted caches for kernel hash `h`, or compile (slowly) and fill them, logging
-    the lines vLLM prints for each (`log(message, "file.py:line")`)."""
-    for e in entries(h) if found is None else found:
+    the lines vLLM prints for each (`log(message, "file.py:line")`). Raises StaleCache (before
+    anything is loaded or compiled) when a mounted cache holds only another hash's kernels."""
+    found = entries(h) if found is None else found
+    bad = stale(h, found)
+    if bad is not None:
+        raise bad
+    for e in found:
         where = e.path(h)
         if e.warm:
             if e.name == "vllm":

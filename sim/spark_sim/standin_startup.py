@@ -84,6 +84,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--api-key")
     p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    # Phase 4-alt: TP=2 over two nodes (standin_pair.py)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--distributed-executor-backend")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
     args, unknown = p.parse_known_args(argv)
     args.unknown = unknown
     model = args.model or args.model_tag
@@ -100,6 +108,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             plain(f"vllm serve: error: argument --speculative-config: invalid loads value: "
                   f"{args.speculative_config!r}")
             die(2)
+    if args.nnodes > 1 and (args.tensor_parallel_size != args.nnodes or args.distributed_executor_backend != "mp"
+                            or args.headless != (args.node_rank > 0)):
+        plain("vllm serve: error: a multi-node launch here is --tensor-parallel-size N --nnodes N "
+              "--distributed-executor-backend mp, --headless on every rank but 0")
+        die(2)
     if not 0 < args.gpu_memory_utilization <= 1:
         plain("vllm serve: error: --gpu-memory-utilization must be within (0, 1]")
         die(2)
@@ -293,9 +306,18 @@ async def startup(args: argparse.Namespace, gpu: GpuState, pace: float) -> None:
         )
         die(1)
     h = standin_jit.kernel_hash(args.model, args.max_model_len, args.spec, args.attention_backend, VERSION)
-    await standin_jit.load_or_compile(h, pace, engine)
+    try:
+        await standin_jit.load_or_compile(h, pace, engine)
+    except standin_jit.StaleCache as e:
+        engine_traceback(
+            [("/usr/local/lib/python3.12/dist-packages/vllm/compilation/backends.py", 215, "load",
+              "compiled = self.cache.load(graph, runtime_shape)")], str(e))
+        die(1)
     await asyncio.sleep(step)
     kv_gib, kv_tokens, concurrency = kv_cache_figures(gmu, total, args.max_model_len)
+    if args.tensor_parallel_size > 1:  # weights split over the ranks: the KV cache doubles (runbook: ~54 GiB)
+        tp = args.tensor_parallel_size
+        kv_gib, kv_tokens, concurrency = kv_gib * tp, kv_tokens * tp, concurrency * tp
     estimate = os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") == "1"
     if gpu.state == "residue" or (gpu.profile == "founders" and not estimate):
         # Graphs captured during profiling eat the headroom: no KV blocks left, the override

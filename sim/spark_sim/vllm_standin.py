@@ -42,6 +42,7 @@ import traceback
 # Beside this file, here and in the image (/opt/sim); -I drops the script's folder from sys.path.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import standin_answers  # noqa: E402
+import standin_pair  # noqa: E402
 from standin_startup import (  # noqa: E402
     KV_BLOCK_TOKENS, PID, VERSION, GpuState, api, die, engine, kv_cache_figures, num_spec_tokens,
     parse_args, plain, startup,
@@ -51,6 +52,9 @@ BASE_RATE = 52.0  # runbook: ~52 tok/s single stream, healthy node, full launch 
 WEDGED_FACTOR = 34.0 / 52.0  # runbook: wedged GX10 at ~34 tok/s vs 52
 NO_SPEC_FACTOR = 26.0 / 52.0  # runbook: "stuck at ~26 tok/s" without --speculative-config
 NO_FLASHINFER_FACTOR = 17.0 / 52.0  # runbook: "Only ~17 tok/s" without FLASHINFER
+# Runbook, TP=2 dual-node: "~56 tok/s per-request", "Aggregate throughput (2 concurrent) ~56 tok/s
+# (1 instance)": the pair's decode rate is shared by its streams.
+TP2_FACTOR = 56.0 / 52.0
 # MTP-2: per-position acceptance so that accepted/drafted is ~95% (runbook: "~95% acceptance").
 MTP_POS_ACCEPT = (0.97, 0.95)
 PREFILL_TPS = 4000.0  # prompt tokens per second before the first token
@@ -73,6 +77,8 @@ def rate_factor(args: argparse.Namespace, gpu: GpuState) -> float:
         factor *= NO_SPEC_FACTOR
     if (args.attention_backend or "").upper() != "FLASHINFER":
         factor *= NO_FLASHINFER_FACTOR
+    if args.tensor_parallel_size > 1:
+        factor *= TP2_FACTOR
     return factor
 
 
@@ -105,6 +111,7 @@ class Server:
         self.api_key = args.api_key or os.environ.get("VLLM_API_KEY")
         self.slots = asyncio.Semaphore(args.max_num_seqs)
         self.spec_k = num_spec_tokens(args)
+        self.shared = args.tensor_parallel_size > 1  # the streams share one decode rate (TP2_FACTOR)
         self.seq = 0
         self.access_log = not args.disable_uvicorn_access_log
         self.last_stats = (0, 0, 0, 0)
@@ -305,9 +312,13 @@ class Server:
                       "function": {"name": said.tool_call[0], "arguments": said.tool_call[1]}}]
         pieces: list[str] = []
         reasoning: list[str] = []
+        deadline = t0 + ttft
         try:
             for i, (n, accepted) in enumerate(steps):
-                deadline = t0 + ttft + i * interval
+                if not self.shared:
+                    deadline = t0 + ttft + i * interval
+                elif i:  # this step's share of the engine's rate: as many streams as run now
+                    deadline += interval * max(1, self.c.running)
                 delay = deadline - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -475,8 +486,23 @@ async def main_async(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     pace = float(os.environ.get("SIM_STARTUP_SECONDS", "2"))
-    boot = asyncio.ensure_future(startup(args, gpu, pace))
     waiter = asyncio.ensure_future(stop.wait())
+    rendezvous = standin_pair.timeout_of(gpu.data)
+    background: list[asyncio.Future] = []  # referenced: a task nobody holds may be collected
+    if standin_pair.is_pair(args) and args.headless:  # rank 1: no API server; it stands by the head
+        boot = asyncio.ensure_future(standin_pair.worker(args, rendezvous, lambda: startup(args, gpu, pace)))
+        await asyncio.wait({boot, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        boot.cancel()
+        api("[shutdown] headless worker: shutdown triggered", "launcher.py:254")
+        return 0
+    if standin_pair.is_pair(args):  # rank 0: the worker joins before anything loads
+        joining = asyncio.ensure_future(standin_pair.head_rendezvous(args, rendezvous))
+        await asyncio.wait({joining, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            joining.cancel()
+            return 0
+        background.append(asyncio.ensure_future(joining.result().watch()))  # the worker gone is the pair gone
+    boot = asyncio.ensure_future(startup(args, gpu, pace))
     await asyncio.wait({boot, waiter}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
         boot.cancel()

@@ -1,17 +1,27 @@
-"""One module per runbook phase; each returns the dg.Definitions of its assets, checks and jobs."""
+"""One module per runbook phase; each returns the dg.Definitions of its assets, checks and jobs.
+
+This module and metadata.py / bench_metadata.py are the asset floor's shared wiring (a step's
+session and failure, retries, the per-node partitions and checks, the gateway's rotation as an
+observation, how figures reach the UI). The phase modules import only these of each other
+(pyproject's independence contract): a procedure lives in runbook/, not in a sibling asset."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 import inspect
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import dagster as dg
 
+from spark_pipelines.assets.metadata import table
+from spark_pipelines.core import record_keys as keys
+from spark_pipelines.core import steps
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.fleet_settings import StepRetrySettings
 from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.state import records
 
 
@@ -72,3 +82,43 @@ def retry_unreachable(settings: StepRetrySettings) -> Callable[[Callable[..., An
         return step
 
     return wrap
+
+
+def node_partitions(fleet: Fleet) -> dg.StaticPartitionsDefinition:
+    return dg.StaticPartitionsDefinition([n.name for n in fleet.serve_nodes])
+
+
+def node_check(name: str, asset: str, partitions: dg.PartitionsDefinition, description: str,
+               blocking: bool = True) -> dg.AssetCheckSpec:
+    """A check evaluated per node: its results carry the partition, so the UI's check history
+    names the node. Partitioned checks are a 1.13 preview; the warning is said once, here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+        return dg.AssetCheckSpec(name, asset=asset, blocking=blocking, partitions_def=partitions,
+                                 description=description)
+
+
+
+LEFT_OUT_COLUMNS = (("node", "string", "serve node out of the rotation"),
+                    ("why", "string", "why it is out, in the words of whoever put it out"))
+
+
+def left_out_table(left_out: dict[str, str]) -> dg.MetadataValue:
+    """Who is out and why, as a table a person reads (records.latest_rotation reads it back)."""
+    return table(LEFT_OUT_COLUMNS, [{"node": n, "why": why} for n, why in left_out.items()])
+
+
+def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, gw: object, event: str,
+                    left_out: dict[str, str]) -> None:
+    """An observation on `gateway`: its rotation after a drain or restore by a bench, a quarantine,
+    a release or a reconcile (the gateway's own materialization shows the rotation it wrote, not
+    what happened since; the fleet summary reads the newest of both). Never fails the caller."""
+    try:
+        rotation = gw.rotation()  # type: ignore[attr-defined]
+    except Exception as e:  # a record must never fail the step it records
+        context.log.warning(f"gateway rotation not read after '{event}': {first_line(e)}")
+        return
+    records.observe(context, steps.GATEWAY, None, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
+                    metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
+                              keys.LEFT_OUT_BY_NODE: left_out_table(left_out)})
+

@@ -56,6 +56,18 @@ class AdoptConfig(dg.Config):
                                                      "the gateway are always read.")
 
 
+def hash_figures(findings: list[core.Finding]) -> dict[str, Any]:
+    """What hashing the nodes' copies took (each node on its own disk, at once): bytes, the
+    longest hash and its rate."""
+    done = [f.facts for f in findings if f.facts.get("hash_bytes")]
+    if not done:
+        return {}
+    longest = max(done, key=lambda d: d.get("hash_seconds", 0))
+    return {"hashed_bytes": sum(int(d["hash_bytes"]) for d in done), "hashed_nodes": len(done),
+            "hash_seconds_longest": longest.get("hash_seconds", 0),
+            "hash_mib_per_s_longest": longest.get("hash_mib_per_s", 0)}
+
+
 def rows(findings: list[core.Finding]) -> list[dict[str, str]]:
     return [{"node": f.node, "step": f.step, "action": f.action, "why": f.why,
              "differences": "; ".join(f.differences)} for f in findings]
@@ -115,6 +127,7 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
             "findings": table(COLUMNS, rows(findings)),
             "recorded": ", ".join(recorded) or "nothing",
             "seconds": round(time.monotonic() - started, 1),
+            **hash_figures(findings),
             "changes_nothing_that_serves": all(f.changes_nothing for f in findings),
         }
         return dg.MaterializeResult(metadata=meta)

@@ -9,7 +9,7 @@ proxy keeps its current config."""
 import dagster as dg
 import httpx
 
-from spark_pipelines.assets import retry_unreachable, step_session
+from spark_pipelines.assets import left_out_table, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import steps
 from spark_pipelines.core import record_keys as keys
@@ -20,8 +20,7 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.state import markers
 from spark_pipelines.core.errors import RunbookError, first_line
-from spark_pipelines.runbook.rotation import promotion
-from spark_pipelines.state import records
+from spark_pipelines.runbook.rotation import write_promotion
 
 
 POOL_COLUMNS = (
@@ -31,30 +30,6 @@ POOL_COLUMNS = (
     ("model", "string", "what LiteLLM calls upstream"),
     ("entry", "string", "spark-pipelines (owned) or operator (a hand-written route to the node, kept as it is)"),
 )
-
-
-LEFT_OUT_COLUMNS = (("node", "string", "serve node out of the rotation"),
-                    ("why", "string", "why it is out, in the words of whoever put it out"))
-
-
-def left_out_table(left_out: dict[str, str]) -> dg.MetadataValue:
-    """Who is out and why, as a table a person reads (records.latest_rotation reads it back)."""
-    return table(LEFT_OUT_COLUMNS, [{"node": n, "why": why} for n, why in left_out.items()])
-
-
-def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, gw: object, event: str,
-                    left_out: dict[str, str]) -> None:
-    """An observation on `gateway`: its rotation after a drain or restore by a bench, a quarantine,
-    a release or a reconcile (the gateway's own materialization shows the rotation it wrote, not
-    what happened since; the fleet summary reads the newest of both). Never fails the caller."""
-    try:
-        rotation = gw.rotation()  # type: ignore[attr-defined]
-    except Exception as e:  # a record must never fail the step it records
-        context.log.warning(f"gateway rotation not read after '{event}': {first_line(e)}")
-        return
-    records.observe(context, steps.GATEWAY, None, description=f"{event}: rotation now {', '.join(rotation) or 'empty'}",
-                    metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
-                              keys.LEFT_OUT_BY_NODE: left_out_table(left_out)})
 
 
 def pool_rows(config: dict, fleet: Fleet | None = None) -> list[dict]:
@@ -96,22 +71,10 @@ def gateway_definitions(fleet: Fleet) -> dg.Definitions:
         step_session(context, ssh, litellm)
         host = litellm.host()
         f = host.fleet
-        rotation, left_out = promotion(ssh.session)
-        if not rotation:
-            raise dg.Failure(
-                description="no node is healthy and promoted: the gateway config was NOT rewritten "
-                "(the proxy keeps its current pools). " + "; ".join(f"{k}: {v}" for k, v in left_out.items())
-            )
-        floor = max(1, f.gateway.min_in_rotation)
-        if len(rotation) < floor:
-            raise dg.Failure(
-                description=f"only {len(rotation)} node(s) healthy and promoted ({', '.join(rotation)}), below "
-                f"gateway.min_in_rotation={floor}: the gateway config was NOT rewritten (the proxy keeps its "
-                "current pools). " + "; ".join(f"{k}: {v}" for k, v in left_out.items()))
         try:
-            config, reloaded = host.set_rotation(rotation, floor)
-        except (gateway_core.RotationRefused, RunbookError, ValueError) as e:
-            raise dg.Failure(description=f"gateway not changed: {e}") from None
+            rotation, left_out, config, reloaded = write_promotion(host)
+        except RunbookError as e:
+            raise dg.Failure(description=e.description) from None
         drift = gateway_core.settings_drift(config, f)
         view = gateway_core.owned_view(config, f)
         report = host.last_report or gateway_core.Report()

@@ -9,9 +9,7 @@ import time
 
 import dagster as dg
 
-from spark_pipelines.assets import fail
-from spark_pipelines.assets.gateway import record_rotation
-from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.assets import node_partitions, record_rotation, fail
 from spark_pipelines.core import healing, steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet

@@ -7,8 +7,7 @@ key, from the first node whose boot on that key was healthy.
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable
-from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.assets import node_partitions, fail, retry_unreachable
 from spark_pipelines.core.artifacts import Deployment, NodeArtifacts
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.jit_cache import key_for
@@ -26,9 +25,9 @@ def jit_cache_definitions(fleet: Fleet) -> dg.Definitions:
         partitions_def=node_partitions(fleet),
         ins={"node_artifacts": dg.AssetIn(), "node_deployment": dg.AssetIn()},
         description="The node's compiled kernels (~/.cache/vllm, ~/.cache/flashinfer, ~/.triton), keyed by image "
-                    "id, checkpoint digest and the kernel-shaping launch flags, archived on the build host after the "
-                    "first healthy boot on that key; a deploy restores it so fresh nodes boot warm (7-10 min, not "
-                    "25-45).",
+                    "id, checkpoint architecture and the kernel-shaping launch flags, archived on the build host "
+                    "with a manifest of its files after the first healthy boot on that key; a deploy ships it, "
+                    "verified, so a node new to the key boots warm (7-10 min, not 25-45).",
     )
     @retry_unreachable(fleet.ssh)
     def jit_cache(context: dg.AssetExecutionContext, ssh: FleetSSH, node_artifacts: NodeArtifacts,
@@ -50,6 +49,7 @@ def jit_cache_definitions(fleet: Fleet) -> dg.Definitions:
                 "build_host": s.fleet.build_node.name}
         if "size_mib" in done:
             meta["size (MiB)"] = dg.MetadataValue.float(done["size_mib"])
+            meta["seconds"] = dg.MetadataValue.float(done["seconds"])
         if "why" in done:
             meta["why"] = done["why"]
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(f"{key}-{done['action']}"))

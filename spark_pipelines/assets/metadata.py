@@ -6,6 +6,7 @@ show inline. So what an operator reads first is a `table` (with a schema), the r
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,12 @@ import dagster as dg
 
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.summary import ratio
+from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.launch import LaunchSpec
+from spark_pipelines.resources.engine import api_root
+from spark_pipelines.runbook.deploy import NodeDeployed, diagnosis_md
+from spark_pipelines.runbook.node_os import Provisioned
+from spark_pipelines.core import record_keys as keys
 
 
 def num(value: float | int | None, digits: int = 2) -> dg.MetadataValue:
@@ -111,3 +118,44 @@ def bench_table(report: bench_core.BenchReport) -> dict[str, dg.MetadataValue]:
 def readable(meta: Mapping[str, Any], digits: int = 2) -> dict[str, Any]:
     """The same metadata with every plain float rounded (keys unchanged: readers keep working)."""
     return {k: num(v, digits) if isinstance(v, float) else v for k, v in meta.items()}
+
+
+def where(fleet: Fleet, node: Node, spec: LaunchSpec, container: dict | None) -> dict[str, Any]:
+    """What runs: image id, container id, endpoint."""
+    c = container or {}
+    return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
+            "container": spec.container_name, "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
+
+
+def deploy_metadata(fleet: Fleet, node: Node, d: NodeDeployed) -> dict[str, Any]:
+    """A node_deployment materialization's fields (its own run, a rollout's deploy, add_node's)."""
+    done = d.done
+    return readable({
+        "skipped": False,
+        **done.metadata,
+        **where(fleet, node, d.spec, d.running),
+        "docker_run": dg.MetadataValue.text(shlex.join((done.spec or d.spec).docker_run_argv())),
+        "preflight": dg.MetadataValue.md(done.preflight),
+        "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
+        "smoke_completion_tokens": done.smoke_tokens,
+    })
+
+
+def _bullets(lines: list[str], empty: str) -> dg.MetadataValue:
+    return dg.MetadataValue.md("\n".join(f"- {line}" for line in lines) if lines else empty)
+
+
+def node_os_metadata(p: Provisioned) -> dict[str, Any]:
+    """A Phase 0 run's fields on node_os (its own run, add_node's)."""
+    return {
+        "mode": "check (nothing changed)" if p.check_only else "applied",
+        "changes": len(p.planned),
+        "planned": _bullets(p.planned, "nothing differs from the runbook's Phase 0"),
+        "applied": _bullets(p.applied, "nothing changed"),
+        "rebooted": p.rebooted,
+        "masked_again": _bullets(p.remasked, "none came back"),
+        "steps": _bullets(p.steps, "none"),
+        "notes": _bullets(p.notes, "none"),
+        keys.CLEAN_BOOT_FREE_GIB: num(p.clean_boot_free_gib),  # null: not measured in this run
+    }
+

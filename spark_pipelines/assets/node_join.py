@@ -1,37 +1,30 @@
-"""A node new to the fleet file, from nothing to benched and in the gateway, in one run
-(add_node_job): Phase 0 and its reboot, the checkpoint and image from the nearest verified holder,
-the deploy, the isolated bench against the floors and the fleet's baseline, then the gateway.
-Each step is recorded on its own asset (node_os, node_artifacts, node_deployment, bench_results)
-as if that asset had run, so the UI and the pins sensor read the new node like any other.
-The serving nodes are only read from (a holder sends the copy); the gateway changes only by the
-new node's own routes."""
+"""add_node_job: a node new to the fleet file, from nothing to benched and in the gateway, in one
+run (the procedure: runbook/node_join.py). Each step is recorded on its own asset (node_os,
+node_artifacts, node_deployment, bench_results) as if that asset had run, so the UI and the pins
+sensor read the new node like any other."""
 
 from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.bench import bench_metadata
-from spark_pipelines.assets.gateway import record_rotation
-from spark_pipelines.assets.node_os import metadata as node_os_metadata
-from spark_pipelines.assets.nodes import (checkpoint_version_path, deploy_recorded, distribution_payload,
-                                          node_partitions, serves_as_recorded)
+from spark_pipelines.assets import fail, node_partitions, record_rotation, retry_unreachable, step_session
+from spark_pipelines.assets.bench_metadata import bench_metadata
+from spark_pipelines.assets.metadata import deploy_metadata, node_os_metadata
 from spark_pipelines.core import steps
 from spark_pipelines.core import node_os as p0
-from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
+from spark_pipelines.core.artifacts import BuiltImage, Checkpoint
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
-from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
-from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
-from spark_pipelines.runbook import journal, node_os
-from spark_pipelines.runbook.journal import JOIN_BENCHED
-from spark_pipelines.runbook.bench import bench_node, gate_of
-from spark_pipelines.runbook.distribution import DistributionFailed, distribute
+from spark_pipelines.runbook.node_join import join as join_fleet
+from spark_pipelines.runbook.bench import Benched
+from spark_pipelines.runbook.deploy import NodeDeployed
+from spark_pipelines.runbook.node_os import Provisioned
+from spark_pipelines.runbook.distribution import DistributionFailed, DistributionReport, distribution_payload
 from spark_pipelines.runbook.run_limits import tags as max_runtime
-from spark_pipelines.state import ledger, records
+from spark_pipelines.state import records
 
 
 def node_join_definitions(fleet: Fleet) -> dg.Definitions:
@@ -64,62 +57,9 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
         base = records.baseline_of_others(context.instance, f, n)
         done: list[str] = []
         try:
-            # Its journal until its bench promoted it: a run that dies before leaves the newcomer held
-            # out (never routed unbenched) and add_node_job again redoes nothing it finished.
-            with journal.journaled(s, n, steps.PROC_JOIN, run_id, phase="phase0") as j:
-                os_done = node_os.provision(s, node, gw, log.info, run_id=run_id)
-                records.record_step(context, steps.NODE_OS, n, p0.version(), None, node_os_metadata(os_done))
-                done.append(f"Phase 0: {len(os_done.applied)} change(s)" + (", rebooted" if os_done.rebooted else "")
-                            + "".join(f"; {line}" for line in os_done.steps if "finished:" in line))
-
-                j.update(phase="artifacts")
-                payload = distribution_payload(cv, mtp_weights, serving_image)
-                copied = distribute(s, [node], payload, log=log, run_id=run_id)
-                image_id = NodeDocker(s).image_id(n, serving_image.ref)
-                if image_id != serving_image.image_id:
-                    raise RunbookError(f"{n} holds image {(image_id or 'none')[7:19]} after the copy, not the build "
-                                       f"host's {serving_image.image_id[7:19]}: run add_node_job again")
-                artifacts = NodeArtifacts(node=n, path=checkpoint_version_path(f, node, mtp_weights),
-                                          image=serving_image.ref, image_id=image_id, index=mtp_weights.index,
-                                          manifest=mtp_weights.manifest, architecture=mtp_weights.architecture)
-                records.record_step(
-                    context, steps.NODE_ARTIFACTS, n, cv[steps.NODE_ARTIFACTS],
-                    f"{mtp_weights.index}-{(mtp_weights.manifest or 'none')[:12]}-{image_id[7:19]}",
-                    {"image_id": image_id, "copied_by": run_id, "tree": "; ".join(copied.lines()) or "already held"},
-                    inputs={steps.MTP_WEIGHTS: None, steps.SERVING_IMAGE: None})
-                done.append("artifacts: " + ("; ".join(copied.lines()) or "already held"))
-
-                j.update(phase="deploying")
-                # Held out until its bench promotes it: no gateway_job or reconcile routes an unbenched
-                # newcomer, whatever happens to this run (the bench's promotion lifts it).
-                ledger.hold(s, n, ledger.BY_BENCH, f"not benched yet: joining the fleet (add_node_job run "
-                                                   f"{run_id[:8]}); its bench promotes it", **{ledger.AGAINST_BASELINE: True})
-                running = NodeDocker(s).inspect_container(n, launch_spec(f, node).container_name)
-                if serves_as_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], running) is not None:
-                    done.append("deployed: it serves this launch spec already (an earlier run's deploy): not redeployed")
-                else:
-                    # gated: held out by its bench until the bench below promotes it (no reconcile or
-                    # gateway_job routes it before).
-                    d = deploy_recorded(s, node, artifacts, cv[steps.NODE_DEPLOYMENT], log, run_id=run_id, gated=True)
-                    records.record_deploy(context, n, cv[steps.NODE_DEPLOYMENT], d.data_version, d.metadata,
-                                          launch=d.value.fingerprint)
-                    if d.mismatch:
-                        raise RunbookError(d.mismatch)
-                    done.append("deployed: " + d.check_text)
-
-                # The fleet's baseline judged inside the bench: a newcomer below it never serves a request.
-                j.update(phase="benching")
-                b = bench_node(s, gw, node, log, run_id=run_id, against=base,
-                               on_rotation=lambda event, out: record_rotation(context, gw, event, out))
-                j.try_update(phase=JOIN_BENCHED)  # judged: its bench's verdict stands, whatever happens next
-                records.record_bench(context, n, cv[steps.BENCH_RESULTS], bench_metadata(context, f, n, b))
-                gate = gate_of(f, node, b, base)
-                if not gate.passed or not b.promoted:
-                    raise RunbookError(f"{n} joined the fleet but not the gateway: {gate.gate} gate: "
-                                       f"{gate.why if not gate.passed else b.reason}; held out by its bench: "
-                                       "add_node_job again or bench_job promotes it once it passes its floors "
-                                       "and the fleet's baseline")
-                done.append(f"bench: {b.mean:.1f} tok/s ({gate.why}); in the gateway")
+            join_fleet(s, gw, node, mtp_weights, serving_image, distribution_payload(cv, mtp_weights, serving_image),
+                       cv[steps.NODE_DEPLOYMENT], base, _Records(context, gw, cv, mtp_weights), log,
+                       run_id=run_id, done=done)
         except DistributionFailed as e:
             fail(e)
         except RunbookError as e:
@@ -141,3 +81,36 @@ def node_join_definitions(fleet: Fleet) -> dg.Definitions:
                     "gateway: Phase 0, artifacts from the nearest holder, deploy, bench, gateway. Reload the code "
                     "location after editing the fleet file so the new node is a partition.")
     return dg.Definitions(assets=[node_join], jobs=[job])
+
+
+class _Records:
+    """runbook.node_join.JoinRecords on the instance: each phase recorded on its own asset's
+    partition as if that asset had run, so the UI and the pins sensor read the newcomer like any
+    other node; its bench's drain and restore on the gateway."""
+
+    def __init__(self, context: dg.AssetExecutionContext, gw, cv: dict[str, str], mtp_weights: Checkpoint) -> None:
+        self.context, self.gw, self.cv, self.mtp_weights = context, gw, cv, mtp_weights
+
+    def provisioned(self, node: str, done: Provisioned) -> None:
+        records.record_step(self.context, steps.NODE_OS, node, p0.version(), None, node_os_metadata(done))
+
+    def artifacts(self, node: str, image_id: str, copied: DistributionReport) -> None:
+        w = self.mtp_weights
+        records.record_step(
+            self.context, steps.NODE_ARTIFACTS, node, self.cv[steps.NODE_ARTIFACTS],
+            f"{w.index}-{(w.manifest or 'none')[:12]}-{image_id[7:19]}",
+            {"image_id": image_id, "copied_by": self.context.run.run_id,
+             "tree": "; ".join(copied.lines()) or "already held"},
+            inputs={steps.MTP_WEIGHTS: None, steps.SERVING_IMAGE: None})
+
+    def deployed(self, node: str, d: NodeDeployed) -> None:
+        fleet = self.gw.fleet
+        records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,
+                              deploy_metadata(fleet, fleet.node(node), d), launch=d.deployment.fingerprint)
+
+    def benched(self, node: str, b: Benched) -> None:
+        records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
+                             bench_metadata(self.context, self.gw.fleet, node, b))
+
+    def rotation(self, event: str, left_out: dict[str, str]) -> None:
+        record_rotation(self.context, self.gw, event, left_out)

@@ -2,16 +2,13 @@
 their undo, the drained and bounded reboot, the verify and memcheck); `core.node_os` holds the
 runbook's values and the diff."""
 
-from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.metadata import num
-from spark_pipelines.assets.nodes import node_partitions
+from spark_pipelines.assets import node_partitions, fail, retry_unreachable, step_session
+from spark_pipelines.assets.metadata import node_os_metadata
 from spark_pipelines.core import node_os as p0
-from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
@@ -30,32 +27,14 @@ class NodeOsConfig(dg.Config):
                                                   "the changes (the node may be drained and rebooted).")
 
 
-def _bullets(lines: list[str], empty: str) -> dg.MetadataValue:
-    return dg.MetadataValue.md("\n".join(f"- {line}" for line in lines) if lines else empty)
-
-
-def metadata(p: node_os.Provisioned) -> dict[str, Any]:
-    return {
-        "mode": "check (nothing changed)" if p.check_only else "applied",
-        "changes": len(p.planned),
-        "planned": _bullets(p.planned, "nothing differs from the runbook's Phase 0"),
-        "applied": _bullets(p.applied, "nothing changed"),
-        "rebooted": p.rebooted,
-        "masked_again": _bullets(p.remasked, "none came back"),
-        "steps": _bullets(p.steps, "none"),
-        "notes": _bullets(p.notes, "none"),
-        keys.CLEAN_BOOT_FREE_GIB: num(p.clean_boot_free_gib),  # null: not measured in this run
-    }
-
-
 def recorded(p: node_os.Provisioned) -> dg.AssetObservation | dg.MaterializeResult:
     """A check is an observation of the node (it looks provisioned only once a run applied Phase 0);
     an applying run is the materialization."""
     if p.check_only:
         what = f"{len(p.planned)} setting(s) differ" if p.planned else "every setting as the runbook says"
-        return dg.AssetObservation(asset_key=steps.NODE_OS, partition=p.node, metadata=metadata(p),
+        return dg.AssetObservation(asset_key=steps.NODE_OS, partition=p.node, metadata=node_os_metadata(p),
                                    description=f"check (nothing changed): {what}")
-    return dg.MaterializeResult(metadata=metadata(p))
+    return dg.MaterializeResult(metadata=node_os_metadata(p))
 
 
 def node_os_definitions(fleet: Fleet) -> dg.Definitions:

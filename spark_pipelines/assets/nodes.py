@@ -7,24 +7,24 @@ Short wiring around `runbook.deploy` (preflight, launch, readiness, smoke test, 
 
 import shlex
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
 from pydantic import Field
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.metadata import readable
+from spark_pipelines.assets import fail, node_check, node_partitions, retry_unreachable, step_session
+from spark_pipelines.assets.metadata import deploy_metadata, readable, where
 from spark_pipelines.core import steps
 from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
-from spark_pipelines.core.fleet import Fleet, Node
+from spark_pipelines.core.fleet import Fleet, Node, NodePair
 from spark_pipelines.core import versions as versions_core
-from spark_pipelines.core.jit_cache import key_for as jit_cache_key
-from spark_pipelines.core.launch import LaunchSpec, launch_spec
+from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
+from spark_pipelines.core.pair_launch import enabled_pair_of, pair_launch
 from spark_pipelines.core.pins import code_versions, launch_versions
-from spark_pipelines.resources.docker import NodeDocker
+from spark_pipelines.resources.docker import NodeDocker, container_labels
+from spark_pipelines.resources.engine import healthy
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers, records
@@ -32,11 +32,10 @@ from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook import journal, versions
 from spark_pipelines.runbook.model import verify_build_host_copy
-from spark_pipelines.runbook.distribution import DistributionFailed, Payload, distribute
-from spark_pipelines.runbook.deploy import deploy, diagnosis_md, serving_mismatch
+from spark_pipelines.runbook.distribution import DistributionFailed, distribute, distribution_payload
+from spark_pipelines.runbook.deploy import deploy_artifacts, serves_as_marked
+from spark_pipelines.runbook.pair import deploy_pair
 from spark_pipelines.runbook.run_limits import tags as max_runtime
-from spark_pipelines.state.markers import DeployMarker
-from spark_pipelines.resources.engine import api_root, healthy
 from spark_pipelines.core.errors import RunbookError
 
 
@@ -52,102 +51,33 @@ class DeployConfig(dg.Config):
                     "job has no gate). Only to deploy it knowingly, e.g. to reproduce the failure on one node.")
 
 
-def checkpoint_version_path(fleet: Fleet, node: Node, checkpoint: Checkpoint) -> str:
-    """Where `node` holds the checkpoint as a version (the build host: where mtp_weights made it)."""
-    if node.name == fleet.build_node.name or not checkpoint.manifest:
-        return checkpoint.path
-    return versions_core.version_path(layout.hybrid_dir(fleet, node), checkpoint.manifest)
-
-
-def node_partitions(fleet: Fleet) -> dg.StaticPartitionsDefinition:
-    return dg.StaticPartitionsDefinition([n.name for n in fleet.serve_nodes])
-
-
-def node_check(name: str, asset: str, partitions: dg.PartitionsDefinition, description: str,
-               blocking: bool = True) -> dg.AssetCheckSpec:
-    """A check evaluated per node: its results carry the partition, so the UI's check history
-    names the node. Partitioned checks are a 1.13 preview; the warning is said once, here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-        return dg.AssetCheckSpec(name, asset=asset, blocking=blocking, partitions_def=partitions,
-                                 description=description)
-
-
-def where(fleet: Fleet, node: Node, spec: LaunchSpec, container: dict | None) -> dict[str, Any]:
-    """What runs: image id, container id, endpoint."""
-    c = container or {}
-    return {"image_id": str(c.get("Image") or "none"), "container_id": str(c.get("Id") or "none")[:12],
-            "container": spec.container_name, "endpoint": dg.MetadataValue.url(api_root(fleet, node))}
-
-
-@dataclass
-class Recorded:
-    """A deploy as node_deployment records it (its own run, or a rollout's step)."""
-
-    value: Deployment
-    data_version: str
-    metadata: dict[str, Any]
-    mismatch: str | None
-    check_text: str
-
-
-def deploy_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str, log: Any, *,
-                    run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False,
-                    gated: bool = False) -> Recorded:
-    """runbook.deploy of the fleet's launch spec, then the step marker node_deployment skips on
-    (only when what runs is what was meant) and the materialization's fields. `gated`: the node
-    stays out of the gateway until its bench promotes it. Raises RunbookError."""
+def pair_deployment(context: dg.AssetExecutionContext, s: FleetSession, node: Node, pair: NodePair,
+                    launched: dict[str, str]):
+    """node_deployment of a node in a pair that is on: skipped while both nodes run the pair's
+    launch and its head serves, else the pair's deploy (runbook.pair: both nodes, worker first)."""
     f = s.fleet
-    spec = launch_spec(f, node)
-    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
-    done = deploy(s, node, spec, log, run_id=run_id, jit_key=jit_cache_key(artifacts, spec),
-                  fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
-                  version=artifacts.path, gated=gated)
-    running = NodeDocker(s).inspect_container(node.name, spec.container_name)
-    mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint,
-                                checkpoint=artifacts.manifest)
-    if mismatch is None:
-        markers.write_deploy(s, node, DeployMarker(signature=sig, container_id=done.container_id, metadata=done.metadata))
-    return Recorded(
-        Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
-        sig if mismatch is None else f"mismatch-{sig}",
-        readable({
-            "skipped": False,
-            **done.metadata,
-            **where(f, node, spec, running),
-            "docker_run": dg.MetadataValue.text(shlex.join((done.spec or spec).docker_run_argv())),
-            "preflight": dg.MetadataValue.md(done.preflight),
-            "warnings": dg.MetadataValue.md(diagnosis_md(done.findings) if done.findings else "none"),
-            "smoke_completion_tokens": done.smoke_tokens,
-        }),
-        mismatch,
-        mismatch or f"{node.name}: healthy; smoke test answered {done.smoke_tokens} tokens")
-
-
-def serves_as_recorded(s: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str,
-                       current: dict[str, Any] | None) -> DeployMarker | None:
-    """The node's deploy marker when the running container (`current`) IS what it says: its id, the
-    image node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
-    an adopted hand deploy's labels are in its marker), healthy, and no deploy journal on the node
-    (a dead run's deploy: the deploy finishes it first). Else None: the deploy has work to do."""
-    spec = launch_spec(s.fleet, node)
-    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
-    marker = markers.read_deploy(s, node)
-    if (marker and marker.signature == sig and current and marker.container_id == current.get("Id")
-            and not s.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
-            and serving_mismatch(node.name, current, artifacts.image_id, spec.fingerprint, marker,
-                                 checkpoint=artifacts.manifest) is None
-            and healthy(s.fleet, node)):
-        return marker
-    return None
-
-
-def distribution_payload(cv: dict[str, str], mtp_weights: Checkpoint, serving_image: BuiltImage) -> Payload:
-    """What the tree fans out: the build host's checkpoint and image, and the node_artifacts
-    marker signature a verified receiver gets (artifact_distribution and a rollout)."""
-    return Payload(src_dir=mtp_weights.path, image=serving_image.ref, image_id=serving_image.image_id,
-                   manifest=mtp_weights.manifest,
-                   signature=markers.signature(cv[steps.NODE_ARTIFACTS], mtp_weights.index, mtp_weights.manifest))
+    launch = pair_launch(f, pair)
+    spec = launch.head if node.name == pair.head else launch.worker
+    docker = NodeDocker(s)
+    live = {n: docker.inspect_container(n, sp.container_name) for n, sp in ((pair.head, launch.head),
+                                                                            (pair.worker, launch.worker))}
+    serving = (all(c is not None and c.get("State", {}).get("Running") for c in live.values())
+               and container_labels(live[pair.head]).get(DEPLOY_LABEL) == launch.head.fingerprint
+               and container_labels(live[pair.worker]).get(DEPLOY_LABEL) == launch.worker.fingerprint
+               and healthy(f, f.node(pair.head)))
+    meta: dict[str, Any] = {"pair": pair.name, "rank": 0 if node.name == pair.head else 1, "skipped": serving}
+    if not serving:
+        done = deploy_pair(s, pair, context.log, run_id=context.run.run_id)
+        live[node.name] = docker.inspect_container(node.name, spec.container_name)
+        meta.update(preflight=dg.MetadataValue.md("```\n" + done.preflight + "\n```"),
+                    smoke_completion_tokens=done.smoke_tokens, startup_seconds=done.seconds)
+    meta["docker_run"] = dg.MetadataValue.text(shlex.join(spec.docker_run_argv()))
+    yield dg.Output(Deployment(node=node.name, container_id=(live[node.name] or {}).get("Id"), fingerprint=spec.fingerprint),
+                    data_version=dg.DataVersion(f"pair-{pair.name}-{spec.fingerprint}"), tags=launched,
+                    metadata=readable({**meta, **where(f, node, spec, live[node.name])}))
+    yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
+                              description=f"{node.name}: rank {meta['rank']} of pair {pair.name}, the pair serves "
+                                          f"through {pair.head}")
 
 
 def node_definitions(fleet: Fleet) -> dg.Definitions:
@@ -201,7 +131,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         if node.name != build.name and not mtp_weights.manifest:
             fail(RunbookError("mtp_weights recorded no content manifest for the checkpoint (an output from before "
                               "manifests): rematerialize mtp_weights (build_job), then node_artifacts"))
-        dst_dir = checkpoint_version_path(f, node, mtp_weights)
+        dst_dir = layout.checkpoint_version_path(f, node, mtp_weights)
         image = serving_image.ref
         manifest = mtp_weights.manifest
         meta: dict[str, Any] = {}
@@ -258,13 +188,14 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         group_name="3_nodes",
         kinds={"ssh", "docker"},
         code_version=cv[steps.NODE_ARTIFACTS],
-        description="The checkpoint and serving image fanned out along a tree: every verified holder serves the "
-                    "next node (about log2(N)+1 rounds); node_artifacts then verifies each node and skips.",
+        description="The checkpoint and serving image pipelined down a tree: each node passes every shard (and "
+                    "each part of the image) on to the next as soon as it verified it; node_artifacts then verifies "
+                    "each node and skips.",
     )
     @retry_unreachable(fleet.ssh)
     def artifact_distribution(context: dg.AssetExecutionContext, ssh: FleetSSH, mtp_weights: Checkpoint,
                               serving_image: BuiltImage) -> dg.MaterializeResult:
-        # Fleet-wide (not partitioned): a tree spans nodes, so its rounds run in one step.
+        # Fleet-wide (not partitioned): a tree spans nodes, so it runs in one step.
         s = ssh.session
         payload = distribution_payload(cv, mtp_weights, serving_image)
         try:
@@ -272,7 +203,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         except DistributionFailed as e:
             fail(e)
         return dg.MaterializeResult(metadata={
-            "rounds": len(report.rounds), "seconds": report.seconds,
+            "transfers": len(report.transfers), "seconds": report.seconds, **report.figures,
             "verified": ", ".join(report.verified) or "none", "already_holding": ", ".join(report.already_holding) or "none",
             "tree": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in report.lines()) or "nothing to copy"),
         })
@@ -301,6 +232,14 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         # Every output points at the node_launch observation of the launch it ran for.
         launched = records.launch_input_tags(context, node.name, spec.fingerprint)
 
+        pair = enabled_pair_of(f, node.name)
+        if pair is not None:  # Phase 4-alt: this node serves in a pair, deployed as one (both nodes)
+            try:
+                yield from pair_deployment(context, s, node, pair, launched)
+            except RunbookError as e:
+                fail(e)
+            return
+
         recorded = node_artifacts.image_id
         # What dead runs left on the node first (a bench's, Phase 0's journal): the skip below then
         # judges what serves after it. A dead deploy's journal is the deploy's own to finish (the
@@ -312,7 +251,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         except RunbookError as e:
             fail(e)
         current = docker.inspect_container(node.name, spec.container_name)
-        marker = serves_as_recorded(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], current)
+        marker = serves_as_marked(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], current)
         if not config.fresh_jit_cache and marker is not None and current is not None:
             yield dg.Output(
                 Deployment(node=node.name, container_id=current["Id"], fingerprint=spec.fingerprint),
@@ -347,11 +286,11 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
             return
 
         try:
-            d = deploy_recorded(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], context.log, run_id=context.run.run_id,
+            d = deploy_artifacts(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], context.log, run_id=context.run.run_id,
                                 fresh_jit_cache=config.fresh_jit_cache)
         except RunbookError as e:
             fail(e)
-        yield dg.Output(d.value, data_version=dg.DataVersion(d.data_version), metadata=d.metadata, tags=launched)
+        yield dg.Output(d.deployment, data_version=dg.DataVersion(d.data_version), metadata=deploy_metadata(f, node, d), tags=launched)
         yield dg.AssetCheckResult(check_name="serving", passed=d.mismatch is None,
                                   severity=dg.AssetCheckSeverity.ERROR, metadata={"node": node.name},
                                   description=d.check_text)

@@ -2,8 +2,8 @@
 
 Short wiring: `runbook.rollout.survey` puts the new version onto every node first and says who
 runs what; `core.rollout` plans the waves, runs them and judges each node; the node steps are
-`assets.nodes.deploy_recorded` (the deploy, keeping the previous version), `runbook.bench.bench_node`
-(the bench gate) and `runbook.rollout` (revert, finish). Progress is an observation on `fleet_rollout` after every
+`runbook.rollout_waves.WaveSteps` (the deploy keeping the previous version, the bench gate, revert,
+finish); this module records each step. Progress is an observation on `fleet_rollout` after every
 step (the asset's Events tab: which node runs which version, which wave runs); each deploy and
 bench is also recorded on its node's node_deployment / bench_results partition.
 """
@@ -15,16 +15,18 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.assets.bench import bench_metadata
-from spark_pipelines.assets.gateway import record_rotation
-from spark_pipelines.assets.metadata import table
-from spark_pipelines.assets.nodes import checkpoint_version_path, deploy_recorded, distribution_payload
+from spark_pipelines.assets import fail, record_rotation, retry_unreachable, step_session
+from spark_pipelines.assets.bench_metadata import bench_metadata
+from spark_pipelines.assets.metadata import deploy_metadata, table
+from spark_pipelines.runbook import rollout_waves as waves
+from spark_pipelines.runbook.bench import Benched
+from spark_pipelines.runbook.deploy import NodeDeployed
+from spark_pipelines.runbook.distribution import distribution_payload
 from spark_pipelines.core import steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
 from spark_pipelines.core import rollout as core
-from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
+from spark_pipelines.core.artifacts import BuiltImage, Checkpoint
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
@@ -32,7 +34,6 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import rollout as node_rollout
 from spark_pipelines.runbook.adoption import deploy_signature
-from spark_pipelines.runbook.bench import bench_node, gate_of
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import records
@@ -84,13 +85,8 @@ def rollout_definitions(fleet) -> dg.Definitions:
             log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in sv.skip.items()))
             return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
                                                   "nodes": table(core.STEP_COLUMNS, _rows(sv.before, sv.skip))})
-        # A canary that serves the new version already has nothing to prove (one node's launch
-        # changed): the first node that changes goes alone instead.
-        canary = None if sv.skip.get(f.rollout.canary or "") == node_rollout.ALREADY_SERVES else f.rollout.canary
         try:
-            plan = core.plan_waves([n.name for n in f.serve_nodes], in_rotation=sv.rotation,
-                                   max_unavailable=f.rollout.max_unavailable,
-                                   min_in_rotation=f.gateway.min_in_rotation, canary=canary, skip=sv.skip)
+            plan = waves.plan(s, sv)
         except core.RolloutRefused as e:
             fail(RunbookError(f"rollout refused, nothing changed: {e}"))
         log.info("rollout plan:\n" + plan.text())
@@ -108,8 +104,11 @@ def rollout_definitions(fleet) -> dg.Definitions:
                 "event": event, "nodes": table(core.STEP_COLUMNS, core.rows(done)),
                 "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))})
 
-        outcome = core.execute(plan, _Steps(context, s, gw, cv, mtp_weights, serving_image, config, base, sv.new,
-                                            sv.unjudged, sv.passed), sv.before, on_progress, passed_before=sv.passed)
+        steps_on_fleet = waves.WaveSteps(
+            s, gw, _Records(context, gw, cv), mtp_weights, serving_image, cv[steps.NODE_DEPLOYMENT],
+            bench_gate=config.bench_gate, against=base, new=sv.new, run_id=run_id, log=log,
+            deployed=set(sv.unjudged), passed=set(sv.passed))
+        outcome = core.execute(plan, steps_on_fleet, sv.before, on_progress, passed_before=sv.passed)
         meta: dict[str, Any] = {
             "completed": outcome.completed,
             "outcome": outcome.headline(),
@@ -163,80 +162,28 @@ def _rows(before: dict[str, str], skipped: dict[str, str]) -> list[dict[str, str
              "gate": "", "why": skipped.get(n, "")} for n in before]
 
 
-class _Steps:
-    """core.rollout.RolloutSteps on the fleet: each step holds the node's lease itself."""
+class _Records:
+    """runbook.rollout_waves.RolloutRecords on the instance: each deploy and bench recorded on its
+    node's node_deployment / bench_results partition as those assets' own output (the pins sensor
+    and the UI's staleness see the rollout's steps as current), the rotation on the gateway."""
 
-    def __init__(self, context: dg.AssetExecutionContext, s, gw, cv: dict[str, str], mtp_weights: Checkpoint,
-                 serving_image: BuiltImage, config: RolloutConfig, base: baseline.Baseline | None,
-                 new: dict[str, str], deployed: tuple[str, ...] | list[str] = (),
-                 passed: tuple[str, ...] | list[str] = ()) -> None:
-        self.context, self.s, self.gw, self.cv = context, s, gw, cv
-        self.mtp_weights, self.image, self.config, self.base, self.new = mtp_weights, serving_image, config, base, new
+    def __init__(self, context: dg.AssetExecutionContext, gw, cv: dict[str, str]) -> None:
+        self.context, self.gw, self.cv = context, gw, cv
         self.run_id = context.run.run_id
-        self.deployed = set(deployed)  # on the new version by a dead run of this rollout: gate only
-        self.wedged: set[str] = set()  # nodes whose gate bench saw the PD-firmware wedge
-        # Nodes whose gate passed (this run's, or a dead run's of the same version): they keep it.
-        self.passed: set[str] = set(passed)
 
-    def deploy(self, node: str) -> str:
-        f, n = self.s.fleet, self.s.fleet.node(node)
-        if node in self.deployed:
-            self.context.log.info(f"rollout: {node} runs the new version already (deployed by a dead run of this "
-                                  "rollout, never judged): not deployed again, gated")
-            return self.new[node]
-        artifacts = NodeArtifacts(node=node, path=checkpoint_version_path(f, n, self.mtp_weights),
-                                  image=self.image.ref, image_id=self.image.image_id, index=self.mtp_weights.index,
-                                  manifest=self.mtp_weights.manifest, architecture=self.mtp_weights.architecture)
-        # gated: out of the gateway from its deploy until its bench gate promotes it (no request
-        # reaches a version before its gate); without the bench gate, back after the commit.
-        d = deploy_recorded(self.s, n, artifacts, self.cv[steps.NODE_DEPLOYMENT], self.context.log,
-                            run_id=self.run_id, keep_previous=True, gated=self.config.bench_gate)
-        # With its code and data versions, as node_deployment's own output: the pins sensor and
-        # the UI's staleness see the rollout's deploy as current.
+    def deployed(self, node: str, d: NodeDeployed) -> None:
+        fleet = self.gw.fleet
         records.record_deploy(self.context, node, self.cv[steps.NODE_DEPLOYMENT], d.data_version,
-                              {**d.metadata, keys.ROLLOUT_RUN: self.run_id}, launch=d.value.fingerprint)
-        if d.mismatch:  # committed, but not what was meant: back to the previous version
-            said = self.revert(node, d.mismatch)
-            raise RunbookError(f"{d.mismatch}; {said}")
-        return self.new[node]
+                              {**deploy_metadata(fleet, fleet.node(node), d), keys.ROLLOUT_RUN: self.run_id},
+                              launch=d.deployment.fingerprint)
 
-    def gate(self, node: str) -> core.GateResult:
-        f, n = self.s.fleet, self.s.fleet.node(node)
-        if not self.config.bench_gate:
-            node_rollout.mark_passed(self.s, n, self.run_id)
-            return core.judge(node, healthy=True, benched=False)
-        # Judged against the baseline inside the bench: a new version below it goes back to the
-        # previous one without having served a request.
-        b = bench_node(self.s, self.gw, n, self.context.log, run_id=self.run_id, against=self.base,
-                       on_rotation=lambda event, out: record_rotation(self.context, self.gw, event, out))
+    def benched(self, node: str, b: Benched) -> None:
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
-                             {**bench_metadata(self.context, f, node, b), keys.ROLLOUT_RUN: self.run_id})
-        if b.gpu_verdict.state == "wedged":
-            self.wedged.add(node)
-        judged = gate_of(f, n, b, self.base)
-        if judged.passed:
-            self.passed.add(node)
-            node_rollout.mark_passed(self.s, n, self.run_id)
-        else:
-            # Stopped by its gate: no ungated deploy (a healing redeploy, deploy_node_job) may put
-            # this version on a node that does not run it; the nodes not reached would otherwise get
-            # it that way. The nodes that passed keep it (and may be redeployed on it).
-            said = node_rollout.reject(self.s, [m for m in f.serve_nodes if m.name not in self.passed],
-                                       self.image.image_id, self.mtp_weights.manifest, judged, run_id=self.run_id)
-            self.context.log.info(said)
-        return judged
+                             {**bench_metadata(self.context, self.gw.fleet, node, b), keys.ROLLOUT_RUN: self.run_id})
 
-    def revert(self, node: str, why: str) -> str:
-        n = self.s.fleet.node(node)
-        if node_rollout.kept(self.s, n, launch_spec(self.s.fleet, n)) is None:
-            return "its deploy did not commit and had put the previous version back itself"
-        said = node_rollout.revert(self.s, n, launch_spec(self.s.fleet, n), self.context.log, why=why,
-                                   run_id=self.run_id, wedged=node in self.wedged)
-        record_rotation(self.context, self.gw, f"rollout put {node} back on its previous version", {})
+    def rotation(self, event: str) -> None:
+        record_rotation(self.context, self.gw, event, {})
+
+    def reverted(self, node: str, said: str, why: str) -> None:
         records.observe(self.context, steps.NODE_DEPLOYMENT, node, description=said,
                         metadata={"rolled_back_by_rollout": self.run_id, "why": why[:500]})
-        return said
-
-    def finish(self, node: str) -> str:
-        n = self.s.fleet.node(node)
-        return node_rollout.finish(self.s, n, launch_spec(self.s.fleet, n), self.context.log, run_id=self.run_id)

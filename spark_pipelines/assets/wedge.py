@@ -6,9 +6,8 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
+from spark_pipelines.assets import node_partitions, fail, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import num
-from spark_pipelines.assets.nodes import node_partitions
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway

@@ -259,20 +259,60 @@ _CHUNK = 8 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def file_sha256(path: Path) -> str:
+PROGRESS_PREFIX = "spark-progress"  # `spark-progress <bytes hashed> <bytes in all>` on stderr
+PROGRESS_EVERY_S = 2.0
+
+
+class HashProgress:
+    """Bytes hashed so far, said on stderr at most every PROGRESS_EVERY_S (the orchestrator turns
+    it into a line a person can watch: core/progress.py)."""
+
+    def __init__(self, total: int, out=None) -> None:
+        import threading
+        import time
+
+        self.total, self.done, self.out = total, 0, out
+        self._lock, self._clock = threading.Lock(), time.monotonic
+        self._said = self._clock()
+        self._say()
+
+    def _say(self) -> None:
+        if self.out is not None:
+            print(f"{PROGRESS_PREFIX} {self.done} {self.total}", file=self.out, flush=True)
+
+    def add(self, n: int) -> None:
+        if self.out is None:
+            return
+        with self._lock:
+            self.done += n
+            now = self._clock()
+            if now - self._said >= PROGRESS_EVERY_S:
+                self._said = now
+                self._say()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._say()
+
+
+def file_sha256(path: Path, progress: HashProgress | None = None) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
+            if progress is not None:
+                progress.add(len(chunk))
     return h.hexdigest()
 
 
 def digest_tree(
-    directory: str | Path, only: list[str] | None = None, workers: int = 4, with_manifest: bool = True
+    directory: str | Path, only: list[str] | None = None, workers: int = 4, with_manifest: bool = True,
+    progress_out=None,
 ) -> dict[str, dict]:
     """{relative path: {size, sha256}} of every regular file (not symlinks, not rsync's partial dir;
     the manifest file itself only with_manifest), or of the `only` files that exist. hashlib
-    releases the GIL, so a few threads read several shards at once."""
+    releases the GIL, so a few threads read several shards at once. `progress_out`: a stream the
+    bytes hashed so far are said on (HashProgress)."""
     root = Path(directory)
     if only is not None:
         rels = [r for r in only if safe_relative(r) and (root / r).is_file() and not (root / r).is_symlink()]
@@ -285,8 +325,11 @@ def digest_tree(
                 rel = full.relative_to(root).as_posix()
                 if (with_manifest or rel != MANIFEST_NAME) and full.is_file() and not full.is_symlink():
                     rels.append(rel)
+    progress = HashProgress(sum((root / r).stat().st_size for r in rels), progress_out) if progress_out else None
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        digests = list(pool.map(lambda r: file_sha256(root / r), rels))
+        digests = list(pool.map(lambda r: file_sha256(root / r, progress), rels))
+    if progress is not None:
+        progress.finish()
     return {r: {"size": (root / r).stat().st_size, "sha256": d} for r, d in sorted(zip(rels, digests))}
 
 
@@ -542,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage-from")
     ap.add_argument("--make-version")
     ap.add_argument("--compare-source")
+    ap.add_argument("--progress", action="store_true", help="say the bytes hashed so far on stderr")
     args = ap.parse_args(argv)
     if args.index_digests:
         print(json.dumps(weight_map_digests((Path(args.directory) / INDEX_NAME).read_text(encoding="utf-8"))))
@@ -556,8 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(compare_with_source(args.directory, args.compare_source)))
         return 0
     if args.digests or args.write_manifest:
+        import sys
+
         files = digest_tree(args.directory, only=args.only, workers=min(4, os.cpu_count() or 1),
-                            with_manifest=not args.write_manifest)
+                            with_manifest=not args.write_manifest, progress_out=sys.stderr if args.progress else None)
         if not args.write_manifest:
             print(json.dumps({"files": files}))
             return 0

@@ -46,6 +46,12 @@ _NOT_LOWER_GMU = (
 )
 
 
+# The runbook's row for TP=2: "NCCL timeout on worker connect (TP=2 only) | Verify master-addr is
+# correct (SPARK1_IP), check firewall for port 29501".
+PAIR_ROW = ("verify --master-addr is the head's address on the link (the runbook's SPARK1_IP; the fleet file's "
+             "pairs[].link.head_address) and check the firewall for port 29501 (pairs[].master_port)")
+
+
 class Severity(StrEnum):
     INFO = "info"
     WARNING = "warning"
@@ -246,12 +252,35 @@ SIGNATURES: tuple[Signature, ...] = (
         runbook_ref="Phase 4 launch: 'IMPORTANT: --enable-prefix-caching CRASHES on Qwen3.5'",
         severity=Severity.ERROR,
     ),
+    # A node pair (Phase 4-alt, TP=2 over two nodes): the head (rank 0) holds torch's store on
+    # --master-port, the worker (rank 1) connects to --master-addr; then NCCL runs over the link.
+    Signature(
+        id="pair-head-alone",
+        pattern=_re(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)/(?P<world>\d+) "
+                    r"clients joined"),
+        cause="the head (rank 0) waited on --master-port and the worker (rank 1) never joined: the head was "
+        "started alone (the worker not running, or started after the head's wait ended)",
+        fix=f"start the worker first, then the head ~15 s later; {PAIR_ROW}",
+        runbook_ref="Phase 4-alt: 'WORKER (rank 1) FIRST, then HEAD (rank 0) after ~15s'; Troubleshooting: "
+        "'NCCL timeout on worker connect (TP=2 only)'",
+        severity=Severity.ERROR,
+    ),
+    Signature(
+        id="pair-worker-never-connects",
+        pattern=_re(r"client socket has timed out after \d+ms while trying to connect to "
+                    r"\((?P<master_addr>[^,\s]+), (?P<master_port>\d+)\)"),
+        cause="the worker (rank 1) could not reach the head's --master-addr:--master-port: a wrong master "
+        "address (not the head's address on the link), a firewalled port, or no link",
+        fix=PAIR_ROW,
+        runbook_ref="Troubleshooting: 'NCCL timeout on worker connect (TP=2 only)'; Phase 4-alt",
+        severity=Severity.ERROR,
+    ),
     Signature(
         id="nccl-timeout",
         pattern=_re(r"NCCL.*(?:timeout|timed out)|Watchdog caught collective operation timeout"),
-        cause="TP=2 worker could not reach the head (wrong master-addr or firewalled port)",
-        fix="TP=2 needs the DAC link (not available now); otherwise verify --master-addr "
-        "SPARK1_IP and open port 29501",
+        cause="NCCL between the pair's ranks stopped: the other node's engine went away or the link dropped "
+        "(TP=2: the worker down is the pair down)",
+        fix=f"check both nodes' containers and the link, then deploy the pair again (worker first); {PAIR_ROW}",
         runbook_ref="Troubleshooting: 'NCCL timeout on worker connect (TP=2 only)'; Phase 4-alt",
         severity=Severity.ERROR,
     ),
@@ -281,6 +310,15 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="recreate the launch script (the pipeline renders it from the launch profile)",
         runbook_ref="Troubleshooting: '/tmp/run-mtp2.sh not found'",
         severity=Severity.WARNING,
+    ),
+    Signature(
+        id="stale-jit-cache",
+        pattern=_re(r"stale (?:torch_compile|Triton|FlashInfer JIT) cache"),
+        cause="a compile cache made for another image, checkpoint or kernel-shaping flag is mounted",
+        fix="deploy the node with fresh_jit_cache: true (the runbook: wipe ~/.cache/vllm or ~/.triton with sudo, "
+            "relaunch); a shipped cache that did this is dropped and its key's archive marked bad by the deploy",
+        runbook_ref="Troubleshooting: 'stale torch_compile cache' and 'Stale Triton cache'",
+        severity=Severity.ERROR,
     ),
     Signature(
         id="jit-cache-permission",

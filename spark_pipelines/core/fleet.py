@@ -27,6 +27,7 @@ from spark_pipelines.core import names
 from spark_pipelines.core.fleet_errors import explain, one_line, render_path
 from spark_pipelines.core.fleet_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_VALUES, HugeNumber, load_yaml
 from spark_pipelines.core.fleet_settings import (
+    AdoptionSettings,
     BenchSettings,
     ColdDrainSettings,
     NodeOsSettings,
@@ -34,10 +35,12 @@ from spark_pipelines.core.fleet_settings import (
     VersionSettings,
     GatewayFront,
     HealthSettings,
+    NodePair,
     PreflightSettings,
     RetentionSettings,
     RolloutSettings,
     StepRetrySettings,
+    check_pairs,
 )
 from spark_pipelines.core.fleet_types import (
     AbsPath,
@@ -317,6 +320,9 @@ class LaunchProfile(Strict):
     # Runbook: "Backup JIT caches after successful first boot ... Restoring these skips the 30-45
     # min compilation entirely on fresh deploys." One folder per cache key, on the build host.
     jit_cache_store: CacheDir = "~/backups/jit-cache"
+    # A node about to boot a key another node compiled gets that node's sealed cache, verified,
+    # instead of compiling for 25-45 min (runbook/jit_cache.py); false: every node compiles its own.
+    ship_jit_cache: bool = True
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -468,9 +474,11 @@ class Fleet(Strict):
     rollout: RolloutSettings = RolloutSettings()
     distribution: DistributionSettings = DistributionSettings()
     versions: VersionSettings = VersionSettings()
+    adoption: AdoptionSettings = AdoptionSettings()
     health: HealthSettings = HealthSettings()
     ssh: StepRetrySettings = StepRetrySettings()
     retention: RetentionSettings = RetentionSettings()
+    pairs: tuple[NodePair, ...] = Field(default=(), description="node pairs serving one model at TP=2 (Phase 4-alt)")
 
     @field_validator("nodes")
     @classmethod
@@ -534,6 +542,7 @@ class Fleet(Strict):
         for name in self.gateway.api_host_overrides:
             if name not in {n.name for n in self.nodes}:
                 raise ValueError(f"gateway.api_host_overrides names unknown node {name!r}")
+        check_pairs(self.pairs, self.node_names, [n.name for n in self.serve_nodes])
         return self
 
     # -- lookups used everywhere --

@@ -88,7 +88,8 @@ def explain(err: ValidationError, data: Any) -> str:
             else:
                 msg += f"; {_HINTS[e['type']]}"
         shown = names.shown(val) if not isinstance(val, (dict, list)) else f"(a {'mapping' if isinstance(val, dict) else 'list'})"
-        value = "" if e["type"] in ("missing", "extra_forbidden") or shown in msg else f" = {shown}"
+        # A None is a section left out (a default checked): "= None" would say nothing more.
+        value = "" if e["type"] in ("missing", "extra_forbidden") or val is None or shown in msg else f" = {shown}"
         lines.append(one_line(f"{loc}{value}: {msg}" if loc else msg))
     more = f" (and {len(lines) - 1} more: fix this one and load again)" if len(lines) > 1 else ""
     return lines[0] + more

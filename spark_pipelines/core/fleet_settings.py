@@ -1,16 +1,16 @@
 """The fleet file's smaller settings sections (preflight, bench, cold drain, rollout, distribution,
-health, SSH retries): each a model with its defaults and the runbook's reasons beside them."""
+health, SSH retries, node pairs): each a model with its defaults and the runbook's reasons beside them."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
-from spark_pipelines.core.fleet_types import Float, Int, NodeName, Port, Strict, _shape
+from spark_pipelines.core.fleet_types import Float, Host, Int, NodeName, Port, Strict, Text, _shape
 from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
 
 
@@ -117,10 +117,19 @@ class RolloutSettings(Strict):
 
 
 class DistributionSettings(Strict):
-    """How the checkpoint and image fan out from the build host (core/distribution.py)."""
+    """How the checkpoint and image are pipelined down the tree from the build host (core/distribution.py)."""
 
-    fan_out: Int = Field(default=1, ge=1, le=16, description="copies one holder sends at once; 1 gives each its full link")
+    fan_out: Int = Field(default=1, ge=1, le=16, description="children one node feeds at once; 1 gives each its full "
+                                                             "link (one source: the tree is a chain)")
     max_attempts: Int = Field(default=2, ge=1, le=10, description="tries per receiver in one run before it is left for a rerun")
+
+
+class AdoptionSettings(Strict):
+    """First contact (runbook/adoption.py): the nodes are read at once, each under its own lease."""
+
+    # Each node hashes its own copy on its own disk (minutes for ~71 GB): the disks are the limit,
+    # not the orchestrator, so several at once; fewer where nodes share storage (an NFS models dir).
+    max_hashing: Int = Field(default=8, ge=1, le=64, description="nodes whose checkpoint adoption hashes at once")
 
 
 class VersionSettings(Strict):
@@ -167,3 +176,82 @@ class RetentionSettings(Strict):
                                  description="command output files kept (a deploy writes ~50, a build ~100)")
     bench_charts: Int = Field(default=500, ge=1, le=100_000, description="bench-history PNGs kept (one per bench)")
 
+
+
+# Phase 4-alt: "Order matters: WORKER (rank 1) FIRST, then HEAD (rank 0) after ~15s", rendezvous on
+# --master-port 29501 at the head's address on the link (the runbook's SPARK1_IP).
+PAIR_MASTER_PORT = 29501
+# The image the runbook validated TP=2 with: "NCCL 2.30.4". A pip NCCL of the same version but
+# another build hangs every 20-26 minutes (vLLM issues 41725, 42354): the pair's preflight compares.
+VALIDATED_NCCL = "2.30.4"
+
+
+class PairLink(Strict):
+    """The direct link between a pair's two nodes (the runbook's DAC between the CX-7 ports)."""
+
+    head_address: Host = Field(description="the head's address on the link: --master-addr (the runbook's SPARK1_IP)")
+    worker_address: Host = Field(description="the worker's address on the link")
+    # A link at 1500 instead of jumbo frames moves ~3 GB/s instead of ~24 (dgx-spark-playbooks issue 102).
+    mtu: Int = Field(default=9000, ge=1280, le=65535, description="frames the link must carry whole, both ways")
+
+    @model_validator(mode="after")
+    def _two_ends(self) -> PairLink:
+        if self.head_address == self.worker_address:
+            raise ValueError(f"head_address and worker_address are both {self.head_address}: give each end its own")
+        return self
+
+
+class NodePair(Strict):
+    """Two nodes serving one model with --tensor-parallel-size 2 (Phase 4-alt): a launch profile of
+    node pairs. Off by default: the runbook keeps it "for reference only", the nodes are no longer
+    DAC-connected. On, its head serves the API as one gateway backend and its worker runs headless."""
+
+    name: NodeName
+    head: NodeName = Field(description="rank 0: serves the API; its link address is --master-addr")
+    worker: NodeName = Field(description="rank 1: --headless, launched first")
+    enabled: bool = False
+    reason: Text = Field(default="", description="why the pair is off, shown by `plan`")
+    # Declared after `enabled`: its check reads it (validate_default: a missing link is checked too).
+    link: PairLink | None = Field(default=None, validate_default=True)
+    master_port: Port = PAIR_MASTER_PORT
+    worker_ready_s: Int = Field(default=300, ge=5, le=3600,
+                                description="the worker's headless milestone within this, or the head is not "
+                                            "launched (the runbook sleeps ~15 s, then reads its log)")
+    nccl: Annotated[str, _shape(names.GIT_REF, "NCCL version")] = Field(
+        default=VALIDATED_NCCL, description="the NCCL the image must load (the runbook's validated build)")
+
+    @field_validator("link")
+    @classmethod
+    def _link_to_turn_on(cls, v: PairLink | None, info: ValidationInfo) -> PairLink | None:
+        if v is None and info.data.get("enabled"):
+            why = info.data.get("reason") or "no link"
+            raise ValueError(f"the pair cannot be turned on (enabled: true) without its link (off because: "
+                             f"{why}); add link: {{head_address, worker_address, mtu}} once the nodes are connected")
+        return v
+
+    @model_validator(mode="after")
+    def _two_nodes(self) -> NodePair:
+        if self.head == self.worker:
+            raise ValueError(f"head and worker are both {self.head}: a pair is two nodes")
+        return self
+
+
+def check_pairs(pairs: tuple[NodePair, ...], nodes: list[str], serve_nodes: list[str]) -> None:
+    """Across pairs: names unique, each node in one pair at most and, once the pair is on, a serve
+    node of the fleet (an off pair may name nodes a smaller fleet made from the seed left out)."""
+    seen: dict[str, str] = {}
+    names_seen: set[str] = set()
+    for i, p in enumerate(pairs):
+        where = f"pairs[{i}] ({p.name})"
+        if p.name in names_seen:
+            raise ValueError(f"{where}: pair name {p.name!r} appears twice: pair names must be unique")
+        names_seen.add(p.name)
+        for role in ("head", "worker"):
+            node = getattr(p, role)
+            if p.enabled and node not in nodes:
+                raise ValueError(f"{where}.{role}: no node named {node!r} in the fleet (nodes: {', '.join(nodes)})")
+            if p.enabled and node not in serve_nodes:
+                raise ValueError(f"{where}.{role}: {node} has no 'serve' role: a pair that is on serves on both nodes")
+            if node in seen:
+                raise ValueError(f"{where}.{role}: {node} is in pair {seen[node]} already: a node is in one pair at most")
+            seen[node] = p.name

@@ -192,6 +192,9 @@ class Observation:
     ssh_dead_since: float | None = None
     last_started_at: float | None = None
     previous_restart_count: int | None = None
+    # When a sweep last saw /health answer (epoch; carried by with_earlier): an engine that served
+    # after its launch started is past its graph capture, so dead SSH then is not a boot.
+    served_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -277,7 +280,12 @@ def unreachable(obs: Observation) -> NodeVerdict | None:
         evidence.append("/health still answers 200: vLLM serves, but the node cannot be inspected or managed")
     dead_for = None if obs.ssh_dead_since is None else obs.probed_at - obs.ssh_dead_since
     since_launch = None if obs.last_started_at is None else obs.probed_at - obs.last_started_at
-    if since_launch is not None and 0 <= since_launch <= SSH_SILENT_DURING_CAPTURE_MAX_S and not obs.health_ok:
+    served_since_launch = (obs.served_at is not None and obs.last_started_at is not None
+                           and obs.served_at >= obs.last_started_at)
+    if served_since_launch:
+        evidence.append(f"its engine served {_minutes(obs.probed_at - obs.served_at)} ago, after its launch: "
+                        "not a boot's graph capture")
+    elif since_launch is not None and 0 <= since_launch <= SSH_SILENT_DURING_CAPTURE_MAX_S and not obs.health_ok:
         evidence.append(f"a launch started {_minutes(since_launch)} ago: SSH may not answer during CUDA graph "
                         f"capture for up to {_minutes(SSH_SILENT_DURING_CAPTURE_MAX_S)}")
         return _verdict(obs, "starting", evidence)
@@ -571,7 +579,7 @@ def _judge(obs: Observation) -> NodeVerdict:
 
 def with_earlier(obs: Observation, earlier: Observation | None) -> Observation:
     """Carry what an earlier sweep of the same node knew into this observation: since when SSH is
-    dead, when the last launch started, the restart count then."""
+    dead, when the last launch started, the restart count then, when /health last answered."""
     if earlier is None or earlier.node != obs.node:
         return obs
     dead_since = None
@@ -581,7 +589,9 @@ def with_earlier(obs: Observation, earlier: Observation | None) -> Observation:
     c = earlier.container
     started = c.started_at if c is not None and c.exists and c.started_at is not None else earlier.last_started_at
     restarts = c.restart_count if c is not None and c.exists else earlier.previous_restart_count
-    return replace(obs, ssh_dead_since=dead_since,
+    served = obs.probed_at if obs.health_ok else (obs.served_at if obs.served_at is not None else (
+        earlier.probed_at if earlier.health_ok else earlier.served_at))
+    return replace(obs, ssh_dead_since=dead_since, served_at=served,
                    last_started_at=obs.last_started_at if obs.last_started_at is not None else started,
                    previous_restart_count=obs.previous_restart_count if obs.previous_restart_count is not None
                    else restarts)

@@ -22,6 +22,8 @@ CHECKPOINT_LABEL = "org.spark-pipelines.checkpoint"  # the index digest node_art
 # The checkpoint version the container mounts (core/versions.py: its manifest digest, short).
 CHECKPOINT_VERSION_LABEL = "org.spark-pipelines.checkpoint-version"
 KERNELS_LABEL = "org.spark-pipelines.kernels"  # core.jit_cache.launch_hash: alike on nodes launched alike
+# Phase 4's `docker run` flags (one node, TP=1).
+PHASE4_RUN_FLAGS: tuple[str, ...] = ("--gpus", "all", "--net=host", "--ipc=host")
 
 
 def expand_home(path: str, home: str) -> str:
@@ -53,6 +55,9 @@ class LaunchSpec:
     # version whatever the runbook's path points at later. Not part of the fingerprint: the launch
     # spec is the fleet file's; the version is the node's data (its own label).
     model_source: str | None = None
+    # docker run's own flags before the env and mounts; None: Phase 4's (`PHASE4_RUN_FLAGS`). A node
+    # pair's launch gives Phase 4-alt's (core/pair_launch.py).
+    run_flags: tuple[str, ...] | None = None
 
     @property
     def model_path(self) -> str:
@@ -60,7 +65,8 @@ class LaunchSpec:
         return self.serve_args[1]
 
     def docker_run_argv(self, *, name: str | None = None) -> list[str]:
-        argv = ["docker", "run", "-d", "--name", name or self.container_name, "--gpus", "all", "--net=host", "--ipc=host"]
+        argv = ["docker", "run", "-d", "--name", name or self.container_name,
+                *(PHASE4_RUN_FLAGS if self.run_flags is None else self.run_flags)]
         for k, v in self.env.items():
             argv += ["-e", f"{k}={v}"]
         for host, container in self.mounts:
@@ -77,9 +83,10 @@ class LaunchSpec:
     @property
     def fingerprint(self) -> str:
         """Stable digest of everything that shapes the running server: the deploy's code version."""
-        blob = json.dumps(
-            {"image": self.image, "env": self.env, "mounts": self.mounts, "args": self.serve_args}, sort_keys=True
-        )
+        shape: dict[str, object] = {"image": self.image, "env": self.env, "mounts": self.mounts, "args": self.serve_args}
+        if self.run_flags is not None:  # Phase 4's launches keep the fingerprints they always had
+            shape["run_flags"] = list(self.run_flags)
+        blob = json.dumps(shape, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

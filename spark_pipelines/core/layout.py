@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from spark_pipelines.core.artifacts import Checkpoint
 from spark_pipelines.core.launch import expand_home
+from spark_pipelines.core.versions import version_path
 from spark_pipelines.core.fleet import Fleet, ModelPin, Node
 
 # State this tool keeps on nodes: step markers (what was built from which inputs) and secrets.
@@ -32,3 +34,11 @@ def hybrid_dir(fleet: Fleet, node: Node) -> str:
 
 def marker_path(node: Node, step: str) -> str:
     return expand_home(f"{STATE_DIR}/markers/{step}.json", node.home_dir)
+
+
+def checkpoint_version_path(fleet: Fleet, node: Node, checkpoint: Checkpoint) -> str:
+    """Where `node` holds the checkpoint as a version (the build host: where mtp_weights made it)."""
+    if node.name == fleet.build_node.name or not checkpoint.manifest:
+        return checkpoint.path
+    return version_path(hybrid_dir(fleet, node), checkpoint.manifest)
+

@@ -31,6 +31,7 @@ IMAGE_ID = "image_id"
 CHECKPOINT = "checkpoint"  # node_artifacts: the index digest, first 12
 KV_CACHE_TOKENS = "kv_cache_tokens"
 STARTUP_SECONDS = "startup_seconds"
+BOOT_SECONDS = "boot_seconds"  # docker run to healthy (the engine's boot alone, a shipped cache's retry included)
 FREE_GIB_AT_PREFLIGHT = "free_gib_at_preflight"  # free CUDA memory the deploy's preflight read
 ROLLOUT_RUN = "rollout_run"  # a deploy or bench recorded by a rollout: its run id
 

@@ -82,6 +82,14 @@ class NodeDocker:
             raise RemoteCommandError(r.node, r.command, r.exit_status, r.tail)
         return r.stdout.strip()
 
+    def image_size(self, node: str, ref: str) -> int | None:
+        """The image's size in bytes as docker counts it (about what `docker save` writes), or None."""
+        names.check(names.IMAGE_REF, ref, "image reference")
+        r = self._docker(node, ["image", "inspect", "--format", "{{.Size}}", ref], check=False, log=False,
+                         timeout=remote.PROBE_TIMEOUT_S)
+        text = r.stdout.strip()
+        return int(text) if r.exit_status == 0 and text.isdigit() else None
+
     def image_labels(self, node: str, ref: str) -> dict[str, str]:
         names.check(names.IMAGE_REF, ref, "image reference")
         r = self._docker(node, ["image", "inspect", "--format", "{{json .Config.Labels}}", ref], check=False, log=False,

@@ -84,38 +84,38 @@ _held: weakref.WeakKeyDictionary[FleetSession, dict[tuple[int, str], Lease]] = w
 _held_lock = threading.Lock()
 
 
-def lost(s: FleetSession, target: str) -> Lease | None:
+def lost(session: FleetSession, target: str) -> Lease | None:
     """A lease this session holds on `target` (any thread) that ended under it, or None."""
     with _held_lock:
         try:
-            mine = list(_held.get(s, {}).items())
+            mine = list(_held.get(session, {}).items())
         except TypeError:  # no session that can hold a lease (a stand-in)
             return None
     if not mine:
         return None
-    key, _ = s.target(target)
+    key, _ = session.target(target)
     return next((lease for (_, k), lease in mine if k == key and lease.lost), None)
 
 
-def check(s: FleetSession, target: str) -> None:
+def check(session: FleetSession, target: str) -> None:
     """At a step boundary: raise LeaseLost when this session's lease on `target` ended."""
-    gone = lost(s, target)
+    gone = lost(session, target)
     if gone is not None:
         raise gone.error()
 
 
-def _guard(s: FleetSession, key: str) -> None:
+def _guard(session: FleetSession, key: str) -> None:
     """FleetSession's guard: no command on a node whose lease this session lost."""
     with _held_lock:
-        leases = [lease for (_, k), lease in _held.get(s, {}).items() if k == key]
+        leases = [lease for (_, k), lease in _held.get(session, {}).items() if k == key]
     for lease in leases:
         if lease.lost:
             raise lease.error()
 
 
-def lock_paths(s: FleetSession, target: str, name: str = "run") -> tuple[str, str]:
+def lock_paths(session: FleetSession, target: str, name: str = "run") -> tuple[str, str]:
     """(lock file, holder file) on the target, `~` expanded for its user."""
-    base = s.expand(target, f"{LOCK_DIR}/{name}")
+    base = session.expand(target, f"{LOCK_DIR}/{name}")
     return f"{base}.lock", f"{base}.holder"
 
 
@@ -137,14 +137,14 @@ def _describe(holder_text: str) -> str:
 
 
 @contextmanager
-def node_lease(s: FleetSession, target: str, purpose: str, *, run_id: str = "",
+def node_lease(session: FleetSession, target: str, purpose: str, *, run_id: str = "",
                timeout_s: float = ACQUIRE_TIMEOUT_S) -> Iterator[Lease]:
     """Hold `target`'s run lease (a node name or the gateway key) for the block, or raise
     NodeBusy naming who holds it. Released when the block ends, in every outcome."""
-    key, _ = s.target(target)
+    key, _ = session.target(target)
     slot = (threading.get_ident(), key)
     with _held_lock:
-        mine = _held.setdefault(s, {})
+        mine = _held.setdefault(session, {})
         if slot in mine:
             mine[slot].depth += 1
             outer = mine[slot]
@@ -158,31 +158,31 @@ def node_lease(s: FleetSession, target: str, purpose: str, *, run_id: str = "",
                 outer.depth -= 1
         return
 
-    if _guard not in s.guards:
-        s.guards.append(_guard)
-    lock_path, holder_path = lock_paths(s, target)
+    if _guard not in session.guards:
+        session.guards.append(_guard)
+    lock_path, holder_path = lock_paths(session, target)
     holder = {"purpose": purpose, "run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
               "started": round(time.time(), 1)}
-    s.run(target, ["mkdir", "-p", lock_path.rsplit("/", 1)[0]], log=False, timeout=30)
+    session.run(target, ["mkdir", "-p", lock_path.rsplit("/", 1)[0]], log=False, timeout=30)
     lease = Lease(key, purpose, holder, lock_path)
-    lease.channel = _acquire(s, target, key, lock_path, holder_path, holder, timeout_s)
+    lease.channel = _acquire(session, target, key, lock_path, holder_path, holder, timeout_s)
     with _held_lock:
-        _held.setdefault(s, {})[slot] = lease
-    s.log.info(f"[{key}] lease taken for {purpose} ({lock_path})")
+        _held.setdefault(session, {})[slot] = lease
+    session.log.info(f"[{key}] lease taken for {purpose} ({lock_path})")
     try:
         yield lease
     finally:
         with _held_lock:
-            _held.get(s, {}).pop(slot, None)
+            _held.get(session, {}).pop(slot, None)
         if lease.lost:
-            s.log.warning(f"[{key}] the lease for {purpose} ended before the block did (connection dropped?); "
+            session.log.warning(f"[{key}] the lease for {purpose} ended before the block did (connection dropped?); "
                           "its next command there raised LeaseLost")
         lease.channel.close()  # cat sees EOF, flock exits, the lock is free
 
 
-def _acquire(s: FleetSession, target: str, key: str, lock_path: str, holder_path: str, holder: dict,
+def _acquire(session: FleetSession, target: str, key: str, lock_path: str, holder_path: str, holder: dict,
              timeout_s: float) -> paramiko.Channel:
-    transport = s.client(target).get_transport()
+    transport = session.client(target).get_transport()
     if transport is None or not transport.is_active():
         raise RemoteError(f"node {key}: no SSH connection to take the run lease on; check that the node is up")
     chan = transport.open_session(timeout=timeout_s)
@@ -209,7 +209,7 @@ def _acquire(s: FleetSession, target: str, key: str, lock_path: str, holder_path
         raise
     chan.close()
     if status == BUSY_EXIT:
-        r = s.run(target, ["cat", holder_path], check=False, log=False, timeout=30)
+        r = session.run(target, ["cat", holder_path], check=False, log=False, timeout=30)
         raise NodeBusy(
             f"node {key} is busy: {_describe(r.stdout)} holds its run lease ({lock_path}); one run per node "
             f"at a time. Wait for that run to end (a crashed run frees it within a minute), then retry")

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import select
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import remote
 from spark_pipelines.core.checkpoint import INDEX_NAME, MANIFEST_NAME, MAX_HEADER_BYTES
+from spark_pipelines.core.progress import Progress
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteCommandError, RemoteError
 
@@ -33,22 +36,57 @@ from spark_pipelines.resources.ssh import FleetSession, HostKeyError, RemoteComm
 DIGEST_TIMEOUT_S = 1800
 
 
-def checkpoint_script(session: FleetSession, node: str, args: list[str], timeout: float) -> dict:
-    """Run core/checkpoint.py on the node (stdlib only, piped to python3); its last line is JSON."""
+def checkpoint_script(session: FleetSession, node: str, args: list[str], timeout: float,
+                      progress: Progress | None = None) -> dict:
+    """Run core/checkpoint.py on the node (stdlib only, piped to python3); its last line is JSON.
+    `progress`: fed with the bytes hashed as the script says them (it is given --progress), a
+    line in the session's log whenever one is due."""
     source = Path(checkpoint_core.__file__).read_text()
-    r = session.run(node, ["python3", "-", *args], stdin=source, log=False, timeout=timeout)
+    on_line = None
+    if progress is not None:
+        args = [*args, "--progress"]
+
+        def on_line(stream: str, line: str) -> bool:
+            parts = line.split()
+            if stream == "stderr" and len(parts) == 3 and parts[0] == checkpoint_core.PROGRESS_PREFIX:
+                with _PROGRESS_LOCK:
+                    progress.total = int(parts[2]) if parts[2].isdigit() else progress.total
+                    progress.set(int(parts[1]) if parts[1].isdigit() else 0)
+                    if progress.due(time.monotonic()):
+                        session.log.info(progress.line(time.monotonic()))
+            return False
+
+    r = session.run(node, ["python3", "-", *args], stdin=source, log=False, timeout=timeout, on_line=on_line)
+    if progress is not None:
+        progress.set(progress.total)
+        said = progress.end(time.monotonic())
+        if progress.spoke:
+            session.log.info(said)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def digests_on_node(session: FleetSession, node: str, directory: str, only: list[str] | None = None) -> dict[str, dict]:
-    """{path: {size, sha256}} of the files under directory, hashed on the node itself."""
+_PROGRESS_LOCK = threading.Lock()
+
+
+def hash_progress(node: str, directory: str) -> Progress:
+    """What a hash of `directory` on `node` says while it runs (its total arrives with its first line)."""
+    return Progress(f"[{node}] hashing {directory}", 0, time.monotonic())
+
+
+def digests_on_node(session: FleetSession, node: str, directory: str, only: list[str] | None = None,
+                    progress: Progress | None = None) -> dict[str, dict]:
+    """{path: {size, sha256}} of the files under directory, hashed on the node itself; a long
+    hash says how far it is in the log (`progress`: the caller's, for the figures it records)."""
     args = [directory, "--digests", *(f"--only={p}" for p in only or [])]
-    return checkpoint_script(session, node, args, DIGEST_TIMEOUT_S)["files"]
+    return checkpoint_script(session, node, args, DIGEST_TIMEOUT_S,
+                             progress or hash_progress(node, directory))["files"]
 
 
-def write_manifest(session: FleetSession, node: str, directory: str) -> tuple[dict, str]:
+def write_manifest(session: FleetSession, node: str, directory: str,
+                   progress: Progress | None = None) -> tuple[dict, str]:
     """Hash the directory on the node, write its MANIFEST_NAME there; (manifest, digest)."""
-    manifest = checkpoint_script(session, node, [directory, "--write-manifest"], DIGEST_TIMEOUT_S)
+    manifest = checkpoint_script(session, node, [directory, "--write-manifest"], DIGEST_TIMEOUT_S,
+                                 progress or hash_progress(node, directory))
     return manifest, checkpoint_core.manifest_digest(manifest)
 
 
@@ -91,6 +129,76 @@ def _ip_literal(host: str) -> str | None:
 
 class TransferError(RemoteError):
     """A copy between nodes failed or did not verify; the message names both nodes and the problems."""
+
+
+class PeerStream:
+    """One long-lived relay of files from `src` to `dst` (core/relay.py `send | ssh dst recv`),
+    run ON `src` and fed file by file while it runs: the bytes go node to node, never through this
+    machine, one connection for the whole distribution. `on_got(i, path, sha256)` once a file is
+    whole under its final name on `dst` (the digest of the bytes that landed there); `on_end(error)`
+    once the stream ended ("" when it was closed and ended cleanly). Bounded by `timeout_s` on `src`
+    (and the peer ssh's keep-alives)."""
+
+    def __init__(self, session: FleetSession, src: str, dst: str, route: remote.PeerRoute,
+                 scripts: tuple[str, str], src_dirs: list[str], dst_dirs: list[str],
+                 on_got: Any, on_end: Any, timeout_s: float) -> None:
+        self.s, self.src, self.dst, self.on_got, self.on_end = session, src, dst, on_got, on_end
+        inner = ["python3", scripts[1], "recv", *dst_dirs]
+        pipeline = (f"{remote.quote_argv(['python3', scripts[0], 'send', *src_dirs])} | "
+                    f"{remote.quote_argv(route.remote_argv(inner))}")
+        self.argv = ["bash", "-o", "pipefail", "-c", pipeline]
+        transport = session.client(src).get_transport()
+        if transport is None or not transport.is_active():
+            raise TransferError(f"node {src}: no SSH connection to relay files to {dst} from; check that it is up")
+        self.chan = transport.open_session(timeout=30)
+        self.chan.exec_command(remote.quote_argv(remote.with_timeout(self.argv, timeout_s)))
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        threading.Thread(target=self._read, name=f"relay-{src}-{dst}", daemon=True).start()
+
+    def send(self, i: int, path: str) -> None:
+        with self._lock:
+            self.chan.sendall((json.dumps([i, path]) + "\n").encode())
+
+    def close(self) -> None:
+        """No more files: the relay ends once the last one is through."""
+        with self._lock:
+            if not self.chan.closed:
+                self.chan.shutdown_write()
+
+    def _read(self) -> None:
+        out, err = remote.LineSplitter(), remote.LineSplitter()
+        tail: list[str] = []
+        status: int | None = None
+        try:
+            while True:
+                select.select([self.chan], [], [], 1.0)
+                if self.chan.recv_ready():
+                    for line in out.feed(self.chan.recv(65536)):
+                        if line.startswith("got "):
+                            i, path, sha = json.loads(line[4:])
+                            self.on_got(int(i), str(path), str(sha))
+                    continue
+                if self.chan.recv_stderr_ready():
+                    tail = (tail + [ln for ln in err.feed(self.chan.recv_stderr(65536)) if ln.strip()])[-5:]
+                    continue
+                if self.chan.exit_status_ready():
+                    status = self.chan.recv_exit_status()
+                    break
+                if self.chan.closed:
+                    break
+        except Exception as e:  # noqa: BLE001 - the connection went: the stream ended, with that error
+            tail = [str(e)]
+        finally:
+            self.chan.close()
+        seconds = time.monotonic() - self.started
+        self.s.record_command(self.src, self.argv, status, seconds)
+        if status == 0:
+            self.on_end("")
+            return
+        why = (tail[-1].strip() if tail else "") or f"status {status}"
+        self.on_end(f"copy {self.src} -> {self.dst} failed ({why[:300]}); check that {self.dst} is up, reachable "
+                    f"from {self.src} and has room, then rerun: what verified there stays")
 
 
 @dataclass
@@ -149,38 +257,38 @@ class NodeStreams:
         """Let src ssh to dst with a dedicated key; idempotent (nothing is rewritten when in place)."""
         if src == dst:
             raise TransferError(f"source and destination are the same node ({src}): nothing to copy")
-        s = self.session
+        session = self.session
         with self._peer_lock:
             if (src, dst) in self._routes:
                 return self._routes[(src, dst)]
-            _, src_t = s.target(src)
-            _, dst_t = s.target(dst)
-            ssh_dir = s.expand(src, "~/.ssh")
+            _, src_t = session.target(src)
+            _, dst_t = session.target(dst)
+            ssh_dir = session.expand(src, "~/.ssh")
             key = f"{ssh_dir}/{remote.PEER_KEY_NAME}"
             peer_known_hosts = f"{ssh_dir}/{remote.PEER_KNOWN_HOSTS_NAME}"
-            s.run(src, ["mkdir", "-p", "-m", "700", ssh_dir], log=False)
-            if not s.exists(src, key):
-                s.run(src, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"spark-pipelines-peer@{src}", "-f", key])
-            public = s.read_text(src, f"{key}.pub").strip()
+            session.run(src, ["mkdir", "-p", "-m", "700", ssh_dir], log=False)
+            if not session.exists(src, key):
+                session.run(src, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"spark-pipelines-peer@{src}", "-f", key])
+            public = session.read_text(src, f"{key}.pub").strip()
 
             # Authorize on the destination (append once; 0600 as sshd's StrictModes wants).
-            dst_ssh = s.expand(dst, "~/.ssh")
-            s.run(dst, ["mkdir", "-p", "-m", "700", dst_ssh], log=False)
+            dst_ssh = session.expand(dst, "~/.ssh")
+            session.run(dst, ["mkdir", "-p", "-m", "700", dst_ssh], log=False)
             ak = f"{dst_ssh}/authorized_keys"
-            current = s.read_text(dst, ak) if s.exists(dst, ak) else ""
+            current = session.read_text(dst, ak) if session.exists(dst, ak) else ""
             if public.split()[1] not in current:
                 line = remote.authorized_keys_line(public, f"spark-pipelines-peer@{src}", _ip_literal(src_t.host))
-                s.put_text(dst, ak, current + ("" if not current or current.endswith("\n") else "\n") + line + "\n", 0o600)
-                s.log.info(f"[{dst}] authorized {src}'s peer key in {ak}")
+                session.put_text(dst, ak, current + ("" if not current or current.endswith("\n") else "\n") + line + "\n", 0o600)
+                session.log.info(f"[{dst}] authorized {src}'s peer key in {ak}")
 
             # The destination's host key, from the orchestrator's verified known_hosts.
             lines = self._verified_host_lines(dst, dst_t.host, dst_t.port, dst_t.known_hosts)
             name = remote.known_hosts_name(dst_t.host, dst_t.port)
-            existing = s.read_text(src, peer_known_hosts) if s.exists(src, peer_known_hosts) else ""
+            existing = session.read_text(src, peer_known_hosts) if session.exists(src, peer_known_hosts) else ""
             kept = [ln for ln in existing.splitlines() if ln.strip() and ln.split()[0] != name]
             wanted = "\n".join(kept + lines) + "\n"
             if wanted != existing:
-                s.put_text(src, peer_known_hosts, wanted, 0o600)
+                session.put_text(src, peer_known_hosts, wanted, 0o600)
             route = remote.PeerRoute(dst_t.user, dst_t.host, dst_t.port, key, peer_known_hosts)
             self._routes[(src, dst)] = route
             return route
@@ -229,13 +337,13 @@ class NodeStreams:
         content, and re-send only the files whose content differs. `manifest`: the digest the
         source's manifest must have (recorded when the checkpoint was built). `link_dest`: a
         directory on dst whose unchanged files are hard-linked (remote.rsync_argv)."""
-        s = self.session
+        session = self.session
         route = self.ensure_peer_access(src, dst)
-        src_abs = s.expand(src, src_dir).rstrip("/")
-        dst_abs = s.expand(dst, dst_dir or src_dir).rstrip("/")
-        s.run(dst, ["mkdir", "-p", dst_abs], log=False)
+        src_abs = session.expand(src, src_dir).rstrip("/")
+        dst_abs = session.expand(dst, dst_dir or src_dir).rstrip("/")
+        session.run(dst, ["mkdir", "-p", dst_abs], log=False)
         started = time.monotonic()
-        r = s.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib, link_dest=link_dest),
+        r = session.run(src, remote.rsync_argv(src_abs, route, dst_abs, bwlimit_kib=bwlimit_kib, link_dest=link_dest),
                   timeout=timeout or remote.COPY_TIMEOUT_S, check=False)
         if not r.ok:
             raise RemoteCommandError(src, r.command, r.exit_status, r.tail, copy_failure(
@@ -272,14 +380,14 @@ class NodeStreams:
         (and maybe its mtime), so rsync's quick check would skip it; the delta transfer then sends
         only the blocks that differ. Before that, the source's own copies are checked against its
         manifest: re-sending a damaged source would only copy the damage."""
-        s = self.session
+        session = self.session
         for f in files:
             if not checkpoint_core.safe_relative(f):
                 raise TransferError(f"refusing to re-send {f!r}: the path leaves {src_dir}")
         manifest_text = self._source_manifest_text(src, src_dir)
         if manifest_text is not None:
             expected = checkpoint_core.expected_tree(manifest_text)
-            on_src = digests_on_node(s, src, src_dir, [f for f in files if f != MANIFEST_NAME])
+            on_src = digests_on_node(session, src, src_dir, [f for f in files if f != MANIFEST_NAME])
             bad = checkpoint_core.diff_manifests(expected, on_src, only=[f for f in files if f != MANIFEST_NAME])
             if not bad.ok:
                 raise TransferError(
@@ -290,8 +398,8 @@ class NodeStreams:
         route = self.ensure_peer_access(src, dst)
         argv = remote.rsync_argv(src_dir, route, dst_dir, bwlimit_kib=bwlimit_kib)
         argv[-2:-2] = ["--checksum", "--from0", "--files-from=-"]
-        s.log.info(f"[{dst}] re-sending {len(files)} file(s) whose content differs: {', '.join(files[:5])}")
-        r = s.run(src, argv, stdin="".join(f + "\0" for f in files), timeout=timeout or remote.COPY_TIMEOUT_S)
+        session.log.info(f"[{dst}] re-sending {len(files)} file(s) whose content differs: {', '.join(files[:5])}")
+        r = session.run(src, argv, stdin="".join(f + "\0" for f in files), timeout=timeout or remote.COPY_TIMEOUT_S)
         return remote.parse_rsync_stats(r.stdout)
 
     def _source_manifest_text(self, src: str, src_dir: str) -> str | None:
@@ -301,30 +409,30 @@ class NodeStreams:
     def verify_tree(
         self, src: str, dst: str, src_dir: str, dst_dir: str, *,
         manifest: str | None = None, content: bool = True, only: list[str] | None = None,
-        drop_rsync_leftovers: bool = False,
+        drop_rsync_leftovers: bool = False, progress: Progress | None = None,
     ) -> TreeVerification:
         """Sizes of every file on both sides, the safetensors index, each shard's header span, and
         (content=True) every file's sha256 on dst against the source's manifest (`only`: just
         those files, after a repair). A source without a manifest is hashed on the source too.
         `drop_rsync_leftovers` (after a copy): a killed rsync's temp files are removed first."""
-        s = self.session
-        src_abs, dst_abs = s.expand(src, src_dir), s.expand(dst, dst_dir)
-        src_sizes = remote.parse_file_sizes(s.run(src, remote.list_files_argv(src_abs), log=False).stdout)
-        dst_sizes = remote.parse_file_sizes(s.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
+        session = self.session
+        src_abs, dst_abs = session.expand(src, src_dir), session.expand(dst, dst_dir)
+        src_sizes = remote.parse_file_sizes(session.run(src, remote.list_files_argv(src_abs), log=False).stdout)
+        dst_sizes = remote.parse_file_sizes(session.run(dst, remote.list_files_argv(dst_abs), log=False).stdout)
         stale = remote.rsync_leftovers(dst_sizes) if drop_rsync_leftovers else []
         if stale:
             # A receiver killed mid-copy leaves rsync's temp file beside the shard it was writing; the
             # rerun completes the shard but never removes that file (up to a shard's size of disk).
             # Only exact temp names of files present go, read from this same listing.
-            s.log.info(f"[{dst}] removing {len(stale)} temp file(s) a killed copy left: {', '.join(stale[:5])}")
-            s.run(dst, ["rm", "-f", "--", *(f"{dst_abs}/{p}" for p in stale)], log=False)
+            session.log.info(f"[{dst}] removing {len(stale)} temp file(s) a killed copy left: {', '.join(stale[:5])}")
+            session.run(dst, ["rm", "-f", "--", *(f"{dst_abs}/{p}" for p in stale)], log=False)
             dst_sizes = {p: n for p, n in dst_sizes.items() if p not in stale}
         v = TreeVerification(files=len(dst_sizes), total_bytes=sum(dst_sizes.values()))
         v.problems += remote.compare_trees(src_sizes, dst_sizes)
         v.resend = sorted(p for p in src_sizes if dst_sizes.get(p) != src_sizes[p])
         if INDEX_NAME in src_sizes and INDEX_NAME in dst_sizes:
             v.index_keys, problems = remote.check_index(
-                s.read_text(dst, f"{dst_abs}/{INDEX_NAME}"), dst_sizes, INDEX_NAME
+                session.read_text(dst, f"{dst_abs}/{INDEX_NAME}"), dst_sizes, INDEX_NAME
             )
             v.problems += problems
         for name, size in sorted(dst_sizes.items()):
@@ -335,14 +443,14 @@ class NodeStreams:
             if problem:
                 v.problems.append(problem)
         if content:
-            self._verify_content(src, dst, src_abs, dst_abs, v, manifest, only)
+            self._verify_content(src, dst, src_abs, dst_abs, v, manifest, only, progress)
         return v
 
     def _verify_content(
         self, src: str, dst: str, src_abs: str, dst_abs: str, v: TreeVerification,
-        manifest: str | None, only: list[str] | None,
+        manifest: str | None, only: list[str] | None, progress: Progress | None = None,
     ) -> None:
-        s = self.session
+        session = self.session
         text = self._source_manifest_text(src, src_abs)
         if text is None:
             if manifest:
@@ -351,7 +459,7 @@ class NodeStreams:
                     "rematerialize mtp_weights on the build host"
                 )
                 return
-            expected = digests_on_node(s, src, src_abs, only)
+            expected = digests_on_node(session, src, src_abs, only)
         else:
             try:
                 expected = checkpoint_core.expected_tree(text)
@@ -365,7 +473,7 @@ class NodeStreams:
                     f"recorded as {manifest[:16]}: the build host's checkpoint changed since; rematerialize mtp_weights"
                 )
                 return
-        actual = digests_on_node(s, dst, dst_abs, only)
+        actual = digests_on_node(session, dst, dst_abs, only, progress)
         v.digests_checked = len(actual)
         diff = checkpoint_core.diff_manifests(expected, actual, only=only)
         # Missing files and size mismatches are already reported by the listing comparison.

@@ -37,7 +37,8 @@ from spark_pipelines.core.fleet import Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.hub import HubError, ModelHub
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S, NodeStreams, checkpoint_script, digests_on_node, write_manifest
+from spark_pipelines.resources.transfer import (DIGEST_TIMEOUT_S, NodeStreams, checkpoint_script, digests_on_node,
+                                                hash_progress, write_manifest)
 from spark_pipelines.runbook import images as img
 from spark_pipelines.runbook import model as mdl
 from spark_pipelines.runbook import versions
@@ -49,8 +50,8 @@ NODE_ARTIFACTS = "node_artifacts"
 HF_CACHE = "~/.cache/huggingface/hub"  # huggingface_hub's default cache, where `hf download` puts snapshots
 
 
-def hf_snapshot_dir(s: FleetSession, node: Node, repo: str, revision: str) -> str:
-    return s.expand(node.name, f"{HF_CACHE}/models--{repo.replace('/', '--')}/snapshots/{revision}")
+def hf_snapshot_dir(session: FleetSession, node: Node, repo: str, revision: str) -> str:
+    return session.expand(node.name, f"{HF_CACHE}/models--{repo.replace('/', '--')}/snapshots/{revision}")
 
 
 def _facts(output: Any, data_version: str, code_version: str, **more: Any) -> dict[str, Any]:
@@ -69,9 +70,9 @@ def asset_value(finding: Finding) -> ModelSnapshot | Checkpoint | BuiltImage | N
     return kind(**out) if kind else None
 
 
-def _revision(s: FleetSession, node: Node, hub: ModelHub | None) -> tuple[str | None, str]:
+def _revision(session: FleetSession, node: Node, hub: ModelHub | None) -> tuple[str | None, str]:
     """The pinned base model revision as a commit sha, and how it was known."""
-    pin = s.fleet.pins.base_model
+    pin = session.fleet.pins.base_model
     if names.FULL_SHA.match(pin.revision):
         return pin.revision, "pinned by sha"
     if hub is not None:
@@ -79,19 +80,19 @@ def _revision(s: FleetSession, node: Node, hub: ModelHub | None) -> tuple[str | 
             return hub.resolve(pin.repo, pin.revision), f"{pin.revision} resolved on the hub"
         except HubError as e:
             return None, str(e)
-    ref = s.expand(node.name, f"{HF_CACHE}/models--{pin.repo.replace('/', '--')}/refs/{pin.revision}")
-    if s.exists(node.name, ref):
-        return s.read_text(node.name, ref).strip(), f"{pin.revision} as the HF cache resolved it ({ref})"
+    ref = session.expand(node.name, f"{HF_CACHE}/models--{pin.repo.replace('/', '--')}/refs/{pin.revision}")
+    if session.exists(node.name, ref):
+        return session.read_text(node.name, ref).strip(), f"{pin.revision} as the HF cache resolved it ({ref})"
     return None, f"pins.base_model.revision {pin.revision} is not a commit sha and no hub was given to resolve it"
 
 
-def _local_dir_revision(s: FleetSession, node: Node, directory: str) -> str | None:
+def _local_dir_revision(session: FleetSession, node: Node, directory: str) -> str | None:
     """The commit an `hf download --local-dir` fetched, from huggingface_hub's metadata files
     (`.cache/huggingface/download/<file>.metadata`, first line); None when absent or mixed."""
     meta = f"{directory}/.cache/huggingface/download"
-    if not s.exists(node.name, meta):
+    if not session.exists(node.name, meta):
         return None
-    r = s.run(node.name, ["sh", "-c", 'for f in "$1"/*.metadata; do head -n 1 "$f"; done', "sh", meta],
+    r = session.run(node.name, ["sh", "-c", 'for f in "$1"/*.metadata; do head -n 1 "$f"; done', "sh", meta],
               check=False, log=False, timeout=60)
     shas = {ln.strip() for ln in r.stdout.splitlines() if ln.strip()}
     return shas.pop() if len(shas) == 1 else None
@@ -100,12 +101,12 @@ def _local_dir_revision(s: FleetSession, node: Node, directory: str) -> str | No
 # ------------------------------------------------------------------------------ steps 0-2
 
 
-def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, check: bool) -> Finding:
-    f = s.fleet
+def _base_model(session: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, check: bool) -> Finding:
+    f = session.fleet
     node = f.build_node
     pin = f.pins.base_model
     step = mdl.BASE_MODEL
-    sha, how = _revision(s, node, hub)
+    sha, how = _revision(session, node, hub)
     if sha is None:
         return Finding(node.name, step, BUILD, how)
     sig = mdl.base_model_signature(dict(cv), sha)
@@ -114,23 +115,23 @@ def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, ch
         snap = ModelSnapshot(node.name, path, pin.repo, sha)
         return Finding(node.name, step, action, why, facts=_facts(snap, sha, cv[step], signature=sig))
 
-    marker = markers.matches(s, node, step, sig)
+    marker = markers.matches(session, node, step, sig)
     if marker:
         where = str(marker.get("path") or layout.base_model_dir(f, node))
-        if verify_on_node(s, node, where, expected_scales=0, require_mtp=False).ok:
+        if verify_on_node(session, node, where, expected_scales=0, require_mtp=False).ok:
             return found(where, CURRENT, f"{pin.repo}@{sha[:12]} at {where}, recorded")
-    candidates = [(hf_snapshot_dir(s, node, pin.repo, sha), "the HF cache snapshot `hf download` made"),
+    candidates = [(hf_snapshot_dir(session, node, pin.repo, sha), "the HF cache snapshot `hf download` made"),
                   (layout.base_model_dir(f, node), "the step's --local-dir")]
     for path, what in candidates:
-        if not s.exists(node.name, path):
+        if not session.exists(node.name, path):
             continue
-        report = verify_on_node(s, node, path, expected_scales=0, require_mtp=False)
+        report = verify_on_node(session, node, path, expected_scales=0, require_mtp=False)
         if not report.ok:
             return Finding(node.name, step, BUILD, f"{path} ({what}) does not verify: {report.problems[0]}; "
                            "the step downloads what is missing")
         provenance = mdl.PROVEN
         if path == candidates[1][0]:
-            seen = _local_dir_revision(s, node, path)
+            seen = _local_dir_revision(session, node, path)
             if seen is not None and seen != sha:
                 return Finding(node.name, step, DIFFERS, f"{path} was downloaded at another revision",
                                (f"revision: {seen[:12]} (pins.base_model.revision: {sha[:12]})",))
@@ -141,7 +142,7 @@ def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, ch
                 # against the hub by content and fetches only what differs) before anything is built.
                 provenance = mdl.UNKNOWN
         if not check:
-            mdl.write_base_model_marker(s, node, sig, sha, path, provenance=provenance)
+            mdl.write_base_model_marker(session, node, sig, sha, path, provenance=provenance)
         why = f"{pin.repo}@{sha[:12]} at {path} ({what}; {how}): index and shard headers verify"
         if provenance == mdl.UNKNOWN:
             why += ("; provenance unknown (no huggingface_hub metadata: the revision it was downloaded at cannot be "
@@ -150,7 +151,7 @@ def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, ch
         f = found(path, ADOPT, why)
         f.facts["provenance"] = provenance
         return f
-    others = s.run(node.name, ["ls", "-1", hf_snapshot_dir(s, node, pin.repo, "")], check=False, log=False, timeout=60)
+    others = session.run(node.name, ["ls", "-1", hf_snapshot_dir(session, node, pin.repo, "")], check=False, log=False, timeout=60)
     held = [x for x in others.stdout.split() if x != sha] if others.ok else []
     if held:
         return Finding(node.name, step, DIFFERS, f"{pin.repo} is in the HF cache at another revision",
@@ -158,41 +159,41 @@ def _base_model(s: FleetSession, cv: Mapping[str, str], hub: ModelHub | None, ch
     return Finding(node.name, step, BUILD, f"no {pin.repo} on {node.name}; the step downloads it")
 
 
-def _hash_manifest(s: FleetSession, node: Node, directory: str, check: bool) -> tuple[str, float, str | None]:
+def _hash_manifest(session: FleetSession, node: Node, directory: str, check: bool) -> tuple[str, float, str | None]:
     """The manifest digest of the directory as it is, the seconds it took and the checkpoint's
     architecture (core.jit_cache.architecture); written there (as the step does) unless check."""
     started = time.monotonic()
     if check:
-        files = {p: e for p, e in digests_on_node(s, node.name, directory).items() if p != checkpoint_core.MANIFEST_NAME}
+        files = {p: e for p, e in digests_on_node(session, node.name, directory).items() if p != checkpoint_core.MANIFEST_NAME}
         manifest = checkpoint_core.make_manifest(files)
         digest = checkpoint_core.manifest_digest(manifest)
     else:
-        manifest, digest = write_manifest(s, node.name, directory)
+        manifest, digest = write_manifest(session, node.name, directory)
     return digest, round(time.monotonic() - started, 2), jit_core.architecture(manifest["files"])
 
 
-def _as_version(s: FleetSession, node: Node, serving: str, manifest: str, check: bool) -> str:
+def _as_version(session: FleetSession, node: Node, serving: str, manifest: str, check: bool) -> str:
     """Where the adopted checkpoint lives as a version: the runbook's plain directory is renamed to
     the version its manifest names and the path linked to it (nothing copied, the running container
     reads the same files; core/versions.py). In check mode: where it is now."""
-    held = versions.read(s, node)
+    held = versions.read(session, node)
     if held.kind == "link":
         found = held.holds(held.serving) if held.serving else None
         return f"{posixpath.dirname(serving)}/{found.name}" if found else serving
     if held.kind != "dir" or check:  # check mode renames nothing: the checkpoint is still where it is
         return serving
-    made = versions.make_version(s, node, manifest)
+    made = versions.make_version(session, node, manifest)
     return f"{posixpath.dirname(serving)}/{made}" if made else serving
 
 
-def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bool) -> list[Finding]:
+def _checkpoint(session: FleetSession, cv: Mapping[str, str], base: Finding, check: bool) -> list[Finding]:
     """hybrid_checkpoint and mtp_weights: one directory holds both steps' output."""
-    f = s.fleet
-    node = f.build_node
-    serving = layout.hybrid_dir(f, node)
+    fleet = session.fleet
+    node = fleet.build_node
+    serving = layout.hybrid_dir(fleet, node)
     h, m = mdl.HYBRID, mdl.MTP
     snap = asset_value(base) if base.action in (CURRENT, ADOPT) else None
-    if not s.exists(node.name, serving):
+    if not session.exists(node.name, serving):
         why = f"no checkpoint at {serving}; the steps build it"
         return [Finding(node.name, h, BUILD, why), Finding(node.name, m, BUILD, why)]
     if not isinstance(snap, ModelSnapshot):
@@ -200,9 +201,9 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
                "it beside the serving checkpoint once base_model downloaded it")
         return [Finding(node.name, h, BUILD, why), Finding(node.name, m, BUILD, why)]
     sig1 = mdl.hybrid_signature(dict(cv), snap.revision)
-    m1 = markers.matches(s, node, h, sig1)
-    step1 = verify_on_node(s, node, serving, expected_scales=mdl.EXPECTED_FP8_SCALES, require_mtp=False)
-    full = verify_on_node(s, node, serving, expected_scales=mdl.EXPECTED_FP8_SCALES, require_mtp=True)
+    m1 = markers.matches(session, node, h, sig1)
+    step1 = verify_on_node(session, node, serving, expected_scales=mdl.EXPECTED_FP8_SCALES, require_mtp=False)
+    full = verify_on_node(session, node, serving, expected_scales=mdl.EXPECTED_FP8_SCALES, require_mtp=True)
     if m1 and m1.get("staged"):
         why = "a rebuild is staged beside the serving checkpoint; mtp_weights finishes and switches it in"
         hyb = Checkpoint(node.name, staging_dir(serving), str(m1["index"]))
@@ -213,15 +214,15 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
         return [Finding(node.name, h, BUILD, why), Finding(node.name, m, BUILD, why)]
 
     # The tie to the base model and the recipe, by content.
-    tie = checkpoint_script(s, node.name, [serving, "--compare-source", snap.path], DIGEST_TIMEOUT_S)
+    tie = checkpoint_script(session, node.name, [serving, "--compare-source", snap.path], DIGEST_TIMEOUT_S)
     differences = list(tie["differences"])
-    if tie.get("source_fp8") and tie["source_fp8"] != f.pins.fp8_model.repo:
-        differences.append(f"FP8 source: {tie['source_fp8']} (pins.fp8_model.repo: {f.pins.fp8_model.repo})")
-    recipe_head = head_commit(s, node, layout.recipe_dir(node))
-    if recipe_head and recipe_head != f.pins.recipe_repo.commit:
+    if tie.get("source_fp8") and tie["source_fp8"] != fleet.pins.fp8_model.repo:
+        differences.append(f"FP8 source: {tie['source_fp8']} (pins.fp8_model.repo: {fleet.pins.fp8_model.repo})")
+    recipe_head = head_commit(session, node, layout.recipe_dir(node))
+    if recipe_head and recipe_head != fleet.pins.recipe_repo.commit:
         differences.append(f"recipe checkout: {recipe_head[:12]} (pins.recipe_repo.commit: "
-                           f"{f.pins.recipe_repo.commit[:12]})")
-    digests = index_digests(s, node, serving)
+                           f"{fleet.pins.recipe_repo.commit[:12]})")
+    digests = index_digests(session, node, serving)
     if m1:
         index1 = str(m1["index"])
         hybrid = Finding(node.name, h, CURRENT, f"{serving}: recorded, index and FP8 scales verify",
@@ -242,13 +243,13 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
                                 "follows hybrid_checkpoint", hybrid.differences)]
     index1 = str(hybrid.facts["output"]["index"])
     sig2 = mdl.mtp_signature(dict(cv), index1, snap.revision)
-    m2 = markers.matches(s, node, m, sig2)
+    m2 = markers.matches(session, node, m, sig2)
     if m2 and full.ok:
-        c = content_check(s, node, serving, m2.get("manifest"), restore=not check)
+        c = content_check(session, node, serving, m2.get("manifest"), restore=not check)
         if c.ok:
             where = str(m2.get("path") or serving)
             out = Checkpoint(node.name, where, str(m2["index"]), str(m2.get("manifest") or c.manifest),
-                             mdl.architecture_of(s, node, where))
+                             mdl.architecture_of(session, node, where))
             return [hybrid, Finding(node.name, m, CURRENT, f"{serving}: recorded; {c.files} files hash to the manifest",
                                     facts=_facts(out, f"{out.index}-{(out.manifest or '')[:16]}", cv[m],
                                                  signature=sig2, hash_seconds=c.seconds))]
@@ -258,13 +259,13 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
                                 "checkpoint and switches it in")]
     if differences:
         return [hybrid, Finding(node.name, m, DIFFERS, "the MTP weights are not the base model's", tuple(differences))]
-    manifest, seconds, arch = _hash_manifest(s, node, serving, check)
+    manifest, seconds, arch = _hash_manifest(session, node, serving, check)
     index2 = digests["full"]
-    where = _as_version(s, node, serving, manifest, check)
+    where = _as_version(session, node, serving, manifest, check)
     if not check and hybrid.action == ADOPT:
-        markers.write(s, node, h, sig1, index=index1, path=where)
+        markers.write(session, node, h, sig1, index=index1, path=where)
     if not check:
-        markers.write(s, node, m, sig2, index=index2, manifest=manifest, path=where)
+        markers.write(session, node, m, sig2, index=index2, manifest=manifest, path=where)
     out = Checkpoint(node.name, where, index2, manifest, arch)
     return [hybrid, Finding(node.name, m, ADOPT, f"{serving}: {full.mtp_keys_mapped} mtp. keys mapped to the base "
                             f"model's {checkpoint_core.MTP_FILE}; manifest of the checkpoint as it is",
@@ -275,44 +276,44 @@ def _checkpoint(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bo
 # ------------------------------------------------------------------------------ steps 3-4
 
 
-def _base_image(s: FleetSession, cv: Mapping[str, str], check: bool) -> Finding:
-    f = s.fleet
-    node = f.build_node
-    tag = img.base_tag(f)
+def _base_image(session: FleetSession, cv: Mapping[str, str], check: bool) -> Finding:
+    fleet = session.fleet
+    node = fleet.build_node
+    tag = img.base_tag(fleet)
     step = img.BASE_IMAGE
-    image_id = NodeDocker(s).image_id(node.name, tag)
+    image_id = NodeDocker(session).image_id(node.name, tag)
     if image_id is None:
         return Finding(node.name, step, BUILD, f"no {tag} on {node.name}; the step builds it")
     sig = img.base_image_signature(dict(cv))
-    probe = img.probe_image(s, node, tag)
+    probe = img.probe_image(session, node, tag)
 
     def facts() -> dict[str, Any]:
         return _facts(BuiltImage(node.name, tag, image_id, probe.torch), image_id, cv[step], signature=sig,
                       vllm_ref=probe.vllm_ref)
 
-    marker = markers.matches(s, node, step, sig)
+    marker = markers.matches(session, node, step, sig)
     if marker and marker.get("image_id") == image_id:
         return Finding(node.name, step, CURRENT, f"{tag} {image_id[7:19]}, recorded; torch {probe.torch}", facts=facts())
-    differences = img.torch_differences(probe, f)
-    commit = probe.build_metadata.get("build_script_commit") or head_commit(s, node, layout.build_repo_dir(node))
-    if commit and commit != "unknown" and commit != f.pins.build_repo.commit:
-        differences.append(f"spark-vllm-docker: {commit[:12]} (pins.build_repo.commit: {f.pins.build_repo.commit[:12]})")
+    differences = img.torch_differences(probe, fleet)
+    commit = probe.build_metadata.get("build_script_commit") or head_commit(session, node, layout.build_repo_dir(node))
+    if commit and commit != "unknown" and commit != fleet.pins.build_repo.commit:
+        differences.append(f"spark-vllm-docker: {commit[:12]} (pins.build_repo.commit: {fleet.pins.build_repo.commit[:12]})")
     if differences:
         return Finding(node.name, step, DIFFERS, f"{tag} {image_id[7:19]} is not what the pins build",
                        tuple(differences))
     if not check:
-        img.write_base_image_marker(s, node, sig, image_id, probe.torch)
+        img.write_base_image_marker(session, node, sig, image_id, probe.torch)
     ref = f"vLLM {probe.vllm_ref}" if probe.vllm_ref else "vLLM ref not recorded in the image"
     return Finding(node.name, step, ADOPT, f"{tag} {image_id[7:19]}: torch triple {probe.torch} / {probe.torchvision} / "
                    f"{probe.torchaudio}, {ref}", facts=facts())
 
 
-def _serving_image(s: FleetSession, cv: Mapping[str, str], base: Finding, check: bool) -> Finding:
-    f = s.fleet
-    node = f.build_node
-    image = f.launch.image
+def _serving_image(session: FleetSession, cv: Mapping[str, str], base: Finding, check: bool) -> Finding:
+    fleet = session.fleet
+    node = fleet.build_node
+    image = fleet.launch.image
     step = img.SERVING_IMAGE
-    docker = NodeDocker(s)
+    docker = NodeDocker(session)
     image_id = docker.image_id(node.name, image)
     if image_id is None:
         return Finding(node.name, step, BUILD, f"no {image} on {node.name}; the step builds it")
@@ -323,77 +324,77 @@ def _serving_image(s: FleetSession, cv: Mapping[str, str], base: Finding, check:
     sig = img.serving_image_signature(dict(cv), base_value.image_id)
     out = BuiltImage(node.name, image, image_id)
     facts = _facts(out, image_id, cv[step], signature=sig)
-    marker = markers.matches(s, node, step, sig)
+    marker = markers.matches(session, node, step, sig)
     if marker and marker.get("image_id") == image_id:
         return Finding(node.name, step, CURRENT, f"{image} {image_id[7:19]}, recorded", facts=facts)
-    probe = img.probe_image(s, node, image)
-    differences = img.serving_differences(probe, f)
-    layers, base_layers = img.image_layers(s, node, image), img.image_layers(s, node, base_value.ref)
+    probe = img.probe_image(session, node, image)
+    differences = img.serving_differences(probe, fleet)
+    layers, base_layers = img.image_layers(session, node, image), img.image_layers(session, node, base_value.ref)
     if not base_layers or layers[: len(base_layers)] != base_layers:
         differences.append(f"base: not built FROM {base_value.ref} {base_value.image_id[7:19]} (its layers differ)")
-    recipe_head = head_commit(s, node, layout.recipe_dir(node))
-    if recipe_head and recipe_head != f.pins.recipe_repo.commit:
+    recipe_head = head_commit(session, node, layout.recipe_dir(node))
+    if recipe_head and recipe_head != fleet.pins.recipe_repo.commit:
         differences.append(f"recipe checkout: {recipe_head[:12]} (pins.recipe_repo.commit: "
-                           f"{f.pins.recipe_repo.commit[:12]})")
+                           f"{fleet.pins.recipe_repo.commit[:12]})")
     if differences:
         return Finding(node.name, step, DIFFERS, f"{image} {image_id[7:19]} is not what the pins build",
                        tuple(differences))
     if not check:
-        img.write_serving_image_marker(s, node, sig, image_id)
+        img.write_serving_image_marker(session, node, sig, image_id)
     return Finding(node.name, step, ADOPT, f"{image} {image_id[7:19]}: built FROM {base_value.ref}, "
                    f"{img.LMHEAD_MARKER} present, starlette {probe.starlette}, fastapi {probe.fastapi}", facts=facts)
 
 
-def adopt_build_host(s: FleetSession, code_versions: Mapping[str, str], *, check: bool,
+def adopt_build_host(session: FleetSession, code_versions: Mapping[str, str], *, check: bool,
                      hub: ModelHub | None = None) -> list[Finding]:
     """Steps 0-4 on the build host, in chain order: base_model, hybrid_checkpoint, mtp_weights,
     base_image, serving_image. `code_versions`: core.pins.code_versions(fleet) of the loaded
     fleet. `hub` resolves a base model revision that is not pinned by sha (else the HF cache's
     refs/ answer it). Nothing that serves is touched; with check=True nothing is written at all."""
-    base = _base_model(s, code_versions, hub, check)
-    findings = [base, *_checkpoint(s, code_versions, base, check)]
-    base_img = _base_image(s, code_versions, check)
-    return [*findings, base_img, _serving_image(s, code_versions, base_img, check)]
+    base = _base_model(session, code_versions, hub, check)
+    findings = [base, *_checkpoint(session, code_versions, base, check)]
+    base_img = _base_image(session, code_versions, check)
+    return [*findings, base_img, _serving_image(session, code_versions, base_img, check)]
 
 
 # ------------------------------------------------------------------------------ a serve node's copy
 
 
-def _build_manifest(s: FleetSession, build: Node, mtp: Checkpoint) -> str | None:
+def _build_manifest(session: FleetSession, build: Node, mtp: Checkpoint) -> str | None:
     """The build host's manifest text with the digest mtp_weights recorded: its file, or (before
     adoption wrote it, in check mode) the one its content hashes to; None when neither matches."""
     if not mtp.manifest:
         return None
     path = f"{mtp.path}/{checkpoint_core.MANIFEST_NAME}"
-    if s.exists(build.name, path):
-        text = s.read_text(build.name, path)
+    if session.exists(build.name, path):
+        text = session.read_text(build.name, path)
         try:
             if checkpoint_core.manifest_digest(checkpoint_core.parse_manifest(text)) == mtp.manifest:
                 return text
         except ValueError:
             pass
-    files = {p: e for p, e in digests_on_node(s, build.name, mtp.path).items() if p != checkpoint_core.MANIFEST_NAME}
+    files = {p: e for p, e in digests_on_node(session, build.name, mtp.path).items() if p != checkpoint_core.MANIFEST_NAME}
     manifest = checkpoint_core.make_manifest(files)
     return manifest_text(manifest) if checkpoint_core.manifest_digest(manifest) == mtp.manifest else None
 
 
-def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: BuiltImage,
+def adopt_node_artifacts(session: FleetSession, node: Node, mtp: Checkpoint, serving: BuiltImage,
                          code_versions: Mapping[str, str], *, check: bool) -> Finding:
     """A serve node's checkpoint and serving image against the build host's (`mtp`, `serving`:
     what mtp_weights and serving_image output, e.g. asset_value() of adopt_build_host's findings):
     every file's sha256 against the build host's manifest, the image id equal. Adopted: the build
     host's manifest file is put beside the node's copy (as a copy would bring it) and the
     node_artifacts marker written as assets/nodes.py writes it, so node_artifacts skips."""
-    f = s.fleet
-    build = f.build_node
+    fleet = session.fleet
+    build = fleet.build_node
     step = NODE_ARTIFACTS
-    serving_path = layout.hybrid_dir(f, node)
+    serving_path = layout.hybrid_dir(fleet, node)
     # The node's copy as a version of its own (core/versions.py): the version of the build host's
     # manifest when it holds it, else the runbook's plain directory, which adoption renames to it.
     version = versions_core.version_path(serving_path, mtp.manifest) if mtp.manifest else serving_path
-    holds = node.name != build.name and bool(mtp.manifest) and versions.read(s, node).holds(mtp.manifest) is not None
+    holds = node.name != build.name and bool(mtp.manifest) and versions.read(session, node).holds(mtp.manifest) is not None
     dst = version if holds else serving_path
-    node_image = NodeDocker(s).image_id(node.name, serving.ref)
+    node_image = NodeDocker(session).image_id(node.name, serving.ref)
     value = NodeArtifacts(node.name, version if node.name != build.name else mtp.path, serving.ref, node_image,
                           mtp.index, mtp.manifest, mtp.architecture)
     data_version = f"{mtp.index}-{(mtp.manifest or 'none')[:12]}-{(node_image or 'none')[7:19]}"
@@ -404,13 +405,17 @@ def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: 
                        () if verdict == CURRENT else (f"image: {node_image} (serving_image: {serving.image_id})",),
                        facts=facts)
     sig = markers.signature(code_versions[step], mtp.index, mtp.manifest)
-    if not s.exists(node.name, dst) and node_image is None:
+    if not session.exists(node.name, dst) and node_image is None:
         return Finding(node.name, step, BUILD, f"no checkpoint and no {serving.ref} on {node.name}; the step copies them")
-    if markers.matches(s, node, step, sig) and node_image == serving.image_id and NodeStreams(s).verify_tree(
-            build.name, node.name, mtp.path, dst, manifest=mtp.manifest).ok:
+    hashed = hash_progress(node.name, dst)
+    recorded = markers.matches(session, node, step, sig) and node_image == serving.image_id and NodeStreams(session).verify_tree(
+        build.name, node.name, mtp.path, dst, manifest=mtp.manifest, progress=hashed).ok
+    if hashed.done:  # how long the hash took, for the adoption's figures
+        facts.update(hashed.figures(time.monotonic(), "hash"))
+    if recorded:
         return Finding(node.name, step, CURRENT, f"{dst} and {serving.ref}: recorded, every file hashes to the "
                        "build host's manifest", facts=facts)
-    text = _build_manifest(s, build, mtp)
+    text = _build_manifest(session, build, mtp)
     if text is None:
         return Finding(node.name, step, BUILD, f"{build.name}'s checkpoint does not hash to the manifest mtp_weights "
                        "recorded (or has none): adopt the build host or run build_job first")
@@ -419,21 +424,23 @@ def adopt_node_artifacts(s: FleetSession, node: Node, mtp: Checkpoint, serving: 
     if node_image != serving.image_id:
         differences.append(f"image {serving.ref}: {(node_image or 'missing')[7:19] or 'missing'} "
                            f"(the build host's: {serving.image_id[7:19]})")
-    if s.exists(node.name, dst):
-        actual = {p: e for p, e in digests_on_node(s, node.name, dst).items() if p != checkpoint_core.MANIFEST_NAME}
+    if session.exists(node.name, dst):
+        actual = {p: e for p, e in digests_on_node(session, node.name, dst, progress=hashed).items()
+                  if p != checkpoint_core.MANIFEST_NAME}
+        facts.update(hashed.figures(time.monotonic(), "hash"))
         diff = checkpoint_core.diff_manifests(expected, actual)
         differences += diff.problems(node.name, expected, actual)
     else:
         differences.append(f"{dst}: missing on {node.name}")
     if differences:
-        return Finding(node.name, step, DIFFERS if s.exists(node.name, dst) else BUILD,
+        return Finding(node.name, step, DIFFERS if session.exists(node.name, dst) else BUILD,
                        f"{node.name}'s copy is not the build host's: node_artifacts copies only what differs",
                        tuple(differences))
     if not check:
-        s.put_text(node.name, f"{dst}/{checkpoint_core.MANIFEST_NAME}", text)
+        session.put_text(node.name, f"{dst}/{checkpoint_core.MANIFEST_NAME}", text)
         if dst != version:
-            versions.make_version(s, node, mtp.manifest)
-        markers.write(s, node, step, sig, manifest=mtp.manifest, path=version)
+            versions.make_version(session, node, mtp.manifest)
+        markers.write(session, node, step, sig, manifest=mtp.manifest, path=version)
     return Finding(node.name, step, ADOPT, f"{dst}: {len(expected)} files hash to {build.name}'s manifest"
                    + (f" (becomes the checkpoint version {posixpath.basename(version)}, renamed, nothing copied)"
                       if dst != version else "")

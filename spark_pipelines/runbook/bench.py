@@ -47,8 +47,8 @@ class GpuSampler:
     under load (runbook: "run nvidia-smi ... during load -- if <1000 MHz, cold-drain is required").
     A thread, because the bench client owns this thread's event loop."""
 
-    def __init__(self, s: FleetSession, node: Node, every_s: float = GPU_SAMPLE_EVERY_S) -> None:
-        self._s, self._node, self._every = s, node, every_s
+    def __init__(self, session: FleetSession, node: Node, every_s: float = GPU_SAMPLE_EVERY_S) -> None:
+        self._s, self._node, self._every = session, node, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"gpu-sampler-{node.name}", daemon=True)
         self.readings: list[gpu.GpuReading] = []
@@ -95,7 +95,7 @@ class Benched:
     quality: quality_core.QualityReport | None = None
 
 
-def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id: str = "",
+def bench_node(session: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id: str = "",
                on_rotation: Callable[[str, dict[str, str]], None] = lambda event, out: None,
                against: baseline.Baseline | None = None) -> Benched:
     """Drain `node`, wait for zero requests in flight, run the fleet's suite with nvidia-smi
@@ -104,17 +104,17 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
     the bench against it (`gate_of`) while the node is still out, so a node below it never
     serves a request. Holds the node's run lease. `on_rotation(event, left_out)` is told of each
     rotation change."""
-    f = s.fleet
-    launch = f.launch_for(node)
-    floor = f.bench_floor(node)
+    fleet = session.fleet
+    launch = fleet.launch_for(node)
+    floor = fleet.bench_floor(node)
     drain = None
     try:
-        with node_lease(s, node.name, "bench", run_id=run_id):
-            finish_dead(s, node, log, run_id=run_id)  # what dead runs left first: bench what serves
+        with node_lease(session, node.name, "bench", run_id=run_id):
+            finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: bench what serves
             log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
             reason = f"{BENCH_DRAIN} (run {run_id[:8] or '-'})"
             # idle=True: zero requests in flight before it measures, also on a node already out.
-            with journaled(s, node.name, steps.PROC_BENCH, run_id, phase="draining",
+            with journaled(session, node.name, steps.PROC_BENCH, run_id, phase="draining",
                            was_in=node.name in gw.rotation(), drain_reason=reason) as j, \
                     drained(gw, node.name, reason=reason, idle=True) as drain:
                 if drain.was_in:
@@ -124,17 +124,17 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                 waited = drain.waited_s or 0.0
                 log.info(f"drain {node.name}: out of rotation, zero requests in flight (waited {waited:g} s)")
                 # Read before the load: a frozen dockerd then fails the bench before it measures.
-                container = NodeDocker(s).inspect_container(node.name, launch.container_name)
-                log.info(f"bench {node.name}: suite {f.bench.suite}, {f.bench.repeats} run(s) per phase "
-                         f"(+ warm-up), loaded phase {f.bench.loaded_concurrency} at once; nvidia-smi every {GPU_SAMPLE_EVERY_S:g} s")
-                with GpuSampler(s, node) as sampler:
-                    report = run_bench(api_root(f, node), launch.served_model_name, suite=f.bench.suite,
-                                       concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
-                                       reference_mean_tok_s=f.bench.reference_tok_s,
-                                       ignore_eos=f.bench.force_output_length,
-                                       max_s=f.health.bench_max_s,  # past it, no bench any more (core.healing)
+                container = NodeDocker(session).inspect_container(node.name, launch.container_name)
+                log.info(f"bench {node.name}: suite {fleet.bench.suite}, {fleet.bench.repeats} run(s) per phase "
+                         f"(+ warm-up), loaded phase {fleet.bench.loaded_concurrency} at once; nvidia-smi every {GPU_SAMPLE_EVERY_S:g} s")
+                with GpuSampler(session, node) as sampler:
+                    report = run_bench(api_root(fleet, node), launch.served_model_name, suite=fleet.bench.suite,
+                                       concurrency=fleet.bench.loaded_concurrency, repeats=fleet.bench.repeats,
+                                       reference_mean_tok_s=fleet.bench.reference_tok_s,
+                                       ignore_eos=fleet.bench.force_output_length,
+                                       max_s=fleet.health.bench_max_s,  # past it, no bench any more (core.healing)
                                        on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
-                quality = quality_phase(f, node, log)
+                quality = quality_phase(fleet, node, log)
                 mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
                 loaded = next((p.aggregate_tok_s.median for p in report.phases
                                if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
@@ -143,7 +143,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                 # wait_idle returned: num_requests_running == 0 was read before the start.
                 rec = baseline.record(
                     node.name, time.time(), mean,
-                    baseline.identity_of(container, labels_of(container, markers.read_deploy(s, node)),
+                    baseline.identity_of(container, labels_of(container, markers.read_deploy(session, node)),
                                          sampler.readings,
                                          launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
                     baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
@@ -154,7 +154,7 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     quality_suite=quality.suite if quality is not None else None)
                 benched = Benched(report, mean, loaded, verdict, acceptance, rec, False, "", waited,
                                   len(sampler.readings), quality)  # promoted and reason: the gate's, below
-                lease.check(s, node.name)  # a run whose lease ended records no verdict on the node
+                lease.check(session, node.name)  # a run whose lease ended records no verdict on the node
                 # A bench made void by somebody else's requests judged nothing: never promoted, the
                 # node goes back where it was with its hold-outs as they were. One that saw the
                 # wedge judged the GPU: the gate holds the node out.
@@ -164,21 +164,21 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
                     drain.keep_out = not drain.was_in
                 else:
                     promoted, reason = bench_core.promotion_gate(mean, floor, verdict, acceptance=acceptance,
-                                                                 acceptance_floor=f.bench.floor_mtp_acceptance)
+                                                                 acceptance_floor=fleet.bench.floor_mtp_acceptance)
                     if promoted:
-                        ok, q_why = quality_core.quality_gate(quality, f.bench.floor_quality)
+                        ok, q_why = quality_core.quality_gate(quality, fleet.bench.floor_quality)
                         promoted, reason = ok, (f"{reason}; {q_why}" if ok else
                                                 f"{reason}, but {q_why}: kept out of the gateway")
                     if promoted and against is not None:
-                        judged = gate_of(f, node, benched, against)
+                        judged = gate_of(fleet, node, benched, against)
                         if not judged.passed:
                             promoted, reason = False, (f"{reason}, but the {judged.gate} gate failed: {judged.why}: "
                                                        "kept out of the gateway")
                     if promoted:  # its gate too: a version deployed to await this bench
-                        ledger.lift(s, node.name, ledger.BY_BENCH, ledger.BY_GATE)
-                        versions.mark_known_good(s, node, container, run_id=run_id)
+                        ledger.lift(session, node.name, ledger.BY_BENCH, ledger.BY_GATE)
+                        versions.mark_known_good(session, node, container, run_id=run_id)
                     else:
-                        ledger.hold(s, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
+                        ledger.hold(session, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
                                     **({ledger.AGAINST_BASELINE: True} if against is not None else {}))
                     drain.keep_out = not promoted
                 j.try_update(phase=BENCH_JUDGED, facts={"keep_out": drain.keep_out, "reason": reason[:300]})
@@ -194,23 +194,23 @@ def bench_node(s: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id
     return replace(benched, promoted=promoted, reason=reason)
 
 
-def gate_of(f: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> rollout_core.GateResult:
+def gate_of(fleet: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> rollout_core.GateResult:
     """The bench of `node` judged by its floors and against the fleet's baseline (core.rollout.judge):
     the gate of a rollout's node and of a newcomer joining."""
     return rollout_core.judge(node.name, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
-                              gpu_verdict=b.gpu_verdict, floor_tok_s=f.bench_floor(node),
-                              floor_acceptance=f.bench.floor_mtp_acceptance, baseline=against,
-                              max_regression=f.rollout.max_regression, void=b.record.void, quality=b.quality,
-                              floor_quality=f.bench.floor_quality, quality_noise=f.bench.quality_noise,
+                              gpu_verdict=b.gpu_verdict, floor_tok_s=fleet.bench_floor(node),
+                              floor_acceptance=fleet.bench.floor_mtp_acceptance, baseline=against,
+                              max_regression=fleet.rollout.max_regression, void=b.record.void, quality=b.quality,
+                              floor_quality=fleet.bench.floor_quality, quality_noise=fleet.bench.quality_noise,
                               protocol_key=b.record.protocol)
 
 
-def quality_phase(f: Fleet, node: Node, log: Any) -> quality_core.QualityReport | None:
+def quality_phase(fleet: Fleet, node: Node, log: Any) -> quality_core.QualityReport | None:
     """The quality suite on the drained node (after the speed phases: its short answers would
     only blur their figures). A server that cannot take it is reported, never a crash: a
     refused request scores 0 with its reason; an unreachable one skips the phase, saying why."""
     try:
-        q = run_quality(api_root(f, node), f.launch_for(node).served_model_name, max_s=QUALITY_MAX_S,
+        q = run_quality(api_root(fleet, node), fleet.launch_for(node).served_model_name, max_s=QUALITY_MAX_S,
                         on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
     except BenchError as e:
         q = quality_core.QualityReport(quality_core.SUITE_VERSION, (), skipped=first_line(e))

@@ -84,53 +84,53 @@ def previous_dir(serving: str) -> str:
     return f"{parent}/.{name}.previous"
 
 
-def remove_dir(s: FleetSession, node: Node, path: str) -> None:
-    s.run(node.name, ["rm", "-rf", "--", path], timeout=FS_TIMEOUT_S)
+def remove_dir(session: FleetSession, node: Node, path: str) -> None:
+    session.run(node.name, ["rm", "-rf", "--", path], timeout=FS_TIMEOUT_S)
 
 
-def remove_quietly(s: FleetSession, node: Node, path: str) -> None:
+def remove_quietly(session: FleetSession, node: Node, path: str) -> None:
     """For an exception path: try to remove, never raise over the error being handled."""
     try:
-        remove_dir(s, node, path)
+        remove_dir(session, node, path)
     except Exception as e:  # the original failure is what the run reports
-        s.log.warning(f"[{node.name}] could not remove {path} ({first_line(e)}); the next build removes it")
+        session.log.warning(f"[{node.name}] could not remove {path} ({first_line(e)}); the next build removes it")
 
 
-def recover_switch(s: FleetSession, node: Node, serving: str) -> None:
+def recover_switch(session: FleetSession, node: Node, serving: str) -> None:
     """Finish what a switch killed half-way left (the two-rename fallback, or a crash before the
     replaced directory was removed): the serving path always ends up holding a checkpoint."""
     previous = previous_dir(serving)
-    if not s.exists(node.name, previous):
+    if not session.exists(node.name, previous):
         return
-    if s.exists(node.name, serving):
-        s.log.info(f"[{node.name}] removing {previous}, left by an interrupted switch")
-        remove_dir(s, node, previous)
+    if session.exists(node.name, serving):
+        session.log.info(f"[{node.name}] removing {previous}, left by an interrupted switch")
+        remove_dir(session, node, previous)
     else:
-        s.log.warning(f"[{node.name}] {serving} is missing and {previous} is there (a switch was interrupted): "
+        session.log.warning(f"[{node.name}] {serving} is missing and {previous} is there (a switch was interrupted): "
                       "putting it back")
-        s.run(node.name, ["mv", "-T", "--", previous, serving], timeout=60)
+        session.run(node.name, ["mv", "-T", "--", previous, serving], timeout=60)
 
 
-def stage_linked_copy(s: FleetSession, node: Node, source: str, staging: str | None = None) -> str:
+def stage_linked_copy(session: FleetSession, node: Node, source: str, staging: str | None = None) -> str:
     """A fresh staging copy of a checkpoint (a version) for a step that rewrites files in place:
     shards hard-linked, the small files copied (core.checkpoint.stage_copy). Returns its path."""
     staging = staging or staging_dir(source)
-    remove_dir(s, node, staging)
-    done = checkpoint_script(s, node.name, [staging, "--stage-from", source], FS_TIMEOUT_S)
-    s.log.info(f"[{node.name}] staged {staging}: {len(done['linked'])} shard(s) hard-linked, "
+    remove_dir(session, node, staging)
+    done = checkpoint_script(session, node.name, [staging, "--stage-from", source], FS_TIMEOUT_S)
+    session.log.info(f"[{node.name}] staged {staging}: {len(done['linked'])} shard(s) hard-linked, "
                f"{len(done['copied'])} file(s) copied")
     return staging
 
 
-def require_free_space(s: FleetSession, node: Node, serving: str, what: str) -> None:
+def require_free_space(session: FleetSession, node: Node, serving: str, what: str) -> None:
     """A rebuild beside needs room for a second copy of what it replaces: say so before ~20 min
     of building fills the disk under the serving checkpoint."""
-    if not s.exists(node.name, serving):
+    if not session.exists(node.name, serving):
         return
     parent = serving.rstrip("/").rpartition("/")[0] or "/"
     try:
-        used = int(s.run(node.name, ["du", "-skH", "--", serving], log=False, timeout=FS_TIMEOUT_S).stdout.split()[0])
-        free = int(s.run(node.name, ["df", "-Pk", parent], log=False, timeout=60).stdout.splitlines()[-1].split()[3])
+        used = int(session.run(node.name, ["du", "-skH", "--", serving], log=False, timeout=FS_TIMEOUT_S).stdout.split()[0])
+        free = int(session.run(node.name, ["df", "-Pk", parent], log=False, timeout=60).stdout.splitlines()[-1].split()[3])
     except (RemoteError, ValueError, IndexError):
         return  # unreadable: the build itself will say if the disk fills
     if free < used * FREE_MARGIN:
@@ -171,14 +171,14 @@ def manifest_text(manifest: dict) -> str:
     return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
 
 
-def content_check(s: FleetSession, node: Node, directory: str, recorded: str | None, *,
+def content_check(session: FleetSession, node: Node, directory: str, recorded: str | None, *,
                   restore: bool = True) -> ContentCheck:
     """Hash every file of `directory` on the node and compare with the manifest digest `recorded`
     (the step's marker). A directory whose content is intact but whose manifest file is missing
     or replaced gets the manifest back (a small file written atomically, nothing else touched;
     not with restore=False)."""
     started = time.monotonic()
-    actual = digests_on_node(s, node.name, directory)
+    actual = digests_on_node(session, node.name, directory)
     seconds = time.monotonic() - started
     content = {p: e for p, e in actual.items() if p != checkpoint_core.MANIFEST_NAME}
     manifest = checkpoint_core.make_manifest(content)
@@ -187,15 +187,15 @@ def content_check(s: FleetSession, node: Node, directory: str, recorded: str | N
                          seconds=round(seconds, 2))
     path = f"{directory}/{checkpoint_core.MANIFEST_NAME}"
     on_disk = None
-    if s.exists(node.name, path):
-        text = s.read_text(node.name, path)
+    if session.exists(node.name, path):
+        text = session.read_text(node.name, path)
         try:
             on_disk = (text, checkpoint_core.manifest_digest(checkpoint_core.parse_manifest(text)))
         except ValueError:
             on_disk = None
     if recorded is None or now == recorded:
         if restore and (on_disk is None or on_disk[1] != now):
-            s.put_text(node.name, path, manifest_text(manifest))
+            session.put_text(node.name, path, manifest_text(manifest))
             check.restored_manifest = True
         check.differing = []
         return check

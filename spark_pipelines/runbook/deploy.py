@@ -45,19 +45,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spark_pipelines.core import diagnosis
+from spark_pipelines.core import layout
+from spark_pipelines.core.artifacts import Deployment, NodeArtifacts
+from spark_pipelines.core.pair_launch import enabled_pair_of
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Node
 from spark_pipelines.core import versions as versions_core
 from spark_pipelines.core.launch import (CHECKPOINT_LABEL, CHECKPOINT_VERSION_LABEL, DEPLOY_LABEL, IMAGE_LABEL,
-                                         KERNELS_LABEL, LaunchSpec)
+                                         KERNELS_LABEL, LaunchSpec, launch_spec)
 from spark_pipelines.resources.docker import NodeDocker, container_labels
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources import lease
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import preflight, quarantine, versions
+from spark_pipelines.runbook import jit_cache, preflight, quarantine, versions
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import DeployMarker
@@ -116,7 +119,7 @@ def serving_mismatch(node: str, container: dict[str, Any] | None, image_id: str 
     return None
 
 
-def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
+def deploy(session: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: str = "",
            jit_key: str | None = None, fresh_jit_cache: bool = False, checkpoint: str | None = None,
            keep_previous: bool = False, version: str | None = None, gated: bool = False) -> Deployed:
     """Replace whatever runs on the node by `spec` as a transaction (see the module doc). Raises
@@ -133,33 +136,33 @@ def deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run_id: s
     hold-out in the ledger) until its bench promotes it (runbook.bench.bench_node).
     A deploy a dead run left on the node is finished first (`finish_interrupted`); when what
     serves after that is already this launch spec, it is not launched again."""
-    with node_lease(s, node.name, "deploy", run_id=run_id):
-        recovered = finish_interrupted(s, node, log, run_id=run_id)
+    with node_lease(session, node.name, "deploy", run_id=run_id):
+        recovered = finish_interrupted(session, node, log, run_id=run_id)
         if recovered is not None and recovered.serving and not fresh_jit_cache:
-            done = _serving_as_launched(s, node, spec, checkpoint, version, log)
+            done = _serving_as_launched(session, node, spec, checkpoint, version, log)
             if done is not None:
                 return done
-        gw = _gateway(s, node)
+        gw = _gateway(session, node)
         reason = f"{gateway_core.DEPLOY_DRAIN} (run {run_id[:8] or '-'})"
-        journal = TransactionJournal.begin(s, node, spec, run_id, keep_previous=keep_previous,
+        journal = TransactionJournal.begin(session, node, spec, run_id, keep_previous=keep_previous,
                                  drain_reason=reason if gw is not None else None, gated=gated)
         try:
             if gw is None:  # no gateway config written yet (the first deploy ever): nothing routes here
-                return _deploy(s, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
+                return _deploy(session, node, spec, log, jit_key, fresh_jit_cache, checkpoint=checkpoint,
                                keep_previous=keep_previous, journal=journal, version=version, gated=gated)
             # Out of the gateway before the old container stops, back after the commit or the
             # rollback. A node that does not answer /health serves nobody: its drain skips the floor.
-            dead = not engine.healthy(s.fleet, node)
+            dead = not engine.healthy(session.fleet, node)
             note = gw.read().drains.get(node.name)
-            with drained(gw, node.name, reason=reason, wait_s=s.fleet.rollout.deploy_wait_s, dead=dead,
+            with drained(gw, node.name, reason=reason, wait_s=session.fleet.rollout.deploy_wait_s, dead=dead,
                          deploying=not dead) as drain:
-                done = _deploy(s, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
+                done = _deploy(session, node, spec, log, jit_key, fresh_jit_cache, drain, checkpoint=checkpoint,
                                keep_previous=keep_previous, journal=journal, version=version, gated=gated)
                 if not gated and not drain.was_in and gateway_core.deploy_note(note):
                     # Out only because of an earlier deploy (a failed one's keep-out, a dead one's
                     # drain): serving its spec now, it goes back unless a hold-out keeps it out.
                     # (A gated deploy's version stays out until its bench, whatever came before.)
-                    drain.keep_out = _held_out(s, node.name, log)
+                    drain.keep_out = _held_out(session, node.name, log)
                 return done
         finally:
             journal.end()
@@ -178,7 +181,7 @@ class Recovered:
         return f"the deploy of run {self.run_id[:8] or '-'} (died in phase {self.phase}) finished: {self.outcome}"
 
 
-def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "") -> Recovered | None:
+def finish_interrupted(session: FleetSession, node: Node, log: Any, *, run_id: str = "") -> Recovered | None:
     """Finish the deploy whose journal a run that is gone left on `node` (None: there was none).
     The caller holds the node's lease, so the journal's owner does not: it died, or lost its
     connection to the node. From the journal's phase: nothing to do on the node (draining), the
@@ -187,15 +190,15 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
     the dead run's drain is undone when the node serves, or replaced by a failed-deploy hold-out
     when it does not. Raises DeployFailed (the journal stays) when the node cannot be worked on."""
     n = node.name
-    j = markers.read_journal(s, node)
+    j = markers.read_journal(session, node)
     if j is None or is_live(j.token):
         return None
     who = f"deploy run {j.run_id[:8] or '-'} ({j.owner or 'owner unknown'}, started {j.started})"
     log.warning(f"[{n}] the {who} did not finish: its journal says phase {j.phase} and its run no longer holds "
                 f"the node's lease; finishing it before this run's own work")
     try:
-        txn = Transaction.from_journal(s, node, j, log)
-        gw = GatewayHost(s)
+        txn = Transaction.from_journal(session, node, j, log)
+        gw = GatewayHost(session)
         snap = gw.read()
         note = snap.drains.get(n, "")
         # Its drain, or the failed-deploy note that replaced it (a rollback that could not finish).
@@ -204,12 +207,12 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
         txn.drain = Drain(n, was_in=ours, keep_out=ours)
         if j.phase in ("draining", "ending"):
             outcome = j.outcome or "nothing on the node had changed"
-            serving = engine.healthy(s.fleet, node)
+            serving = engine.healthy(session.fleet, node)
             if ours and not serving:
                 outcome += "; " + txn.take_out_of_gateway(f"{n} does not serve after the {who} was interrupted")
         elif j.phase == "committing" and _still_serves(txn, j):
             txn.commit()
-            _release_quarantine(s, node, log)
+            _release_quarantine(session, node, log)
             outcome, serving = "committed: the deployment it had verified serves", True
         else:
             log.warning(f"[{n}] rolling back what the {who} changed")
@@ -227,16 +230,16 @@ def finish_interrupted(s: FleetSession, node: Node, log: Any, *, run_id: str = "
     except Exception as e:
         raise DeployFailed(f"node {n}: the {who} was interrupted in phase {j.phase} and could not be finished "
                            f"({first_line(e)}); its journal stays on {n}: retry once the node answers") from e
-    markers.clear(s, node, markers.DEPLOY_JOURNAL)
+    markers.clear(session, node, markers.DEPLOY_JOURNAL)
     done = Recovered(j.run_id, j.phase, outcome, serving)
     log.warning(f"[{n}] {done.line()}")
     return done
 
 
-def _held_out(s: FleetSession, n: str, log: Any) -> bool:
+def _held_out(session: FleetSession, n: str, log: Any) -> bool:
     """Whether the ledger keeps `n` out (a quarantine, a hold-out), said with what lifts it."""
     try:
-        why = ledger.read(s).why_held(n)
+        why = ledger.read(session).why_held(n)
     except RunbookError as e:  # committed either way: the next gateway_job or reconcile decides
         log.warning(f"[{n}] serves its launch spec; the ledger was not read ({first_line(e)}): it stays out of the "
                     "gateway until gateway_job or the reconcile puts it back")
@@ -266,33 +269,33 @@ def _labelled(spec: LaunchSpec, image_id: str, checkpoint: str | None, version: 
                            **({CHECKPOINT_VERSION_LABEL: digest} if digest else {})})
 
 
-def _version_to_launch(s: FleetSession, node: Node, version: str | None) -> str | None:
+def _version_to_launch(session: FleetSession, node: Node, version: str | None) -> str | None:
     """The checkpoint version directory this deploy mounts: the one asked for, else the one the
     runbook's path names now (None: a plain directory or nothing there; the launch then mounts the
     models directory as the runbook does, and the path becomes a version at its next copy)."""
-    if version and versions_core.digest_of(posixpath.basename(versions.serving_path(s, node)), version):
+    if version and versions_core.digest_of(posixpath.basename(versions.serving_path(session, node)), version):
         return version
-    held = versions.read(s, node)
+    held = versions.read(session, node)
     found = held.holds(held.serving) if held.serving else None
     return f"{posixpath.dirname(held.serving_path)}/{found.name}" if found else None
 
 
-def _serving_as_launched(s: FleetSession, node: Node, spec: LaunchSpec, checkpoint: str | None,
+def _serving_as_launched(session: FleetSession, node: Node, spec: LaunchSpec, checkpoint: str | None,
                          version: str | None, log: Any) -> Deployed | None:
     """After a dead run's deploy was finished: the deployment that serves, when it is exactly what
     this deploy would launch (every label, the image, /health, the smoke test); else None."""
-    docker = NodeDocker(s)
+    docker = NodeDocker(session)
     image_id = docker.image_id(node.name, spec.image)
     if image_id is None:
         return None
-    want = _labelled(spec, image_id, checkpoint, _version_to_launch(s, node, version))
+    want = _labelled(spec, image_id, checkpoint, _version_to_launch(session, node, version))
     live = docker.inspect_container(node.name, spec.container_name)
     if (live is None or not live.get("State", {}).get("Running") or live.get("Image") != image_id
             or any(container_labels(live).get(k) != v for k, v in want.labels.items())
-            or not engine.healthy(s.fleet, node)):
+            or not engine.healthy(session.fleet, node)):
         return None
     try:
-        smoke = engine.smoke_test(s.fleet, node)
+        smoke = engine.smoke_test(session.fleet, node)
     except (engine.EngineError, ValueError, KeyError):
         return None
     log.info(f"[{node.name}] it serves this launch spec already ({str(live['Id'])[:12]}): not launched again")
@@ -301,40 +304,40 @@ def _serving_as_launched(s: FleetSession, node: Node, spec: LaunchSpec, checkpoi
                     int(smoke.get("completion_tokens", 0)), image_id, want)
 
 
-def _gateway(s: FleetSession, node: Node) -> GatewayHost | None:
+def _gateway(session: FleetSession, node: Node) -> GatewayHost | None:
     """The gateway host, or None when it has no config yet. One that cannot be read refuses the
     deploy: stopping a node the gateway may still route to, unseen, is what this must not do."""
-    gw = GatewayHost(s)
+    gw = GatewayHost(session)
     try:
         return gw if gw.read().config is not None else None
     except Exception as e:
-        raise DeployFailed(f"node {node.name}: the gateway host {s.fleet.gateway.host} could not be read "
+        raise DeployFailed(f"node {node.name}: the gateway host {session.fleet.gateway.host} could not be read "
                            f"({first_line(e)}), so {node.name} cannot be taken out of rotation before its old "
                            f"container stops; nothing was changed: bring the gateway host back, then deploy again") from None
 
 
-def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
+def _deploy(session: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: str | None = None,
             fresh_jit_cache: bool = False, drain: Drain | None = None, checkpoint: str | None = None,
             keep_previous: bool = False, journal: TransactionJournal | None = None, version: str | None = None,
             gated: bool = False) -> Deployed:
-    f = s.fleet
-    docker = NodeDocker(s)
+    fleet = session.fleet
+    docker = NodeDocker(session)
     started = time.monotonic()
     image_id = docker.image_id(node.name, spec.image)
     if image_id is None:
         raise DeployFailed(f"node {node.name}: image {spec.image} is not there; run node_artifacts for {node.name} first")
-    spec = _labelled(spec, image_id, checkpoint, _version_to_launch(s, node, version))
-    txn = Transaction(s, node, spec, log, drain, keep_previous, gated)
+    spec = _labelled(spec, image_id, checkpoint, _version_to_launch(session, node, version))
+    txn = Transaction(session, node, spec, log, drain, keep_previous, gated)
     txn.journal = journal
     txn.run_id = journal.entry.run_id if journal is not None else ""
     if journal is not None:
         journal.update(new_fingerprint=spec.fingerprint, new_image_id=image_id)
     try:
-        held = _quarantine_of(s, node, log)
+        held = _quarantine_of(session, node, log)
         txn.set_aside()
         txn.prepare()
         assert txn.prepared is not None
-        report = preflight.evaluate(s, node, preflight.observe(s, node, spec.image, txn.prepared),
+        report = preflight.evaluate(session, node, preflight.observe(session, node, spec.image, txn.prepared),
                                     spec.gpu_memory_utilization, residue_quarantine=held == "residue")
         log.info(report.explain())
         if not report.passed:
@@ -345,12 +348,17 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         if spec.model_source:
             txn.point_checkpoint(posixpath.basename(spec.model_source))
 
-        ok, log_text, ready = launch_and_wait(s, node, spec, f.launch_for(node).health_timeout_s)
+        booting = time.monotonic()
+        ok, log_text, ready = launch_and_wait(session, node, spec, fleet.launch_for(node).health_timeout_s)
+        if not ok and txn.jit is not None and txn.jit.plan.restore:  # once more, cold, without the shipped cache
+            ok, log_text, ready = jit_cache.boot_cold_after_shipped(session, node, spec, txn.jit, log_text, log, lambda: (
+                launch_and_wait(session, node, spec, fleet.launch_for(node).health_timeout_s)))
+        boot_s = time.monotonic() - booting
         findings = diagnosis.diagnose(log_text)
         smoke: dict[str, Any] = {}
         if ok:
             try:
-                smoke = engine.smoke_test(f, node)
+                smoke = engine.smoke_test(fleet, node)
             except (engine.EngineError, ValueError, KeyError) as e:
                 ok, smoke = False, {"error": first_line(e)}
         container = docker.inspect_container(node.name, spec.container_name) or {}
@@ -368,13 +376,13 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
             })
         txn.note(phase="committing", new_container_id=str(container.get("Id", "")))
         txn.commit()
-        _release_quarantine(s, node, log)
+        _release_quarantine(session, node, log)
         if journal is not None:
             journal.try_update(phase="ending", outcome="committed")
     except BaseException as e:
         if txn.committed:
             raise
-        gone = lease.lost(s, node.name)
+        gone = lease.lost(session, node.name)
         if gone is not None:
             # Another run may hold the node now: the rollback is the journal's, finished by the
             # next run that takes the lease; from here it would fight that run.
@@ -404,22 +412,26 @@ def _deploy(s: FleetSession, node: Node, spec: LaunchSpec, log: Any, jit_key: st
         keys.KV_CACHE_TOKENS: ready.kv_tokens or 0,
         "max_concurrency": ready.concurrency or 0.0,
         keys.STARTUP_SECONDS: round(time.monotonic() - started, 1),
+        keys.BOOT_SECONDS: round(boot_s, 1),
         keys.FREE_GIB_AT_PREFLIGHT: report.memory.free_gib if report.memory else 0.0,
         "graph_mode": ready.graph_mode or "unknown",
     }
     if txn.jit is not None:
         meta.update(jit_cache=txn.jit.plan.verdict, jit_cache_key=txn.jit.plan.key, jit_cache_why=txn.jit.plan.why)
+        if txn.jit.shipped:
+            meta.update(jit_cache_shipped_from=txn.jit.shipped["source"], jit_cache_shipped_bytes=txn.jit.shipped["bytes"],
+                        jit_cache_ship_seconds=txn.jit.shipped["seconds"])
     if txn.checkpoint is not None:
         meta.update(checkpoint_version=txn.checkpoint.after, checkpoint_version_before=txn.checkpoint.before or "none")
     return Deployed(str(container.get("Id", "")), meta, report.explain(), findings,
                     int(smoke.get("completion_tokens", 0)), image_id, spec)
 
 
-def _quarantine_of(s: FleetSession, node: Node, log: Any) -> str | None:
+def _quarantine_of(session: FleetSession, node: Node, log: Any) -> str | None:
     """The verdict the node is quarantined for (None: not quarantined, or the record unreadable:
     the gateway host is not the node, and the deploy must not depend on it)."""
     try:
-        rec = quarantine.quarantined(s).get(node.name)
+        rec = quarantine.quarantined(session).get(node.name)
     except RunbookError as e:
         log.warning(f"[{node.name}] quarantine record not read ({e}); deploying without it")
         return None
@@ -429,11 +441,11 @@ def _quarantine_of(s: FleetSession, node: Node, log: Any) -> str | None:
     return None if rec is None else rec.verdict
 
 
-def _release_quarantine(s: FleetSession, node: Node, log: Any) -> None:
+def _release_quarantine(session: FleetSession, node: Node, log: Any) -> None:
     """After the commit: the node serves, so a quarantine its deploy proves over ends (a failure
     to say so is a warning: the deployment itself stands)."""
     try:
-        said = quarantine.release_after_deploy(s, node)
+        said = quarantine.release_after_deploy(session, node)
     except RunbookError as e:
         log.warning(f"[{node.name}] healthy, but its quarantine record was not updated: {e}; "
                     f"run release_quarantine_job for {node.name}")
@@ -446,3 +458,66 @@ def _headline(why: str, outcome: str) -> str:
     # The e2e and operators read "<what failed>; <what the rollback left>. Diagnosis: ..."
     head, sep, diag = why.partition(". Diagnosis: ")
     return f"{head}; {outcome}" + (f". Diagnosis: {diag}" if sep else "")
+
+
+@dataclass
+class NodeDeployed:
+    """A deploy of the node's artifacts as node_deployment records it (its own run, a rollout's
+    step, add_node's): what runs, the step marker's signature (the data version) and whether what
+    runs is what was meant (`mismatch` None)."""
+
+    deployment: Deployment
+    done: Deployed
+    spec: LaunchSpec
+    running: dict[str, Any] | None
+    data_version: str
+    mismatch: str | None
+    check_text: str
+
+
+def deploy_artifacts(session: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str, log: Any, *,
+                     run_id: str, fresh_jit_cache: bool = False, keep_previous: bool = False,
+                     gated: bool = False) -> NodeDeployed:
+    """`deploy` of the fleet's launch spec with the node's artifacts, then the step marker
+    node_deployment skips on, written only when what runs is what was meant. `gated`: the node
+    stays out of the gateway until its bench promotes it. Raises RunbookError."""
+    pair = enabled_pair_of(session.fleet, node.name)
+    if pair is not None:
+        raise RunbookError(f"{node.name} serves in node pair {pair.name} (pairs: enabled): a rollout does not move a "
+                           f"pair; deploy the pair with deploy_node_job for {pair.head}, or turn it off first")
+    spec = launch_spec(session.fleet, node)
+    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    done = deploy(session, node, spec, log, run_id=run_id, jit_key=jit_core.key_for(artifacts, spec),
+                  fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
+                  version=artifacts.path, gated=gated)
+    running = NodeDocker(session).inspect_container(node.name, spec.container_name)
+    mismatch = serving_mismatch(node.name, running, artifacts.image_id, spec.fingerprint,
+                                checkpoint=artifacts.manifest)
+    if mismatch is None:
+        markers.write_deploy(session, node, DeployMarker(signature=sig, container_id=done.container_id, metadata=done.metadata))
+    return NodeDeployed(Deployment(node=node.name, container_id=done.container_id, fingerprint=spec.fingerprint),
+                        done, spec, running, sig if mismatch is None else f"mismatch-{sig}", mismatch,
+                        mismatch or f"{node.name}: healthy; smoke test answered {done.smoke_tokens} tokens")
+
+
+def serves_as_marked(session: FleetSession, node: Node, artifacts: NodeArtifacts, code_version: str,
+                     current: dict[str, Any] | None) -> DeployMarker | None:
+    """The node's deploy marker when the running container (`current`) IS what it says: its id, the
+    image node_artifacts recorded and the launch-spec label (a rollback can put an older image back;
+    an adopted hand deploy's labels are in its marker), healthy, and no deploy journal on the node
+    (a dead run's deploy: the deploy finishes it first). Else None: the deploy has work to do."""
+    spec = launch_spec(session.fleet, node)
+    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    marker = markers.read_deploy(session, node)
+    if (marker and marker.signature == sig and current and marker.container_id == current.get("Id")
+            and not session.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))
+            and serving_mismatch(node.name, current, artifacts.image_id, spec.fingerprint, marker,
+                                 checkpoint=artifacts.manifest) is None
+            and engine.healthy(session.fleet, node)):
+        return marker
+    return None
+
+
+# What a node pair's deploy (runbook/pair.py) reads as a single node's deploy does; the transaction
+# itself (journal, set-aside, rollback) is runbook/transaction.py's, once per node.
+labelled, version_to_launch, gateway_of = _labelled, _version_to_launch, _gateway

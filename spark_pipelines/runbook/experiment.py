@@ -15,13 +15,15 @@ from typing import Any, Protocol
 from spark_pipelines.core import protocol as bench_protocol
 from spark_pipelines.core import bench as bench_core
 from spark_pipelines.core.errors import RunbookError
-from spark_pipelines.core.fleet import Fleet, FleetError, parse_fleet
-from spark_pipelines.core.launch import launch_spec
+from spark_pipelines.core import jit_cache as jit_core
+from spark_pipelines.core.fleet import Fleet, FleetError, Node, parse_fleet
+from spark_pipelines.core.launch import LaunchSpec, launch_spec
 from spark_pipelines.resources.bench_client import run_bench
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
+from spark_pipelines.runbook import jit_cache
 from spark_pipelines.runbook.rotation import wait_idle
 from spark_pipelines.runbook.deploy import deploy
 from spark_pipelines.runbook.journal import finish_dead
@@ -96,12 +98,33 @@ def _loaded(r: bench_core.BenchReport) -> Any:
     return next((p.aggregate_tok_s for p in r.phases if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
 
 
-def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, variants: list[Variant], log: Any, *,
+def serving_jit_key(session: FleetSession, node: Node, spec: LaunchSpec) -> str | None:
+    """The JIT cache key the node's production launch runs on: the slot its cache mounts point at
+    (None: not one of our slots, e.g. a hand deploy's plain directories)."""
+    mounts = jit_cache.cache_mounts(spec)
+    states = jit_cache.read(session, node, "0" * jit_core.KEY_LEN, mounts)
+    keys = {jit_core.key_of_target(st.path, st.target) for st in states}
+    return keys.pop() if len(keys) == 1 else None
+
+
+def variant_jit_key(production_key: str | None, production: LaunchSpec, variant: LaunchSpec) -> str | None:
+    """The slot a variant boots on: production's own when their kernels are alike, else a slot of
+    its own derived from production's key (a variant never boots on, nor compiles into, the
+    kernels production reloads after the experiment: another configuration's cache fails the
+    boot, the runbook's stale-cache rows)."""
+    if production_key is None:
+        return None
+    if jit_core.launch_hash(variant.serve_args, variant.env) == jit_core.launch_hash(production.serve_args, production.env):
+        return production_key
+    return jit_core.cache_key(production_key, production_key, variant.serve_args, variant.env)
+
+
+def run_experiment(session: FleetSession, gw: GatewayHost, node_name: str | None, variants: list[Variant], log: Any, *,
                    suite: str = "all", repeats: int = 3, run_id: str = "") -> Compared:
     """Drain the node, deploy and bench each variant, compare them, then put the production launch
     back and restore the node (in every outcome). Holds the node's run lease. Raises RunbookError
     for variants that do not validate, and for a deploy or bench that fails."""
-    fleet = s.fleet
+    fleet = session.fleet
     name = node_name or fleet.serve_nodes[0].name
     try:
         node = fleet.node(name)
@@ -111,14 +134,17 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
     if len(fleets) != 2:
         raise RunbookError("the two variants need different names")
     reports: dict[str, bench_core.BenchReport] = {}
-    with node_lease(s, node.name, "experiment", run_id=run_id):
-        finish_dead(s, node, log, run_id=run_id)  # what dead runs left first: production serving, routed
+    with node_lease(session, node.name, "experiment", run_id=run_id):
+        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: production serving, routed
+        production = launch_spec(fleet, node)
+        key = serving_jit_key(session, node, production)
         with drained(gw, node.name):
             try:
                 for vname, vf in fleets.items():
                     vnode = vf.node(node.name)
+                    spec = launch_spec(vf, vnode)
                     log.info(f"variant {vname}: deploying")
-                    deploy(s, vnode, launch_spec(vf, vnode), log, run_id=run_id)
+                    deploy(session, vnode, spec, log, run_id=run_id, jit_key=variant_jit_key(key, production, spec))
                     wait_idle(vf, vnode)
                     reports[vname] = run_bench(api_root(vf, vnode), vf.launch_for(vnode).served_model_name,
                                                suite=suite, concurrency=fleet.bench.loaded_concurrency,
@@ -126,7 +152,7 @@ def run_experiment(s: FleetSession, gw: GatewayHost, node_name: str | None, vari
                                                max_s=fleet.health.bench_max_s)
             finally:
                 log.info(f"restoring the production launch on {node.name}")
-                deploy(s, node, launch_spec(fleet, node), log, run_id=run_id)
+                deploy(session, node, production, log, run_id=run_id, jit_key=key)
     (na, ra), (nb, rb) = reports.items()
     verdicts = []
     # MTP-2 vs MTP-3 under a length one server honoured and the other did not would crown the mix.

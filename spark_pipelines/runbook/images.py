@@ -91,8 +91,8 @@ def parse_build_metadata(text: str | None) -> dict[str, str]:
     return out
 
 
-def probe_image(s: FleetSession, node: Node, ref: str) -> ImageProbe:
-    r = s.run(node.name, ["docker", "run", "--rm", "--entrypoint", "python3", ref, "-c", PROBE_PY],
+def probe_image(session: FleetSession, node: Node, ref: str) -> ImageProbe:
+    r = session.run(node.name, ["docker", "run", "--rm", "--entrypoint", "python3", ref, "-c", PROBE_PY],
               check=False, log=False, timeout=IMAGE_PROBE_TIMEOUT_S)
     lines = r.stdout.strip().splitlines()
     try:
@@ -161,8 +161,8 @@ def serving_differences(probe: ImageProbe, fleet: Fleet) -> list[str]:
     return out
 
 
-def image_layers(s: FleetSession, node: Node, ref: str) -> list[str]:
-    r = s.run(node.name, ["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref], check=False,
+def image_layers(session: FleetSession, node: Node, ref: str) -> list[str]:
+    r = session.run(node.name, ["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref], check=False,
               log=False, timeout=remote.PROBE_TIMEOUT_S)
     try:
         return list(json.loads(r.stdout.strip() or "[]") or []) if r.ok else []
@@ -200,12 +200,12 @@ def serving_image_signature(cv: dict[str, str], base_image_id: str) -> str:
     return markers.signature(cv[SERVING_IMAGE], base_image_id)
 
 
-def write_base_image_marker(s: FleetSession, node: Node, sig: str, image_id: str, torch: str | None) -> None:
-    markers.write(s, node, BASE_IMAGE, sig, image_id=image_id, torch=torch)
+def write_base_image_marker(session: FleetSession, node: Node, sig: str, image_id: str, torch: str | None) -> None:
+    markers.write(session, node, BASE_IMAGE, sig, image_id=image_id, torch=torch)
 
 
-def write_serving_image_marker(s: FleetSession, node: Node, sig: str, image_id: str) -> None:
-    markers.write(s, node, SERVING_IMAGE, sig, image_id=image_id)
+def write_serving_image_marker(session: FleetSession, node: Node, sig: str, image_id: str) -> None:
+    markers.write(session, node, SERVING_IMAGE, sig, image_id=image_id)
 
 
 def base_tag(fleet: Fleet) -> str:
@@ -219,29 +219,29 @@ def torch_ok(probe: ImageProbe, fleet: Fleet) -> bool:
 # ------------------------------------------------------------------------------ step 3
 
 
-def build_base_image(s: FleetSession, node: Node) -> tuple[str | None, list[dockerfile_core.EditRecord]]:
+def build_base_image(session: FleetSession, node: Node) -> tuple[str | None, list[dockerfile_core.EditRecord]]:
     """spark-vllm-docker at its pin, the Dockerfile edits, the patch diffs, build-and-copy.sh:
     (the build's output file, the edits made). Raises RunbookError."""
-    f = s.fleet
+    fleet = session.fleet
     build_dir = layout.build_repo_dir(node)
     recipe = layout.recipe_dir(node)
-    checkout(s, node, f.pins.build_repo, build_dir)
-    checkout(s, node, f.pins.recipe_repo, recipe)
-    original = s.read_text(node.name, f"{build_dir}/Dockerfile")
-    patches = [dockerfile_core.LocalPatch(p.name) for p in f.pins.patches]
+    checkout(session, node, fleet.pins.build_repo, build_dir)
+    checkout(session, node, fleet.pins.recipe_repo, recipe)
+    original = session.read_text(node.name, f"{build_dir}/Dockerfile")
+    patches = [dockerfile_core.LocalPatch(p.name) for p in fleet.pins.patches]
     try:
-        edited, edits = dockerfile_core.apply_build_edits(original, dockerfile_core.TorchPins.of(f.pins.torch), patches)
+        edited, edits = dockerfile_core.apply_build_edits(original, dockerfile_core.TorchPins.of(fleet.pins.torch), patches)
     except dockerfile_core.DockerfileEditError as e:
-        raise RunbookError(f"{node.name}: {e} (build repo {f.pins.build_repo.commit})") from None
-    s.put_text(node.name, f"{build_dir}/Dockerfile", edited)
-    for pin, patch in zip(f.pins.patches, patches):
-        s.run(node.name, ["cp", f"{recipe}/{pin.path}", f"{build_dir}/{patch.file_name}"])
-    argv = ["env", "-C", build_dir, "./build-and-copy.sh", "-t", f.pins.build.base_tag,
-            "--vllm-ref", f.pins.vllm_ref, "-j", str(f.pins.build.jobs)]
-    if f.pins.build.tf5:
+        raise RunbookError(f"{node.name}: {e} (build repo {fleet.pins.build_repo.commit})") from None
+    session.put_text(node.name, f"{build_dir}/Dockerfile", edited)
+    for pin, patch in zip(fleet.pins.patches, patches):
+        session.run(node.name, ["cp", f"{recipe}/{pin.path}", f"{build_dir}/{patch.file_name}"])
+    argv = ["env", "-C", build_dir, "./build-and-copy.sh", "-t", fleet.pins.build.base_tag,
+            "--vllm-ref", fleet.pins.vllm_ref, "-j", str(fleet.pins.build.jobs)]
+    if fleet.pins.build.tf5:
         argv.insert(argv.index("-j"), "--tf5")
     try:
-        output = s.run(node.name, argv, timeout=remote.IMAGE_BUILD_TIMEOUT_S).output_path
+        output = session.run(node.name, argv, timeout=remote.IMAGE_BUILD_TIMEOUT_S).output_path
     except RemoteCommandError as e:
         raise RunbookError(f"{node.name}: build-and-copy.sh failed ({first_line(e)}); fix what its output says "
                            "(an edit that no longer fits the build repo, a pin the index lacks), then rerun build_job",
@@ -249,33 +249,33 @@ def build_base_image(s: FleetSession, node: Node) -> tuple[str | None, list[dock
     return output, edits
 
 
-def base_image(s: FleetSession, cv: dict[str, str]) -> ImageOutcome:
+def base_image(session: FleetSession, cv: dict[str, str]) -> ImageOutcome:
     """Step 3: skip when the marker's signature and image id match the tagged image; else build.
     The torch triple is read from the image either way (the blocking check)."""
-    f = s.fleet
-    node = f.build_node
-    tag = base_tag(f)
-    docker = NodeDocker(s)
+    fleet = session.fleet
+    node = fleet.build_node
+    tag = base_tag(fleet)
+    docker = NodeDocker(session)
     sig = base_image_signature(cv)
     current = docker.image_id(node.name, tag)
-    marker = markers.matches(s, node, BASE_IMAGE, sig)
+    marker = markers.matches(session, node, BASE_IMAGE, sig)
     skipped = bool(marker and current and marker.get("image_id") == current)
     meta: dict[str, Any] = {}
     edits: list[dockerfile_core.EditRecord] = []
     if not skipped:
-        output, edits = build_base_image(s, node)
+        output, edits = build_base_image(session, node)
         meta["build_output"] = output
         current = docker.image_id(node.name, tag)
         if not current:
             raise RunbookError(f"{node.name}: build-and-copy.sh finished but {tag} does not exist; "
                                "check its output for the tag it built, then rerun build_job")
     assert current is not None
-    probe = probe_image(s, node, tag)
-    ok = torch_ok(probe, f)
+    probe = probe_image(session, node, tag)
+    ok = torch_ok(probe, fleet)
     if ok and not skipped:
-        write_base_image_marker(s, node, sig, current, probe.torch)
+        write_base_image_marker(session, node, sig, current, probe.torch)
     meta["dockerfile_edits"] = [f"{e.edit}: {e.detail}" for e in edits]
-    text = f"torch {probe.torch} in the image" if ok else torch_advice(probe, f, tag)
+    text = f"torch {probe.torch} in the image" if ok else torch_advice(probe, fleet, tag)
     return ImageOutcome(BuiltImage(node=node.name, ref=tag, image_id=current, torch=probe.torch), skipped, ok, text,
                         probe, meta)
 
@@ -283,55 +283,55 @@ def base_image(s: FleetSession, cv: dict[str, str]) -> ImageOutcome:
 # ------------------------------------------------------------------------------ step 4
 
 
-def build_serving_image(s: FleetSession, node: Node, sig: str) -> str | None:
-    f = s.fleet
+def build_serving_image(session: FleetSession, node: Node, sig: str) -> str | None:
+    fleet = session.fleet
     recipe = layout.recipe_dir(node)
-    checkout(s, node, f.pins.recipe_repo, recipe)
+    checkout(session, node, fleet.pins.recipe_repo, recipe)
     path = f"{recipe}/docker/Dockerfile.v2"
     try:
-        edited = dockerfile_core.pin_serving_deps(s.read_text(node.name, path), dockerfile_core.ServingPins.of(f.pins.serving))
+        edited = dockerfile_core.pin_serving_deps(session.read_text(node.name, path), dockerfile_core.ServingPins.of(fleet.pins.serving))
     except dockerfile_core.DockerfileEditError as e:
-        raise RunbookError(f"{node.name}: {e} (recipe {f.pins.recipe_repo.commit})") from None
-    s.put_text(node.name, path, edited)
+        raise RunbookError(f"{node.name}: {e} (recipe {fleet.pins.recipe_repo.commit})") from None
+    session.put_text(node.name, path, edited)
     try:
-        return s.run(node.name, ["env", "-C", recipe, "docker", "build", "--build-arg", f"VLLM_BASE={base_tag(f)}",
-                                 "--label", f"{SIGNATURE_LABEL}={sig}", "-t", f.launch.image, "-f",
+        return session.run(node.name, ["env", "-C", recipe, "docker", "build", "--build-arg", f"VLLM_BASE={base_tag(fleet)}",
+                                 "--label", f"{SIGNATURE_LABEL}={sig}", "-t", fleet.launch.image, "-f",
                                  "docker/Dockerfile.v2", "."], timeout=remote.IMAGE_BUILD_TIMEOUT_S).output_path
     except RemoteCommandError as e:
-        raise RunbookError(f"{node.name}: docker build of {f.launch.image} failed ({first_line(e)}); fix what its "
+        raise RunbookError(f"{node.name}: docker build of {fleet.launch.image} failed ({first_line(e)}); fix what its "
                            "output says, then rerun build_job", {"last output": f"```\n{e.tail[-3000:]}\n```"}) from None
 
 
-def serving_image(s: FleetSession, cv: dict[str, str], base: BuiltImage) -> ImageOutcome:
+def serving_image(session: FleetSession, cv: dict[str, str], base: BuiltImage) -> ImageOutcome:
     """Step 4: skip when the serving_image marker's signature (inputs + base image id) and image
     id match the tagged image; else build. Patch 03's marker is read from the image either way."""
-    f = s.fleet
-    node = f.build_node
-    image = f.launch.image
-    docker = NodeDocker(s)
+    fleet = session.fleet
+    node = fleet.build_node
+    image = fleet.launch.image
+    docker = NodeDocker(session)
     sig = serving_image_signature(cv, base.image_id)
     image_id = docker.image_id(node.name, image)
-    marker = markers.matches(s, node, SERVING_IMAGE, sig)
+    marker = markers.matches(session, node, SERVING_IMAGE, sig)
     skipped = bool(marker and image_id and marker.get("image_id") == image_id)
     probe: ImageProbe | None = None
     if not skipped and not marker and image_id and docker.image_labels(node.name, image).get(SIGNATURE_LABEL) == sig:
         # Built by a version of this tool that kept the signature in the label only: take it over.
-        probe = probe_image(s, node, image)
+        probe = probe_image(session, node, image)
         if probe.lmhead:
-            write_serving_image_marker(s, node, sig, image_id)
+            write_serving_image_marker(session, node, sig, image_id)
             skipped = True
     meta: dict[str, Any] = {}
     if not skipped:
-        meta["build_output"] = build_serving_image(s, node, sig)
+        meta["build_output"] = build_serving_image(session, node, sig)
         image_id = docker.image_id(node.name, image)
         if not image_id:
             raise RunbookError(f"{node.name}: docker build finished but {image} does not exist; rerun build_job")
         probe = None
     assert image_id is not None
-    probe = probe or probe_image(s, node, image)
+    probe = probe or probe_image(session, node, image)
     found = bool(probe.lmhead)
     if found and not skipped:
-        write_serving_image_marker(s, node, sig, image_id)
+        write_serving_image_marker(session, node, sig, image_id)
     text = (f"{LMHEAD_MARKER} found in logits_processor.py" if found
-            else lmhead_advice(f, image, probe, meta.get("build_output")))
+            else lmhead_advice(fleet, image, probe, meta.get("build_output")))
     return ImageOutcome(BuiltImage(node=node.name, ref=image, image_id=image_id), skipped, found, text, probe, meta)

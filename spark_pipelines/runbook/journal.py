@@ -59,8 +59,8 @@ BENCH_JUDGED = "judged"
 class Journal:
     """One procedure's journal in the ledger (see the module doc)."""
 
-    def __init__(self, s: FleetSession, node: str, entry: Procedure) -> None:
-        self.s, self.node, self.entry = s, node, entry
+    def __init__(self, session: FleetSession, node: str, entry: Procedure) -> None:
+        self.s, self.node, self.entry = session, node, entry
         self.keep = False  # set when the procedure's own undo could not finish: the next run does
 
     @property
@@ -99,7 +99,7 @@ class Journal:
 
 
 @contextmanager
-def journaled(s: FleetSession, node: str, procedure: str, run_id: str, *, phase: str, was_in: bool = False,
+def journaled(session: FleetSession, node: str, procedure: str, run_id: str, *, phase: str, was_in: bool = False,
               drain_reason: str | None = None, **facts: Any) -> Iterator[Journal]:
     """The procedure's journal for the block (see the module doc). Raises RunbookError, nothing
     changed, when it cannot be written."""
@@ -107,17 +107,17 @@ def journaled(s: FleetSession, node: str, procedure: str, run_id: str, *, phase:
                       owner=f"pid {os.getpid()} on {socket.gethostname()}", started=ledger.now(), phase=phase,
                       was_in=was_in, drain_reason=drain_reason, facts=facts)
     try:
-        ledger.begin_procedure(s, node, entry)
+        ledger.begin_procedure(session, node, entry)
     except RunbookError as e:
         raise RunbookError(f"{node}: the {procedure.replace('_', ' ')} did not start, nothing was changed: its "
                            f"journal could not be written to the ledger on the gateway host ({first_line(e)}); "
                            f"bring the gateway host back, then run it again") from None
-    j = Journal(s, node, entry)
+    j = Journal(session, node, entry)
     _LIVE.add(entry.token)
     try:
         yield j
     except BaseException:
-        gone = lease.lost(s, node)
+        gone = lease.lost(session, node)
         if gone is not None:
             j._leave(f"this run's lease ended under it: {first_line(gone.error())}")
         elif j.keep:
@@ -136,25 +136,25 @@ def is_live(p: Procedure) -> bool:
     return p.token in _LIVE
 
 
-def engine_timeout_s(s: FleetSession, node: Node) -> float:
+def engine_timeout_s(session: FleetSession, node: Node) -> float:
     """How long a kept container started again gets to answer /health (a warm boot)."""
-    return min(ROLLBACK_HEALTH_S, s.fleet.launch_for(node).health_timeout_s)
+    return min(ROLLBACK_HEALTH_S, session.fleet.launch_for(node).health_timeout_s)
 
 
-def still_waiting(s: FleetSession, p: Procedure, now: float | None = None) -> str | None:
+def still_waiting(session: FleetSession, p: Procedure, now: float | None = None) -> str | None:
     """Why `p` may be a live run's although the caller holds the node's lease (None: it is dead):
     the node was down for it (a reboot, a power cycle), the live run waits without a lease until
     `down_until`, and the instance does not know its run ended."""
     now = time.time() if now is None else now
     if p.down_until is None or now >= p.down_until:
         return None
-    if s.run_ended is not None and s.run_ended(p.run_id):
+    if session.run_ended is not None and session.run_ended(p.run_id):
         return None
     return (f"{p.describe()} waits for the node to come back until "
             f"{time.strftime('%H:%M:%S', time.localtime(p.down_until))} and its run is not known to have ended")
 
 
-def dead_in_sweep(s: FleetSession, p: Procedure, *, reachable: bool, lease_held: bool | None,
+def dead_in_sweep(session: FleetSession, p: Procedure, *, reachable: bool, lease_held: bool | None,
                   now: float | None = None) -> bool:
     """The health sweep's judgement (it holds no lease, only reads it): `p` is a dead run's when no
     run holds the node's lease (a node that is down holds none: then only a journal that says the
@@ -163,7 +163,7 @@ def dead_in_sweep(s: FleetSession, p: Procedure, *, reachable: bool, lease_held:
         return False
     if (reachable and lease_held is None) or (not reachable and p.down_until is None):
         return False  # not known: the next sweep reads it again
-    return still_waiting(s, p, now) is None
+    return still_waiting(session, p, now) is None
 
 
 @dataclass(frozen=True)
@@ -178,18 +178,18 @@ class Finished:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-def finish_dead(s: FleetSession, node: Node, log: Any, *, run_id: str = "", deploys: bool = True) -> list[Finished]:
+def finish_dead(session: FleetSession, node: Node, log: Any, *, run_id: str = "", deploys: bool = True) -> list[Finished]:
     """Finish what dead runs left on `node` (see the module doc). The caller holds the node's lease.
     `deploys=False`: not a dead deploy's journal (a deploy about to run finishes it itself, and does
     not launch again what serves after it). Raises NodeBusy when a journal may be a live run's
     waiting for the node to come back, and DeployFailed when a dead deploy cannot be finished."""
     n = node.name
     done: list[Finished] = []
-    r = finish_interrupted(s, node, log, run_id=run_id) if deploys else None
+    r = finish_interrupted(session, node, log, run_id=run_id) if deploys else None
     if r is not None:
         done.append(Finished("deploy", r.phase, r.run_id, r.line(), r.serving))
     try:
-        procs = ledger.read(s).procedures(n)
+        procs = ledger.read(session).procedures(n)
     except RunbookError as e:
         log.warning(f"[{n}] the procedures in flight were not read from the ledger ({first_line(e)}): a dead run's "
                     f"is finished by a later run on {n}")
@@ -197,27 +197,27 @@ def finish_dead(s: FleetSession, node: Node, log: Any, *, run_id: str = "", depl
     for p in reversed(procs):
         if p.token in _LIVE:
             continue
-        waiting = still_waiting(s, p)
+        waiting = still_waiting(session, p)
         if waiting:
             raise NodeBusy(f"node {n} is busy: {waiting}; retry once it has come back (or its run ended)")
         log.warning(f"[{n}] {p.describe()} did not finish and its run no longer holds the node: finishing it "
                     f"before this run's own work")
-        f = _finish(s, node, p)
-        ledger.end_procedure(s, n, p.token)
+        f = _finish(session, node, p)
+        ledger.end_procedure(session, n, p.token)
         log.warning(f"[{n}] {f.line}")
         done.append(f)
     return done
 
 
-def _finish(s: FleetSession, node: Node, p: Procedure) -> Finished:
+def _finish(session: FleetSession, node: Node, p: Procedure) -> Finished:
     """A dead run's procedure brought to the end it promised, or to a hold-out saying why not."""
-    f, n = s.fleet, node.name
+    f, n = session.fleet, node.name
     said: list[str] = []
     serving = engine.healthy(f, node)
     if p.engine and not serving:  # the engine it stopped: its kept container, as after a boot
-        r = s.run(n, ["docker", "start", p.engine], check=False, timeout=120)
+        r = session.run(n, ["docker", "start", p.engine], check=False, timeout=120)
         if r.ok:
-            limit = engine_timeout_s(s, node)
+            limit = engine_timeout_s(session, node)
             serving = engine.wait_healthy(f, node, limit)
             said.append(f"docker start {p.engine}: " + ("/health 200" if serving else f"no /health within {limit:.0f} s"))
         else:
@@ -226,27 +226,27 @@ def _finish(s: FleetSession, node: Node, p: Procedure) -> Finished:
         said.append(f"{p.engine} serves")
     if p.procedure == steps.PROC_JOIN:
         if p.phase != JOIN_BENCHED:  # deployed or not, never benched: not routed before its bench
-            ledger.hold(s, n, ledger.BY_BENCH, f"not benched yet: {p.describe()} died before its bench; "
+            ledger.hold(session, n, ledger.BY_BENCH, f"not benched yet: {p.describe()} died before its bench; "
                                                 f"add_node_job for {n} again benches it against the fleet's "
                                                 f"baseline (what it did is not redone)", **{ledger.AGAINST_BASELINE: True})
             said.append(f"{n} held out until its bench (add_node_job for it again)")
     elif p.procedure == steps.PROC_COLD_DRAIN:
-        said.append(_quarantined_after_cold_drain(s, n, p, serving))
+        said.append(_quarantined_after_cold_drain(session, n, p, serving))
     elif p.procedure == steps.PROC_ADOPTION:
-        said.append(_renames_undone(s, n, p))
+        said.append(_renames_undone(session, n, p))
     if p.procedure == steps.PROC_NODE_OS and p.phase in ("rebooting", "verifying"):
         said.append("its verify after the reboot did not run: node_os_job for it verifies (it changes nothing)")
     if p.was_in and p.drain_reason:
-        said.append(_gateway_after(s, node, p, serving))
+        said.append(_gateway_after(session, node, p, serving))
     return Finished(p.procedure, p.phase, p.run_id, f"{p.describe()} finished: " + ("; ".join(said) or "nothing to undo"),
                     serving, dict(p.facts))
 
 
-def _gateway_after(s: FleetSession, node: Node, p: Procedure, serving: bool) -> str:
+def _gateway_after(session: FleetSession, node: Node, p: Procedure, serving: bool) -> str:
     """The drain the dead run made: undone when the node serves and nothing else keeps it out;
     else the node stays out and the reason is where the gateway's promotion reads it."""
     n = node.name
-    gw = GatewayHost(s)
+    gw = GatewayHost(session)
     snap = gw.read()
     note = snap.drains.get(n)
     if n in snap.rotation:
@@ -257,23 +257,23 @@ def _gateway_after(s: FleetSession, node: Node, p: Procedure, serving: bool) -> 
     if p.procedure == steps.PROC_BENCH and p.phase == BENCH_JUDGED and p.facts.get("keep_out"):
         return f"{n} stays out of the gateway: its bench held it out ({p.facts.get('reason', 'below its gate')})"
     if not serving:
-        ledger.hold(s, n, ledger.BY_DEPLOY, f"{p.describe()} died and {n}'s vLLM does not answer /health after it: "
+        ledger.hold(session, n, ledger.BY_DEPLOY, f"{p.describe()} died and {n}'s vLLM does not answer /health after it: "
                                             f"deploy_node_job for {n} (a healthy deploy lifts this)")
         return f"{n} stays out of the gateway (not serving; held out: deploy_node_job for it)"
-    held = ledger.read(s).why_held(n)
+    held = ledger.read(session).why_held(n)
     if held:
         return f"{n} stays out of the gateway: {held}"
     put_back(gw, n)
     return f"its drain undone: {n} is back in the gateway"
 
 
-def _quarantined_after_cold_drain(s: FleetSession, n: str, p: Procedure, serving: bool) -> str:
+def _quarantined_after_cold_drain(session: FleetSession, n: str, p: Procedure, serving: bool) -> str:
     """A cold drain's node stays quarantined until its validation: the record says where the dead
     run stopped and what to do."""
-    rec = ledger.read(s).quarantined().get(n)
+    rec = ledger.read(session).quarantined().get(n)
     reason = (f"{p.describe()} died; " + ("vLLM serves again" if serving else "vLLM does not serve")
               + ": the wedge is not validated: run cold_drain_job for it again")
-    ledger.record_quarantine(s, n, rec.verdict if rec else "wedged", reason, by="finish of a dead cold drain")
+    ledger.record_quarantine(session, n, rec.verdict if rec else "wedged", reason, by="finish of a dead cold drain")
     return f"{n} stays quarantined until a cold drain validates it ({reason})"
 
 
@@ -281,11 +281,11 @@ _UNDO_RENAME = ('if [ ! -e "$1" ] && [ ! -L "$1" ] && [ -d "$2" ]; then mv -T --
                 'elif [ -L "$1" ]; then echo linked; else echo untouched; fi')
 
 
-def _renames_undone(s: FleetSession, n: str, p: Procedure) -> str:
+def _renames_undone(session: FleetSession, n: str, p: Procedure) -> str:
     """An adoption that renamed a cache folder into its slot and died before the link: the folder
     is renamed back (the running container's bind mount follows it either way)."""
     out = []
     for mount, slot in p.facts.get("renames", []):
-        r = s.run(n, ["sh", "-c", _UNDO_RENAME, "adopt-undo", mount, slot], check=False, log=False, timeout=60)
+        r = session.run(n, ["sh", "-c", _UNDO_RENAME, "adopt-undo", mount, slot], check=False, log=False, timeout=60)
         out.append(f"{mount}: {(r.stdout.strip() or f'exit {r.exit_status}')}")
     return "cache folders: " + ("; ".join(out) or "none renamed")

@@ -117,8 +117,8 @@ class StepOutcome:
         return "; ".join([self.report.problems[0], self.advice]) if self.report.problems else ""
 
 
-def _verify(s: FleetSession, node: Node, directory: str, mtp: bool) -> checkpoint_core.CheckpointReport:
-    return verify_on_node(s, node, directory, expected_scales=EXPECTED_FP8_SCALES, require_mtp=mtp)
+def _verify(session: FleetSession, node: Node, directory: str, mtp: bool) -> checkpoint_core.CheckpointReport:
+    return verify_on_node(session, node, directory, expected_scales=EXPECTED_FP8_SCALES, require_mtp=mtp)
 
 
 def base_model_signature(cv: dict[str, str], revision: str) -> str:
@@ -138,260 +138,260 @@ def mtp_signature(cv: dict[str, str], hybrid_index: str, revision: str) -> str:
 # ------------------------------------------------------------------------------ step 0
 
 
-def base_model(s: FleetSession, hub: ModelHub, cv: dict[str, str]) -> ModelOutcome:
+def base_model(session: FleetSession, hub: ModelHub, cv: dict[str, str]) -> ModelOutcome:
     """The Intel snapshot at the pinned revision on the build host. It lives where its marker says
     (the runbook's HF cache snapshot, when adoption found it there) or at core.layout's place."""
-    node = s.fleet.build_node
-    pin = s.fleet.pins.base_model
+    node = session.fleet.build_node
+    pin = session.fleet.pins.base_model
     try:
         sha = hub.resolve(pin.repo, pin.revision)
     except HubError as e:
         raise RunbookError(str(e)) from None
     sig = base_model_signature(cv, sha)
-    marker = markers.matches(s, node, BASE_MODEL, sig)
-    dest = layout.base_model_dir(s.fleet, node)
+    marker = markers.matches(session, node, BASE_MODEL, sig)
+    dest = layout.base_model_dir(session.fleet, node)
     proving = False
     if marker:
         where = str(marker.get("path") or dest)
-        report = verify_on_node(s, node, where, expected_scales=0, require_mtp=False)
+        report = verify_on_node(session, node, where, expected_scales=0, require_mtp=False)
         if report.ok and marker.get("provenance") != UNKNOWN:
             return ModelOutcome(ModelSnapshot(node.name, where, pin.repo, sha), report, True)
         if report.ok:
             # Adopted without proof of its revision: hf download into the same folder checks each
             # file against the hub by content, fetches only what differs and writes the metadata.
-            s.log.info(f"base_model: {node.name}:{where} was adopted with its provenance unknown; proving it "
+            session.log.info(f"base_model: {node.name}:{where} was adopted with its provenance unknown; proving it "
                        f"(hf download at {sha[:12]} checks every file by content, fetches only what differs)")
             dest, proving = where, True
         else:
-            s.log.warning(f"base_model: {node.name}:{where} fails verification ({report.problems[0]}); downloading")
-    s.log.info(f"downloading {pin.repo}@{sha} to {node.name}:{dest} (resumable: hf skips complete files)")
+            session.log.warning(f"base_model: {node.name}:{where} fails verification ({report.problems[0]}); downloading")
+    session.log.info(f"downloading {pin.repo}@{sha} to {node.name}:{dest} (resumable: hf skips complete files)")
     try:
-        s.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None,
+        session.run(node.name, hub.download_argv(pin.repo, sha, dest), secret_env=hub.secret_env() or None,
               timeout=remote.DOWNLOAD_TIMEOUT_S)
     except RemoteCommandError as e:
         raise RunbookError(f"{node.name}: hf download of {pin.repo}@{sha[:12]} failed ({first_line(e)}); "
                            "check the hub (HF_TOKEN, network) and rerun build_job: it resumes") from None
-    report = verify_on_node(s, node, dest, expected_scales=0, require_mtp=False)
+    report = verify_on_node(session, node, dest, expected_scales=0, require_mtp=False)
     if not report.ok:
         raise RunbookError(f"base model on {node.name} is incomplete after download: {report.problems[0]}; "
                            f"{base_model_advice(dest)}")
-    write_base_model_marker(s, node, sig, sha, dest)
+    write_base_model_marker(session, node, sig, sha, dest)
     return ModelOutcome(ModelSnapshot(node.name, dest, pin.repo, sha), report, False, proved=proving)
 
 
-def write_base_model_marker(s: FleetSession, node: Node, sig: str, revision: str, path: str,
+def write_base_model_marker(session: FleetSession, node: Node, sig: str, revision: str, path: str,
                             provenance: str = PROVEN) -> None:
-    markers.write(s, node, BASE_MODEL, sig, revision=revision, path=path, provenance=provenance)
+    markers.write(session, node, BASE_MODEL, sig, revision=revision, path=path, provenance=provenance)
 
 
 # ------------------------------------------------------------------------------ step 1
 
 
-def build_hybrid_beside(s: FleetSession, hub: ModelHub, node: Node, base: ModelSnapshot
+def build_hybrid_beside(session: FleetSession, hub: ModelHub, node: Node, base: ModelSnapshot
                         ) -> tuple[str | None, checkpoint_core.CheckpointReport]:
     """build-hybrid-checkpoint.py into a fresh staging directory beside the serving checkpoint,
     verified there: (its "hybrid" index digest, report), or (None, report) with the staging
     directory removed when it does not verify. Raises RunbookError (staging removed)."""
-    f = s.fleet
-    serving = layout.hybrid_dir(f, node)
+    fleet = session.fleet
+    serving = layout.hybrid_dir(fleet, node)
     staging = staging_dir(serving)
     recipe = layout.recipe_dir(node)
-    require_free_space(s, node, serving, "build the hybrid checkpoint")
-    remove_dir(s, node, staging)
-    checkout(s, node, f.pins.recipe_repo, recipe)
+    require_free_space(session, node, serving, "build the hybrid checkpoint")
+    remove_dir(session, node, staging)
+    checkout(session, node, fleet.pins.recipe_repo, recipe)
     try:
-        s.run(node.name, ["mkdir", "-p", staging], log=False)
-        s.run(node.name, ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base.path,
-                          "--fp8-repo", f.pins.fp8_model.repo, "--output", staging, "--force"],
+        session.run(node.name, ["mkdir", "-p", staging], log=False)
+        session.run(node.name, ["env", "-C", recipe, "python3", HYBRID_BUILDER, "--gptq-dir", base.path,
+                          "--fp8-repo", fleet.pins.fp8_model.repo, "--output", staging, "--force"],
               secret_env=hub.secret_env() or None, timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S)
-        report = _verify(s, node, staging, mtp=False)
+        report = _verify(session, node, staging, mtp=False)
         if not report.ok:
-            remove_dir(s, node, staging)
+            remove_dir(session, node, staging)
             return None, report
-        return index_digests(s, node, staging)["hybrid"], report
+        return index_digests(session, node, staging)["hybrid"], report
     except RemoteCommandError as e:
-        remove_quietly(s, node, staging)
+        remove_quietly(session, node, staging)
         raise RunbookError(f"{node.name}: build-hybrid-checkpoint.py failed ({first_line(e)}); the serving "
                            f"checkpoint was not touched and the staging directory was removed. {HYBRID_ADVICE}",
                            {"last output": f"```\n{e.tail[-3000:]}\n```"}) from None
     except BaseException:
-        remove_quietly(s, node, staging)
+        remove_quietly(session, node, staging)
         raise
 
 
-def hybrid_checkpoint(s: FleetSession, hub: ModelHub, base: ModelSnapshot, cv: dict[str, str]) -> StepOutcome:
+def hybrid_checkpoint(session: FleetSession, hub: ModelHub, base: ModelSnapshot, cv: dict[str, str]) -> StepOutcome:
     """Step 1: skip when its marker matches and its output verifies where the marker says (staged
     beside the serving checkpoint, or switched in); else build beside and record it as staged."""
-    f = s.fleet
-    node = f.build_node
-    serving = layout.hybrid_dir(f, node)
+    fleet = session.fleet
+    node = fleet.build_node
+    serving = layout.hybrid_dir(fleet, node)
     staging = staging_dir(serving)
-    recover_switch(s, node, serving)
+    recover_switch(session, node, serving)
     sig = hybrid_signature(cv, base.revision)
-    marker = markers.matches(s, node, HYBRID, sig)
+    marker = markers.matches(session, node, HYBRID, sig)
     if marker:
         where = staging if marker.get("staged") else str(marker.get("path") or serving)
-        report = _verify(s, node, where, mtp=False)
+        report = _verify(session, node, where, mtp=False)
         if report.ok:
             return StepOutcome(Checkpoint(node.name, where, str(marker["index"])), report, True,
                                metadata={"staged": where == staging})
-        s.log.warning(f"hybrid_checkpoint: {node.name}:{where} fails verification ({report.problems[0]}); "
+        session.log.warning(f"hybrid_checkpoint: {node.name}:{where} fails verification ({report.problems[0]}); "
                       "rebuilding beside the serving checkpoint")
-    index, report = build_hybrid_beside(s, hub, node, base)
+    index, report = build_hybrid_beside(session, hub, node, base)
     if index is None:
         return StepOutcome(Checkpoint(node.name, staging, "invalid"), report, False, HYBRID_ADVICE)
-    markers.write(s, node, HYBRID, sig, index=index, staged=True)
+    markers.write(session, node, HYBRID, sig, index=index, staged=True)
     return StepOutcome(Checkpoint(node.name, staging, index), report, False, metadata={"staged": True})
 
 
 # ------------------------------------------------------------------------------ step 2
 
 
-def mtp_weights(s: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Checkpoint, cv: dict[str, str], *,
+def mtp_weights(session: FleetSession, hub: ModelHub, base: ModelSnapshot, hybrid: Checkpoint, cv: dict[str, str], *,
                 run_id: str = "") -> StepOutcome:
     """Step 2, into a version. Skip: marker matches, its version verifies and hashes to the
     recorded manifest. Otherwise add the MTP weights beside it (after rebuilding step 1 too when a
     file step 1 wrote changed), verify, hash, rename to the version the manifest names, record."""
-    f = s.fleet
-    node = f.build_node
-    serving = layout.hybrid_dir(f, node)
+    fleet = session.fleet
+    node = fleet.build_node
+    serving = layout.hybrid_dir(fleet, node)
     staging = staging_dir(serving)
-    recover_switch(s, node, serving)
+    recover_switch(session, node, serving)
     sig = mtp_signature(cv, hybrid.index, base.revision)
     staged = hybrid.path == staging  # step 1 built (or kept) it beside: finish it, never skip
     source = hybrid.path  # what step 2 starts from when step 1 did not rebuild
     meta: dict[str, Any] = {}
     full = False
     if not staged:
-        marker = markers.matches(s, node, MTP, sig)
+        marker = markers.matches(session, node, MTP, sig)
         if marker:
             where = str(marker.get("path") or serving)
             source = where
-            report = _verify(s, node, where, mtp=True)
+            report = _verify(session, node, where, mtp=True)
             if report.ok:
-                check = content_check(s, node, where, marker.get("manifest"))
+                check = content_check(session, node, where, marker.get("manifest"))
                 meta.update(hashed_gib=round(check.bytes / 2**30, 3), hash_seconds=check.seconds,
                             hash_s_per_gib=check.seconds_per_gib, manifest_restored=check.restored_manifest)
                 if check.ok:
                     manifest = str(marker.get("manifest") or check.manifest)
-                    where = _as_version(s, node, where, manifest, run_id)
+                    where = _as_version(session, node, where, manifest, run_id)
                     if where != marker.get("path") or not marker.get("manifest"):
-                        markers.write(s, node, MTP, sig, index=marker["index"], manifest=manifest, path=where)
-                        _record_hybrid_path(s, node, where)
+                        markers.write(session, node, MTP, sig, index=marker["index"], manifest=manifest, path=where)
+                        _record_hybrid_path(session, node, where)
                     return StepOutcome(Checkpoint(node.name, where, str(marker["index"]), manifest,
-                                                  architecture_of(s, node, where)), report, True, metadata=meta)
+                                                  architecture_of(session, node, where)), report, True, metadata=meta)
                 full = check.differing is None or not set(check.differing) <= STEP2_FILES
                 meta["rebuilt_because"] = "; ".join(check.problems[:3])
-                s.log.warning(f"mtp_weights: {node.name}'s checkpoint {where} does not match its manifest: "
+                session.log.warning(f"mtp_weights: {node.name}'s checkpoint {where} does not match its manifest: "
                               f"{'; '.join(check.problems[:3])}; rebuilding "
                               f"{'steps 1 and 2' if full else 'step 2'} into a new version beside it")
             else:
                 meta["rebuilt_because"] = report.problems[0]
-                s.log.warning(f"mtp_weights: {where} fails verification ({report.problems[0]}); "
+                session.log.warning(f"mtp_weights: {where} fails verification ({report.problems[0]}); "
                               "adding the MTP weights again into a new version beside it")
     keep_for_resume = staged  # step 1's output in staging is ~20 min of work: a failure keeps it
     if full:
-        index, report = build_hybrid_beside(s, hub, node, base)
+        index, report = build_hybrid_beside(session, hub, node, base)
         if index is None:
             return StepOutcome(Checkpoint(node.name, staging, "invalid"), report, False, HYBRID_ADVICE, meta)
-        markers.write(s, node, HYBRID, hybrid_signature(cv, base.revision), index=index, staged=True)
+        markers.write(session, node, HYBRID, hybrid_signature(cv, base.revision), index=index, staged=True)
         sig = mtp_signature(cv, index, base.revision)
         keep_for_resume = True
     elif not staged:
-        stage_linked_copy(s, node, source, staging)
+        stage_linked_copy(session, node, source, staging)
     meta["rebuilt"] = "steps 1 and 2" if full else "step 2"
     try:
-        s.run(node.name, ["env", "-C", layout.recipe_dir(node), "python3", MTP_ADDER, "--source", base.path,
+        session.run(node.name, ["env", "-C", layout.recipe_dir(node), "python3", MTP_ADDER, "--source", base.path,
                           "--target", staging], timeout=remote.CHECKPOINT_BUILD_TIMEOUT_S)
-        report = _verify(s, node, staging, mtp=True)
+        report = _verify(session, node, staging, mtp=True)
         if not report.ok:
             if not keep_for_resume:
-                remove_dir(s, node, staging)
+                remove_dir(session, node, staging)
             return StepOutcome(Checkpoint(node.name, staging, "invalid"), report, False, mtp_advice(base.path), meta)
-        files, manifest = write_manifest(s, node.name, staging)
-        index = index_digests(s, node, staging)["full"]
+        files, manifest = write_manifest(session, node.name, staging)
+        index = index_digests(session, node, staging)["full"]
         final = versions_core.version_path(serving, manifest)
-        with node_lease(s, node.name, "checkpoint version", run_id=run_id):
-            held = content_check(s, node, final, manifest) if versions.read(s, node).holds(manifest) else None
+        with node_lease(session, node.name, "checkpoint version", run_id=run_id):
+            held = content_check(session, node, final, manifest) if versions.read(session, node).holds(manifest) else None
             if held is not None and held.ok:
                 # The rebuild reproduced a version the build host holds: it is that version.
-                remove_dir(s, node, staging)
+                remove_dir(session, node, staging)
                 meta["same_as_held_version"] = True
             elif held is not None:
                 # A version of that content was damaged in place (a container may mount it): its
                 # differing files are replaced one by one by rename, each atomically.
-                meta.update(same_as_held_version=True, repaired=_repair_from(s, node, staging, final, held))
-                remove_dir(s, node, staging)
+                meta.update(same_as_held_version=True, repaired=_repair_from(session, node, staging, final, held))
+                remove_dir(session, node, staging)
             else:
-                s.run(node.name, ["mv", "-T", "--", staging, final], timeout=60)
+                session.run(node.name, ["mv", "-T", "--", staging, final], timeout=60)
                 meta["same_as_held_version"] = False
-            report = _verify(s, node, final, mtp=True)
+            report = _verify(session, node, final, mtp=True)
             repaired = held is not None and not held.ok
-            if not report.ok or (repaired and not content_check(s, node, final, manifest).ok):
+            if not report.ok or (repaired and not content_check(session, node, final, manifest).ok):
                 raise RunbookError(f"{node.name}: the version {final} did not verify after the rebuild "
                                    f"({(report.problems or ['its content does not hash to its manifest'])[0]}): "
                                    "rerun build_job")
-            _record_hybrid_path(s, node, final)
-            markers.write(s, node, MTP, sig, index=index, manifest=manifest, path=final)
+            _record_hybrid_path(session, node, final)
+            markers.write(session, node, MTP, sig, index=index, manifest=manifest, path=final)
     except RemoteCommandError as e:
         if not keep_for_resume:
-            remove_quietly(s, node, staging)
+            remove_quietly(session, node, staging)
         kept = "kept for the rerun" if keep_for_resume else "removed"
         raise RunbookError(f"{node.name}: adding the MTP weights beside the serving checkpoint failed "
                            f"({first_line(e)}); no checkpoint a container mounts was touched, the staging directory "
                            f"{kept}: rerun build_job", {"last output": f"```\n{e.tail[-3000:]}\n```"}) from None
     except BaseException:
         if not keep_for_resume:
-            remove_quietly(s, node, staging)
+            remove_quietly(session, node, staging)
         raise
     meta.update(version=versions_core.version_name(posixpath.basename(serving), manifest))
     return StepOutcome(Checkpoint(node.name, final, index, manifest, jit_core.architecture(files["files"])),
                        report, False, metadata=meta)
 
 
-def _repair_from(s: FleetSession, node: Node, staging: str, final: str, check: Any) -> list[str]:
+def _repair_from(session: FleetSession, node: Node, staging: str, final: str, check: Any) -> list[str]:
     """Replace the files of `final` whose content is not its manifest's by the rebuilt ones in
     `staging` (rename: each file swapped whole; a reader keeps the inode it holds); a file the
     manifest does not list goes. Returns the files replaced or removed."""
     wrong = check.differing if check.differing is not None else sorted(
-        checkpoint_core.parse_manifest(s.read_text(node.name, f"{staging}/{checkpoint_core.MANIFEST_NAME}"))["files"])
+        checkpoint_core.parse_manifest(session.read_text(node.name, f"{staging}/{checkpoint_core.MANIFEST_NAME}"))["files"])
     done = []
     for rel in wrong:
         if not checkpoint_core.safe_relative(rel):
             continue
-        if s.exists(node.name, f"{staging}/{rel}"):
-            s.run(node.name, ["mv", "-f", "--", f"{staging}/{rel}", f"{final}/{rel}"], timeout=60)
+        if session.exists(node.name, f"{staging}/{rel}"):
+            session.run(node.name, ["mv", "-f", "--", f"{staging}/{rel}", f"{final}/{rel}"], timeout=60)
         else:
-            s.run(node.name, ["rm", "-f", "--", f"{final}/{rel}"], timeout=60)
+            session.run(node.name, ["rm", "-f", "--", f"{final}/{rel}"], timeout=60)
         done.append(rel)
-    s.log.warning(f"[{node.name}] {final}: {len(done)} damaged file(s) replaced by their rebuilt copies: "
+    session.log.warning(f"[{node.name}] {final}: {len(done)} damaged file(s) replaced by their rebuilt copies: "
                   f"{', '.join(done[:5])}")
     return done
 
 
-def _record_hybrid_path(s: FleetSession, node: Node, path: str) -> None:
+def _record_hybrid_path(session: FleetSession, node: Node, path: str) -> None:
     """Step 1's output now lives in the version step 2 made (its marker no longer says staged)."""
-    hybrid_marker = markers.read(s, node, HYBRID)
+    hybrid_marker = markers.read(session, node, HYBRID)
     if hybrid_marker:
-        markers.write(s, node, HYBRID, str(hybrid_marker["signature"]), index=hybrid_marker.get("index"), path=path)
+        markers.write(session, node, HYBRID, str(hybrid_marker["signature"]), index=hybrid_marker.get("index"), path=path)
 
 
-def _as_version(s: FleetSession, node: Node, where: str, manifest: str, run_id: str) -> str:
+def _as_version(session: FleetSession, node: Node, where: str, manifest: str, run_id: str) -> str:
     """A build host laid out as the runbook does (its checkpoint a plain directory at the runbook's
     path) has it renamed into the version its manifest names, the path linked to it: nothing is
     copied, and what serves keeps reading the same files."""
-    serving = layout.hybrid_dir(s.fleet, node)
+    serving = layout.hybrid_dir(session.fleet, node)
     if where.rstrip("/") != serving:
         return where
-    with node_lease(s, node.name, "checkpoint version", run_id=run_id):
-        made = versions.make_version(s, node, manifest)
+    with node_lease(session, node.name, "checkpoint version", run_id=run_id):
+        made = versions.make_version(session, node, manifest)
     return f"{posixpath.dirname(serving)}/{made}" if made else where
 
 
-def architecture_of(s: FleetSession, node: Node, directory: str) -> str | None:
+def architecture_of(session: FleetSession, node: Node, directory: str) -> str | None:
     """The kernel-shaping digest (core.jit_cache.architecture) of a checkpoint's manifest file."""
     try:
-        text = s.read_text(node.name, f"{directory}/{checkpoint_core.MANIFEST_NAME}")
+        text = session.read_text(node.name, f"{directory}/{checkpoint_core.MANIFEST_NAME}")
         return jit_core.architecture(checkpoint_core.parse_manifest(text)["files"])
     except (RemoteError, ValueError, OSError):
         return None
@@ -400,14 +400,14 @@ def architecture_of(s: FleetSession, node: Node, directory: str) -> str | None:
 # ------------------------------------------------------------------------------ the build host's own copy
 
 
-def verify_build_host_copy(s: FleetSession, node: Node, directory: str, manifest: str | None) -> dict[str, Any]:
+def verify_build_host_copy(session: FleetSession, node: Node, directory: str, manifest: str | None) -> dict[str, Any]:
     """Before a deploy on the build host uses its checkpoint: headers, then every file's sha256
     against the manifest mtp_weights recorded. Raises RunbookError naming the file; returns the
     figures of the hashing."""
-    report = _verify(s, node, directory, mtp=True)
+    report = _verify(session, node, directory, mtp=True)
     if not report.ok:
         raise RunbookError(f"{node.name}: checkpoint does not verify: {report.problems[0]}; {BUILD_HOST_COPY_ADVICE}")
-    check = content_check(s, node, directory, manifest)
+    check = content_check(session, node, directory, manifest)
     if not check.ok:
         raise RunbookError(f"{node.name}: its own checkpoint does not match the manifest mtp_weights recorded: "
                            f"{'; '.join(check.problems[:3])}; {BUILD_HOST_COPY_ADVICE}")

@@ -51,12 +51,12 @@ def choices(fleet: Fleet) -> node_os.Choices:
     return node_os.Choices(disable_tailscale=s.disable_tailscale, keep_services=frozenset(s.keep_services))
 
 
-def _read(s: FleetSession, n: str, argv: list[str]):
-    return s.run(n, argv, check=False, log=False, timeout=READ_TIMEOUT_S)
+def _read(session: FleetSession, n: str, argv: list[str]):
+    return session.run(n, argv, check=False, log=False, timeout=READ_TIMEOUT_S)
 
 
-def _file(s: FleetSession, n: str, path: str) -> str | None:
-    r = _read(s, n, ["cat", path])
+def _file(session: FleetSession, n: str, path: str) -> str | None:
+    r = _read(session, n, ["cat", path])
     if r.ok:
         return r.stdout
     if "No such file" in r.stderr:
@@ -65,18 +65,18 @@ def _file(s: FleetSession, n: str, path: str) -> str | None:
                        "check the file's permissions on the node")
 
 
-def read_facts(s: FleetSession, node: Node) -> node_os.OsFacts:
+def read_facts(session: FleetSession, node: Node) -> node_os.OsFacts:
     """Read-only: everything Phase 0 sets, as the node reports it."""
     n = node.name
     units = sorted({node_os.unit_name(u) for u in (*node_os.DISABLE, *node_os.MASK)} | {node_os.TAILSCALE})
-    target = _read(s, n, ["systemctl", "get-default"])
-    enabled = _read(s, n, ["systemctl", "is-enabled", *units])
-    running = _read(s, n, ["systemctl", "list-units", "--type=service", "--state=running", "--no-legend", "--plain"])
+    target = _read(session, n, ["systemctl", "get-default"])
+    enabled = _read(session, n, ["systemctl", "is-enabled", *units])
+    running = _read(session, n, ["systemctl", "list-units", "--type=service", "--state=running", "--no-legend", "--plain"])
     keys = list(node_os.SYSCTLS)
-    live = _read(s, n, ["sysctl", "-n", *keys])
-    swaps = _read(s, n, ["swapon", "--show=NAME", "--noheadings"])
-    earlyoom = _read(s, n, ["dpkg-query", "-W", "-f", "${Status}", node_os.EARLYOOM])
-    free = _read(s, n, ["free", "-g"])
+    live = _read(session, n, ["sysctl", "-n", *keys])
+    swaps = _read(session, n, ["swapon", "--show=NAME", "--noheadings"])
+    earlyoom = _read(session, n, ["dpkg-query", "-W", "-f", "${Status}", node_os.EARLYOOM])
+    free = _read(session, n, ["free", "-g"])
     if not target.stdout.strip():
         raise RunbookError(f"{n}: `systemctl get-default` printed nothing (exit {target.exit_status}): "
                            "Phase 0 needs a systemd node")
@@ -88,18 +88,18 @@ def read_facts(s: FleetSession, node: Node) -> node_os.OsFacts:
         default_target=target.stdout.strip(),
         enablement=enablement,
         running=node_os.parse_running(running.stdout),
-        sysctl_file=_file(s, n, node_os.SYSCTL_PATH),
+        sysctl_file=_file(session, n, node_os.SYSCTL_PATH),
         sysctl_live=node_os.parse_sysctls(keys, live.stdout),
         swap_active=tuple(swaps.stdout.split()),
-        fstab=_file(s, n, node_os.FSTAB) or "",
+        fstab=_file(session, n, node_os.FSTAB) or "",
         earlyoom_installed="install ok installed" in earlyoom.stdout,
         used_gib=node_os.parse_free_used_gib(free.stdout),
     )
 
 
-def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
+def _run_root(session: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
     n = node.name
-    r = s.run(n, list(argv), sudo=True, check=False, timeout=CHANGE_TIMEOUT_S)
+    r = session.run(n, list(argv), sudo=True, check=False, timeout=CHANGE_TIMEOUT_S)
     if r.ok:
         return
     why = first_line(r.stderr or r.tail) or "no output"
@@ -110,19 +110,19 @@ def _run_root(s: FleetSession, node: Node, argv: tuple[str, ...]) -> None:
     raise RunbookError(f"{n}: `sudo -n {' '.join(argv)}` exited {r.exit_status} ({why})")
 
 
-def undo(s: FleetSession, node: Node, done: list[node_os.OsChange]) -> list[str]:
+def undo(session: FleetSession, node: Node, done: list[node_os.OsChange]) -> list[str]:
     """The made changes undone in reverse; returns the undos that failed (each is tried)."""
     failed = []
     for c in reversed(done):
         for argv in c.undo:
             try:
-                _run_root(s, node, argv)
+                _run_root(session, node, argv)
             except (RunbookError, RemoteError) as e:
                 failed.append(f"{c.setting}: {first_line(e)}")
     return failed
 
 
-def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[str]:
+def apply(session: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[str]:
     """Each change in order; on any failure the made ones are undone, a change whose first
     command ran and a later one failed (mask, then stop) included, and the error names both. A
     run whose lease on the node ended undoes nothing there (another run may hold it now; the next
@@ -133,14 +133,14 @@ def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[
             for i, argv in enumerate(c.argvs):
                 if i == 1:
                     done.append(c)  # half-applied from here: its undo puts the setting back as a whole
-                _run_root(s, node, argv)
+                _run_root(session, node, argv)
             if len(c.argvs) < 2:
                 done.append(c)
-            s.log.info(f"[{node.name}] Phase 0: {c.line}")
+            session.log.info(f"[{node.name}] Phase 0: {c.line}")
     except BaseException as e:
-        if lease.lost(s, node.name) is not None:
+        if lease.lost(session, node.name) is not None:
             raise
-        failed = undo(s, node, done)
+        failed = undo(session, node, done)
         if isinstance(e, RunbookError):
             e.description = (f"{e.description}; the {len(done)} change(s) made before it were undone"
                              + (f", except: {'; '.join(failed)}" if failed else ""))
@@ -149,13 +149,13 @@ def apply(s: FleetSession, node: Node, changes: list[node_os.OsChange]) -> list[
     return [c.line for c in done]
 
 
-def memcheck(s: FleetSession, node: Node) -> float | None:
+def memcheck(session: FleetSession, node: Node) -> float | None:
     """The runbook's memcheck container (free CUDA memory, GiB), when the serving image is on the node."""
-    image = s.fleet.launch_for(node).image
+    image = session.fleet.launch_for(node).image
     n = node.name
-    if not _read(s, n, ["docker", "image", "inspect", "--format", "{{.Id}}", image]).ok:
+    if not _read(session, n, ["docker", "image", "inspect", "--format", "{{.Id}}", image]).ok:
         return None
-    r = s.run(n, ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "python3", image, "-c", MEMCHECK_PY],
+    r = session.run(n, ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "python3", image, "-c", MEMCHECK_PY],
               check=False, log=False, timeout=MEMCHECK_TIMEOUT_S)
     if not r.ok or len(r.stdout.split()) < 2:
         raise RunbookError(f"{n}: the memcheck container exited {r.exit_status} "
@@ -163,9 +163,9 @@ def memcheck(s: FleetSession, node: Node) -> float | None:
     return round(float(r.stdout.split()[-2]), 2)
 
 
-def _engine_running(s: FleetSession, node: Node) -> bool:
-    name = s.fleet.launch_for(node).container_name
-    r = _read(s, node.name, ["docker", "inspect", "--format", "{{.State.Running}}", name])
+def _engine_running(session: FleetSession, node: Node) -> bool:
+    name = session.fleet.launch_for(node).container_name
+    r = _read(session, node.name, ["docker", "inspect", "--format", "{{.State.Running}}", name])
     return r.ok and r.stdout.strip() == "true"
 
 
@@ -183,48 +183,48 @@ class Provisioned:
     check_only: bool = False
 
 
-def _back_up(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], d: rotation.Drain) -> list[str]:
+def _back_up(session: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], d: rotation.Drain) -> list[str]:
     """Wait for SSH after the reboot; past the bound, the smart plug by policy or the quarantine."""
-    f, n = s.fleet, node.name
+    f, n = session.fleet, node.name
     bound = f.node_os.reboot_ssh_timeout_s
-    if wedge._wait_ssh(node, True, bound):
+    if wedge.wait_ssh(node, True, bound):
         return ["SSH answers again after the reboot"]
     plug = f.cold_drain.smart_plugs.get(n)
     if plug is not None and f.node_os.power_cycle == "auto":
         say(f"{n}: SSH dead {bound} s after `sudo reboot`: power-cycling it through its smart plug (node_os.power_cycle: auto)")
         try:
-            return wedge.power_cycle(s, node, say)
+            return wedge.power_cycle(session, node, say)
         except RunbookError as e:
             why = f"did not come back from its Phase 0 reboot, nor from a power cycle ({first_line(e)})"
     else:
         why = f"did not answer SSH within {bound} s of its Phase 0 reboot (step: reboot)"
     d.keep_out = True
-    held = quarantine.quarantine(s, node, UNREACHABLE, f"node_os: {why}", by="node_os", gw=gw)
+    held = quarantine.quarantine(session, node, UNREACHABLE, f"node_os: {why}", by="node_os", gw=gw)
     raise RunbookError(f"{n} {why}; it is quarantined ({held.note}); {ADVICE}")
 
 
-def _down_s(f: Fleet) -> float:
+def _down_s(fleet: Fleet) -> float:
     """How long this run may wait for its node after `sudo reboot` (SSH down, back up, a power cycle
     by policy): while the journal says so, no other run finishes the reboot unless this run ended."""
-    cycle = f.cold_drain.off_s + f.cold_drain.boot_timeout_s if f.node_os.power_cycle == "auto" else 0
-    return DOWN_TIMEOUT_S + f.node_os.reboot_ssh_timeout_s + cycle + 60
+    cycle = fleet.cold_drain.off_s + fleet.cold_drain.boot_timeout_s if fleet.node_os.power_cycle == "auto" else 0
+    return DOWN_TIMEOUT_S + fleet.node_os.reboot_ssh_timeout_s + cycle + 60
 
 
-def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str, j: journal.Journal) -> bool:
+def _reboot(session: FleetSession, node: Node, result: Provisioned, run_id: str, j: journal.Journal) -> bool:
     """Stop the engine and `sudo reboot` (leased), each written to the journal first. Returns
     whether the engine ran; when the reboot cannot be issued, the engine is started again before
     the error leaves."""
     n = node.name
-    container = s.fleet.launch_for(node).container_name
-    with node_lease(s, n, "Phase 0 reboot", run_id=run_id):
-        was_running = _engine_running(s, node)
+    container = session.fleet.launch_for(node).container_name
+    with node_lease(session, n, "Phase 0 reboot", run_id=run_id):
+        was_running = _engine_running(session, node)
         if was_running:
             j.update(phase="stopping", engine=container)
-            s.run(n, ["docker", "stop", "-t", "60", container], timeout=120)
+            session.run(n, ["docker", "stop", "-t", "60", container], timeout=120)
             result.steps.append(f"docker stop {container}")
         try:
-            j.update(phase="rebooting", down_until=time.time() + _down_s(s.fleet))
-            r = s.run(n, ["reboot"], sudo=True, check=False, timeout=30)
+            j.update(phase="rebooting", down_until=time.time() + _down_s(session.fleet))
+            r = session.run(n, ["reboot"], sudo=True, check=False, timeout=30)
             if not r.ok and "password" in (r.stderr + r.tail).lower():
                 raise RunbookError(f"{n}: `sudo -n reboot` wants a password; add the Phase 0 sudoers lines of "
                                    f"docs/real-nodes.md (step 3; `spark-pipelines sudoers` prints them) for user "
@@ -234,27 +234,27 @@ def _reboot(s: FleetSession, node: Node, result: Provisioned, run_id: str, j: jo
             result.steps.append(f"sudo reboot: connection ended ({first_line(e)[:60]})")
         except BaseException:
             if was_running:  # nothing rebooted: serve again before the drain ends
-                s.run(n, ["docker", "start", container], check=False, timeout=120)
-                engine.wait_healthy(s.fleet, node, s.fleet.cold_drain.engine_timeout_s)
+                session.run(n, ["docker", "start", container], check=False, timeout=120)
+                engine.wait_healthy(session.fleet, node, session.fleet.cold_drain.engine_timeout_s)
             raise
-    s.close()  # the node's connections end with its OS
+    session.close()  # the node's connections end with its OS
     return was_running
 
 
-def _hold(s: FleetSession, n: str, why: str, **facts: object) -> None:
+def _hold(session: FleetSession, n: str, why: str, **facts: object) -> None:
     """Out of the gateway with the reason where its promotion reads it (node_os's hold-out)."""
     try:
-        ledger.hold(s, n, ledger.BY_NODE_OS, why, **facts)
+        ledger.hold(session, n, ledger.BY_NODE_OS, why, **facts)
     except Exception as e:  # the drain keeps it out; the run's error says why
-        s.log.warning(f"[{n}] its hold-out was not recorded ({first_line(e)}): {why}")
+        session.log.warning(f"[{n}] its hold-out was not recorded ({first_line(e)}): {why}")
 
 
-def _after_held(s: FleetSession, node: Node, gw: GatewayHost, result: Provisioned) -> None:
+def _after_held(session: FleetSession, node: Node, gw: GatewayHost, result: Provisioned) -> None:
     """A node an earlier Phase 0 held out after its reboot, verified clean now: its engine started
     again, the hold lifted, its drain undone (the promise that reboot made)."""
     n = node.name
     try:
-        held = ledger.read(s).entry(n).holds.get(ledger.BY_NODE_OS)
+        held = ledger.read(session).entry(n).holds.get(ledger.BY_NODE_OS)
     except RunbookError as e:  # Phase 0 itself does not need the gateway host
         result.notes.append(f"the ledger was not read ({first_line(e)}): a Phase 0 hold-out on {n} is lifted by "
                             "the next node_os_job")
@@ -262,13 +262,13 @@ def _after_held(s: FleetSession, node: Node, gw: GatewayHost, result: Provisione
     if held is None or result.problems:
         return
     container = held.facts.get("engine")
-    if container and not engine.healthy(s.fleet, node):
-        s.run(n, ["docker", "start", str(container)], check=False, timeout=120)
-        if not engine.wait_healthy(s.fleet, node, journal.engine_timeout_s(s, node)):
+    if container and not engine.healthy(session.fleet, node):
+        session.run(n, ["docker", "start", str(container)], check=False, timeout=120)
+        if not engine.wait_healthy(session.fleet, node, journal.engine_timeout_s(session, node)):
             result.steps.append(f"docker start {container}: vLLM does not answer /health; {n} stays held out")
             return
         result.steps.append(f"docker start {container}: /health 200")
-    ledger.lift(s, n, ledger.BY_NODE_OS)
+    ledger.lift(session, n, ledger.BY_NODE_OS)
     note = gw.read().drains.get(n, "")
     if note.startswith(str(held.facts.get("drain_reason") or "\0")):
         rotation.put_back(gw, n)
@@ -277,37 +277,37 @@ def _after_held(s: FleetSession, node: Node, gw: GatewayHost, result: Provisione
         result.steps.append(f"{n} is clean and serves: its Phase 0 hold-out lifted")
 
 
-def _verify(s: FleetSession, node: Node, result: Provisioned, *, measure: bool) -> None:
+def _verify(session: FleetSession, node: Node, result: Provisioned, *, measure: bool) -> None:
     """The runbook's "verify clean baseline": facts judged, socket-activated returners masked
     again, and (engine stopped) the memcheck as the node's measured clean-boot baseline."""
-    ch = choices(s.fleet)
-    verdict = node_os.verify(read_facts(s, node), ch)
+    ch = choices(session.fleet)
+    verdict = node_os.verify(read_facts(session, node), ch)
     if verdict.remask:
-        result.remasked = apply(s, node, node_os.remask_changes(verdict.remask))
-        verdict = node_os.verify(read_facts(s, node), ch)
+        result.remasked = apply(session, node, node_os.remask_changes(verdict.remask))
+        verdict = node_os.verify(read_facts(session, node), ch)
     result.problems = verdict.problems
-    args = _read(s, node.name, ["docker", "inspect", "--format", "{{json .Args}}", node_os.GPU_EXPORTER])
+    args = _read(session, node.name, ["docker", "inspect", "--format", "{{json .Args}}", node_os.GPU_EXPORTER])
     advice = node_os.gpu_exporter_advice(json.loads(args.stdout) if args.ok and args.stdout.strip() else None)
     if advice:
         result.notes.append(advice)
-    if measure and not result.problems and not _engine_running(s, node):
-        result.clean_boot_free_gib = memcheck(s, node)
+    if measure and not result.problems and not _engine_running(session, node):
+        result.clean_boot_free_gib = memcheck(session, node)
         if result.clean_boot_free_gib is not None:
-            markers.write_clean_boot(s, node, markers.CleanBoot(free_gib=result.clean_boot_free_gib, measured_at=ledger.now()))
+            markers.write_clean_boot(session, node, markers.CleanBoot(free_gib=result.clean_boot_free_gib, measured_at=ledger.now()))
 
 
-def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], *,
+def provision(session: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], *,
               check_only: bool = False, run_id: str = "") -> Provisioned:
     """Phase 0 on `node`: plan, apply (undone on failure), reboot if needed (drained, bounded,
     quarantined when it does not come back), verify, measure, serve again. What a dead run left
     on the node is finished first (not in check mode: it touches nothing)."""
-    f, n = s.fleet, node.name
+    f, n = session.fleet, node.name
     ch = choices(f)
     finished: list[journal.Finished] = []
-    with node_lease(s, n, "Phase 0 facts", run_id=run_id):
+    with node_lease(session, n, "Phase 0 facts", run_id=run_id):
         if not check_only:
-            finished = journal.finish_dead(s, node, s.log, run_id=run_id)
-        facts = read_facts(s, node)
+            finished = journal.finish_dead(session, node, session.log, run_id=run_id)
+        facts = read_facts(session, node)
     changes = node_os.plan(facts, ch)
     result = Provisioned(n, [c.line for c in changes], check_only=check_only)
     result.steps += [x.line for x in finished]
@@ -317,26 +317,26 @@ def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str],
             result.steps.append("a reboot would follow: drained, engine stopped, SSH awaited up to "
                                 f"{f.node_os.reboot_ssh_timeout_s} s")
         return result
-    with node_lease(s, n, "Phase 0", run_id=run_id):
-        result.applied = apply(s, node, changes)
+    with node_lease(session, n, "Phase 0", run_id=run_id):
+        result.applied = apply(session, node, changes)
         if not must_reboot:
-            _verify(s, node, result, measure=False)
-            _after_held(s, node, gw, result)
+            _verify(session, node, result, measure=False)
+            _after_held(session, node, gw, result)
             return result
     say(f"{n}: Phase 0 changed {len(result.applied)} setting(s); a reboot applies the masks and the target")
     reason = f"{REBOOT_DRAIN} (run {run_id[:8] or '-'})"
     container = f.launch_for(node).container_name
-    with journal.journaled(s, n, steps.PROC_NODE_OS, run_id, phase="draining", was_in=n in gw.rotation(),
+    with journal.journaled(session, n, steps.PROC_NODE_OS, run_id, phase="draining", was_in=n in gw.rotation(),
                            drain_reason=reason) as j, rotation.drained(gw, n, reason=reason) as d:
-        was_running = _reboot(s, node, result, run_id, j)
+        was_running = _reboot(session, node, result, run_id, j)
         d.keep_out = j.keep = True  # out until it serves again; this run's or the next run's to bring back
-        if not wedge._wait_ssh(node, False, DOWN_TIMEOUT_S):
+        if not wedge.wait_ssh(node, False, DOWN_TIMEOUT_S):
             if was_running:  # the undo of the stop: the node never went down
-                s.run(n, ["docker", "start", container], check=False, timeout=120)
+                session.run(n, ["docker", "start", container], check=False, timeout=120)
                 engine.wait_healthy(f, node, f.cold_drain.engine_timeout_s)
             d.keep_out = not engine.healthy(f, node)
             if d.keep_out:
-                _hold(s, n, f"its Phase 0 reboot did not happen and vLLM does not answer /health after docker "
+                _hold(session, n, f"its Phase 0 reboot did not happen and vLLM does not answer /health after docker "
                             f"start: read `docker logs {container}` there, then node_os_job for {n} again",
                       engine=container if was_running else None, drain_reason=reason)
             j.keep = False
@@ -345,19 +345,19 @@ def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str],
         result.rebooted = True
         say(f"{n} is rebooting (SSH awaited up to {f.node_os.reboot_ssh_timeout_s} s)")
         try:
-            result.steps += _back_up(s, node, gw, say, d)
+            result.steps += _back_up(session, node, gw, say, d)
         except RunbookError:
             j.keep = False  # quarantined with the step and the advice
             raise
-        with node_lease(s, n, "Phase 0 verify", run_id=run_id):
+        with node_lease(session, n, "Phase 0 verify", run_id=run_id):
             j.update(phase="verifying", down_until=None)  # gone: another run finished it meanwhile
             persisted = poll_until(
-                lambda: _read(s, n, ["systemctl", "is-active", "nvidia-persistenced"]).stdout.strip(),
+                lambda: _read(session, n, ["systemctl", "is-active", "nvidia-persistenced"]).stdout.strip(),
                 lambda state: state == "active", timeout_s=wedge.PERSISTENCED_WAIT_S, every_s=2.0)
             result.steps.append(f"nvidia-persistenced {persisted.value or 'unknown'}")
-            _verify(s, node, result, measure=True)
+            _verify(session, node, result, measure=True)
             if result.problems:
-                _hold(s, n, f"not clean after its Phase 0 reboot: {'; '.join(result.problems)}: fix these, then "
+                _hold(session, n, f"not clean after its Phase 0 reboot: {'; '.join(result.problems)}: fix these, then "
                             f"node_os_job for {n} (it starts the engine again and puts {n} back)",
                       engine=container if was_running else None, drain_reason=reason)
                 j.keep = False
@@ -365,14 +365,14 @@ def provision(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str],
                                    "out of the gateway: fix these and run node_os_job for it again")
             if was_running:
                 try:
-                    result.steps += wedge.boot_to_serving(s, node, say)
+                    result.steps += wedge.boot_to_serving(session, node, say)
                 except RunbookError as e:
-                    _hold(s, n, f"vLLM does not serve after its Phase 0 reboot ({first_line(e)}): read `docker logs "
+                    _hold(session, n, f"vLLM does not serve after its Phase 0 reboot ({first_line(e)}): read `docker logs "
                                 f"{container}` there, then node_os_job for {n} again", engine=container,
                           drain_reason=reason)
                     j.keep = False
                     raise
         j.keep = False
         d.keep_out = not d.was_in
-    _after_held(s, node, gw, result)  # an earlier reboot's hold-out: this one ended clean and serving
+    _after_held(session, node, gw, result)  # an earlier reboot's hold-out: this one ended clean and serving
     return result

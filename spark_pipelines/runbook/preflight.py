@@ -24,9 +24,9 @@ GPU_QUERY = ("nvidia-smi", "-q", "-d", "PERFORMANCE,CLOCK,POWER,UTILIZATION")
 DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"
 
 
-def read_gpu(s: FleetSession, node: str, timeout: float = 30) -> gpu.GpuReading:
+def read_gpu(session: FleetSession, node: str, timeout: float = 30) -> gpu.GpuReading:
     """One nvidia-smi read of the node (raises GpuFormatError on output it cannot parse)."""
-    return gpu.parse_reading(s.run(node, list(GPU_QUERY), check=False, log=False, timeout=timeout).stdout)
+    return gpu.parse_reading(session.run(node, list(GPU_QUERY), check=False, log=False, timeout=timeout).stdout)
 
 
 @dataclass
@@ -42,22 +42,22 @@ class Prepared:
         return bool(self.stopped_exporters or self.stopped_units)
 
 
-def running_exporters(s: FleetSession, node: Node) -> tuple[list[str], list[str]]:
+def running_exporters(session: FleetSession, node: Node) -> tuple[list[str], list[str]]:
     """The exporter containers and systemd units running on the node now (read-only)."""
     n = node.name
-    running = s.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
+    running = session.run(n, ["docker", "ps", "--format", "{{.Names}}"], log=False, timeout=60).stdout.split()
     # `systemctl is-active U...` prints one state per unit, in order (exit 3 when one is not active).
-    states = s.run(n, ["systemctl", "is-active", *preflight.EXPORTER_UNITS], check=False, log=False,
+    states = session.run(n, ["systemctl", "is-active", *preflight.EXPORTER_UNITS], check=False, log=False,
                    timeout=30).stdout.split()
     return ([c for c in preflight.EXPORTER_CONTAINERS if c in running],
             [u for u, st in zip(preflight.EXPORTER_UNITS, states) if st == "active"])
 
 
-def prepare(s: FleetSession, node: Node, running: tuple[list[str], list[str]]) -> Prepared:
+def prepare(session: FleetSession, node: Node, running: tuple[list[str], list[str]]) -> Prepared:
     """Stop the exporters `running_exporters` found (the containers hold a CUDA context, ~9 GiB)
     and flush the page cache (MANDATORY before every launch). Undo with `restore_exporters`."""
     n = node.name
-    docker = NodeDocker(s)
+    docker = NodeDocker(session)
     done = Prepared()
     containers, units = running
     for c in containers:
@@ -66,22 +66,22 @@ def prepare(s: FleetSession, node: Node, running: tuple[list[str], list[str]]) -
     for u in units:
         # Monitoring, not memory: a node without the sudoers line still launches, told the line.
         try:
-            s.run(n, ["systemctl", "stop", u], sudo=True, timeout=120)
+            session.run(n, ["systemctl", "stop", u], sudo=True, timeout=120)
             done.stopped_units.append(u)
         except RemoteCommandError as e:
-            s.log.warning(f"[{n}] {u} not stopped before the launch: {e}")
+            session.log.warning(f"[{n}] {u} not stopped before the launch: {e}")
     # sync as the user, drop as root.
-    s.run(n, ["sync"], log=False, timeout=300)
-    flushed = s.run(n, ["sudo", "-n", "sh", "-c", DROP_CACHES], check=False, timeout=300)
+    session.run(n, ["sync"], log=False, timeout=300)
+    flushed = session.run(n, ["sudo", "-n", "sh", "-c", DROP_CACHES], check=False, timeout=300)
     if not flushed.ok and "password" in (flushed.stderr + flushed.tail).lower():
-        s.log.warning(remote.sudo_advice(n, node.user, f"/bin/sh -c {DROP_CACHES}"))
+        session.log.warning(remote.sudo_advice(n, node.user, f"/bin/sh -c {DROP_CACHES}"))
     done.page_cache_flushed = flushed.ok
     return done
 
 
-def restore_exporters(s: FleetSession, node: Node, prepared: Prepared) -> None:
+def restore_exporters(session: FleetSession, node: Node, prepared: Prepared) -> None:
     """Start again what `prepare` stopped; every one is tried, the first failure raised after."""
-    docker = NodeDocker(s)
+    docker = NodeDocker(session)
     failed: list[Exception] = []
     for c in prepared.stopped_exporters:
         try:
@@ -90,26 +90,26 @@ def restore_exporters(s: FleetSession, node: Node, prepared: Prepared) -> None:
             failed.append(e)
     for u in prepared.stopped_units:
         try:
-            s.run(node.name, ["systemctl", "start", u], sudo=True, timeout=120)
+            session.run(node.name, ["systemctl", "start", u], sudo=True, timeout=120)
         except RemoteCommandError as e:
             failed.append(e)
     if failed:
         raise failed[0]
 
 
-def observe(s: FleetSession, node: Node, image: str, prepared: Prepared) -> preflight.Observations:
+def observe(session: FleetSession, node: Node, image: str, prepared: Prepared) -> preflight.Observations:
     """Read-only: what the node looks like right before a launch."""
     n = node.name
     try:
-        reading = read_gpu(s, n)
+        reading = read_gpu(session, n)
         gpu_state = gpu.classify(reading, under_load=(reading.utilization_pct or 0) >= 50).state
     except gpu.GpuFormatError:
         gpu_state = "unknown"
-    holders = s.run(n, ["sudo", "-n", "fuser", GPU_DEVICE], check=False, log=False, timeout=30)
-    persist = s.run(n, ["pgrep", "-x", "nvidia-persistenced"], check=False, log=False, timeout=30)
-    earlyoom = s.run(n, ["dpkg-query", "-W", "-f", "${Status}", "earlyoom"], check=False, log=False, timeout=30)
-    df = s.run(n, ["df", "-Pk", node.home_dir], log=False, timeout=30).stdout.splitlines()[-1].split()
-    mem = s.run(n, ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "python3", image, "-c", MEMCHECK_PY],
+    holders = session.run(n, ["sudo", "-n", "fuser", GPU_DEVICE], check=False, log=False, timeout=30)
+    persist = session.run(n, ["pgrep", "-x", "nvidia-persistenced"], check=False, log=False, timeout=30)
+    earlyoom = session.run(n, ["dpkg-query", "-W", "-f", "${Status}", "earlyoom"], check=False, log=False, timeout=30)
+    df = session.run(n, ["df", "-Pk", node.home_dir], log=False, timeout=30).stdout.splitlines()[-1].split()
+    mem = session.run(n, ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "python3", image, "-c", MEMCHECK_PY],
                 check=False, log=False, timeout=300)
     free_gib = total_gib = None
     if mem.ok and mem.stdout.split():
@@ -127,13 +127,13 @@ def observe(s: FleetSession, node: Node, image: str, prepared: Prepared) -> pref
     )
 
 
-def evaluate(s: FleetSession, node: Node, obs: preflight.Observations, gmu: float,
+def evaluate(session: FleetSession, node: Node, obs: preflight.Observations, gmu: float,
              residue_quarantine: bool = False) -> preflight.PreflightReport:
     """`residue_quarantine`: the node is quarantined for residue: also refuse until free memory
     is back at its clean-boot baseline (node_os's measured one, else the profile's)."""
-    fleet = s.fleet
+    fleet = session.fleet
     prof = fleet.profile_of(node)
-    measured = markers.read_clean_boot(s, node)  # node_os's memcheck after the Phase 0 reboot
+    measured = markers.read_clean_boot(session, node)  # node_os's memcheck after the Phase 0 reboot
     baseline = measured.free_gib if measured else prof.clean_boot_free_gib
     return preflight.evaluate(
         node.name, obs, gmu=gmu, max_gmu=prof.max_gmu, profile_total_gib=prof.cuda_total_gib,

@@ -17,6 +17,7 @@ from spark_pipelines.core import healing
 from spark_pipelines.resources.gateway import GatewayHost, Snapshot
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
+from spark_pipelines.runbook import rotation
 from spark_pipelines.state import ledger
 from spark_pipelines.state.ledger import Procedure, Quarantine
 
@@ -29,12 +30,12 @@ class View:
     procedures: dict[str, list[Procedure]] = field(default_factory=dict)  # in flight, or a dead run's
 
 
-def read_view(s: FleetSession, healthy: list[str]) -> View:
+def read_view(session: FleetSession, healthy: list[str]) -> View:
     """The gateway config and the ledger: quarantines, whether each `healthy` node is free of
     hold-outs (the others are not put back whatever the ledger says), and the procedures in
     flight on each node (their journals)."""
-    snap = GatewayHost(s).read()
-    led = ledger.read(s)
+    snap = GatewayHost(session).read()
+    led = ledger.read(session)
     return View(snap, led.quarantined(), {name: not led.entry(name).holds for name in healthy},
                 {name: e.procedures for name, e in led.nodes.items() if e.procedures})
 
@@ -49,23 +50,23 @@ def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Map
         for name, verdict in verdicts.items()}
 
 
-def apply(s: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list[str]:
+def apply(session: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list[str]:
     """Make the plan's changes; returns one line per node saying what was done or why not."""
     said: list[str] = []
-    held = ledger.quarantined(s) if plan.put_back else {}
+    held = ledger.quarantined(session) if plan.put_back else {}
     for m in plan.take_out:
         try:
-            gw.drain(m.node, reason=f"{healing.NOTE_PREFIX}{m.reason[:100]}", wait_s=0, dead=m.dead)
+            rotation.take_out(gw, m.node, f"{healing.NOTE_PREFIX}{m.reason[:100]}", dead=m.dead)
             said.append(f"{m.node} taken out: {m.reason}")
         except gateway_core.RotationRefused as e:
             said.append(f"{m.node} stays in: {e}")
     for m in plan.put_back:
         if m.node in held:
             said.append(f"{m.node} not put back: quarantined ({held[m.node].summary()})")
-        elif not engine.healthy(s.fleet, s.fleet.node(m.node)):
+        elif not engine.healthy(session.fleet, session.fleet.node(m.node)):
             said.append(f"{m.node} not put back: /health no longer answers")
         else:
-            gw.restore(m.node)
+            rotation.admit(gw, m.node)
             said.append(f"{m.node} put back: {m.reason}")
     return said
 

@@ -1,4 +1,11 @@
-"""Who is in the gateway's rotation, and taking one node out for a while.
+"""Who is in the gateway's rotation: the one procedure that writes it, and taking one node out
+for a while.
+
+The ledger decides (quarantines, hold-outs, bench verdicts; `promotion` reads it); the functions
+here are the only callers of the gateway host's membership writes (`write_promotion`, `take_out`,
+`note_out`, `admit`, through `drained` and `put_back`): the bench, the deploy, the rollout, the
+health sweep, the wedge's cold drain and the gateway asset ask them (tests/unit/test_layers.py
+holds every other module to it).
 
 `drained(gw, node)` is the drain / try / restore block of the deploy, the bench, the experiment
 and Phase 0's reboot: the node leaves every pool, its requests in flight end (`wait_idle`), and it
@@ -13,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spark_pipelines.core import gateway as gateway_core
+from spark_pipelines.core import pair as pair_core
+from spark_pipelines.core.pair_launch import enabled_pair_of
 from spark_pipelines.resources import lease
 from spark_pipelines.core.diagnosis import METRIC_RUNNING, METRIC_WAITING
 from spark_pipelines.core.fleet import Fleet, Node
@@ -24,22 +33,64 @@ from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import ledger
 
 
-def promotion(s: FleetSession) -> tuple[list[str], dict[str, str]]:
+def promotion(session: FleetSession) -> tuple[list[str], dict[str, str]]:
     """Nodes to put in rotation, and the reason each other node is left out: quarantined or held
     out by a gate (the ledger), or its vLLM does not answer /health."""
-    f = s.fleet
+    fleet = session.fleet
     rotation: list[str] = []
     out: dict[str, str] = {}
-    led = ledger.read(s)
-    for node in f.serve_nodes:
+    led = ledger.read(session)
+    for node in fleet.serve_nodes:
         held = led.why_held(node.name)
+        pair = enabled_pair_of(fleet, node.name)
         if held:
             out[node.name] = held
-        elif not engine.healthy(f, node):
+        elif pair is not None and pair.worker == node.name:  # headless: the pair is its head's backend
+            out[node.name] = pair_core.WORKER_OUT.format(pair=pair.name, head=pair.head)
+        elif not engine.healthy(fleet, node):
             out[node.name] = "vLLM /health does not answer"
         else:
             rotation.append(node.name)
     return rotation, out
+
+
+def write_promotion(gw: GatewayHost) -> tuple[list[str], dict[str, str], dict, bool]:
+    """The gateway config for `promotion`'s rotation, written and reloaded (refused below
+    gateway.min_in_rotation, at least 1: the proxy keeps its current pools). Returns the rotation,
+    who is left out and why, the config and whether the proxy reloaded. Raises RunbookError."""
+    rotation, left_out = promotion(gw.session)
+    floor = max(1, gw.fleet.gateway.min_in_rotation)
+    why_out = "; ".join(f"{k}: {v}" for k, v in left_out.items())
+    if not rotation:
+        raise RunbookError("no node is healthy and promoted: the gateway config was NOT rewritten (the proxy "
+                           f"keeps its current pools). {why_out}")
+    if len(rotation) < floor:
+        raise RunbookError(f"only {len(rotation)} node(s) healthy and promoted ({', '.join(rotation)}), below "
+                           f"gateway.min_in_rotation={floor}: the gateway config was NOT rewritten (the proxy keeps "
+                           f"its current pools). {why_out}")
+    try:
+        config, reloaded = gw.set_rotation(rotation, floor)
+    except (gateway_core.RotationRefused, ValueError) as e:
+        raise RunbookError(f"gateway not changed: {e}") from None
+    return rotation, left_out, config, reloaded
+
+
+def take_out(gw: GatewayHost, node: str, reason: str, wait_s: float | None = 0, *, dead: bool = False,
+             deploying: bool = False) -> None:
+    """Out of every pool, confirmed, with `reason` as its note (GatewayHost.drain: refused with
+    RotationRefused below gateway.min_in_rotation unless `dead`)."""
+    gw.drain(node, reason=reason, wait_s=wait_s, dead=dead, deploying=deploying)
+
+
+def note_out(gw: GatewayHost, node: str, reason: str) -> None:
+    """A node that is out already keeps `reason` as the note of why (the next run reads it)."""
+    gw.note(node, reason)
+
+
+def admit(gw: GatewayHost, node: str) -> None:
+    """Back in every pool. The caller has asked the ledger (`put_back` does it for a drain's end;
+    a reconcile and a lifted quarantine checked already)."""
+    gw.restore(node)
 
 
 # After the drain, the node's vLLM must read zero requests this long (two reads): a request the
@@ -109,7 +160,7 @@ def drained(gw: GatewayHost, node: str, reason: str = "drained", wait_s: float |
         except GatewayError as e:  # a drain that could not be confirmed is not written
             raise RunbookError(f"{node} not drained, nothing was changed: {e}") from None
         try:
-            gw.drain(node, reason=reason, wait_s=wait_s, dead=dead, deploying=deploying)
+            take_out(gw, node, reason, wait_s, dead=dead, deploying=deploying)
         except gateway_core.RotationRefused as e:  # nothing was changed
             raise RunbookError(f"{node} not drained, the block did not run: {e}") from None
         except BaseException as e:  # the write or the reload may have happened
@@ -151,7 +202,7 @@ def put_back(gw: GatewayHost, node: str) -> None:
         gw.session.log.warning(f"{node} stays out of the gateway: quarantined while it was drained "
                                f"({held.summary()})")
         return
-    gw.restore(node)
+    admit(gw, node)
 
 
 def _restore_after(gw: GatewayHost, node: str, cause: BaseException) -> None:

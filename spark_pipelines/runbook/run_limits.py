@@ -47,9 +47,9 @@ def _sum(*parts: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
     return tuple(t for p in parts for t in p)
 
 
-def _retries(f: Fleet, step_count: int) -> list[tuple[str, float]]:
+def _retries(fleet: Fleet, step_count: int) -> list[tuple[str, float]]:
     """A step that could not open its SSH session waits connect_backoff_s, doubling, before each retry."""
-    wait = sum(f.ssh.connect_backoff_s * 2 ** i for i in range(f.ssh.connect_retries))
+    wait = sum(fleet.ssh.connect_backoff_s * 2 ** i for i in range(fleet.ssh.connect_retries))
     return [("ssh.connect_backoff_s retries", float(wait * step_count))] if wait else []
 
 
@@ -64,25 +64,25 @@ def finish_interrupted_terms(what: str) -> list[tuple[str, float]]:
             *_gateway_changes(1, f"{what}: its drain"), (f"{what}: commands", SHORT_COMMANDS_S)]
 
 
-def deploy_terms(f: Fleet, node: Node) -> list[tuple[str, float]]:
+def deploy_terms(fleet: Fleet, node: Node) -> list[tuple[str, float]]:
     """One node's deploy transaction: its turn out of the gateway, the drain, the launch to /health
     and the smoke test, the rollback of a launch that failed, the restore."""
-    return [("deploy: rollout.deploy_wait_s (its turn)", f.rollout.deploy_wait_s),
+    return [("deploy: rollout.deploy_wait_s (its turn)", fleet.rollout.deploy_wait_s),
             *_gateway_changes(2, "deploy: drain and restore"),
-            ("deploy: requests in flight end (gateway.in_flight_wait_s)", float(f.gateway.in_flight_wait_s)),
-            ("deploy: launch health_timeout_s", float(f.launch_for(node).health_timeout_s)),
+            ("deploy: requests in flight end (gateway.in_flight_wait_s)", float(fleet.gateway.in_flight_wait_s)),
+            ("deploy: launch health_timeout_s", float(fleet.launch_for(node).health_timeout_s)),
             ("deploy: smoke test", engine.SMOKE_TIMEOUT_S),
             ("deploy: rollback's /health (ROLLBACK_HEALTH_S)", float(transaction.ROLLBACK_HEALTH_S)),
             ("deploy: commands", SHORT_COMMANDS_S)]
 
 
-def bench_terms(f: Fleet) -> list[tuple[str, float]]:
+def bench_terms(fleet: Fleet) -> list[tuple[str, float]]:
     """One node's isolated bench: the drain's wait for the rotation, zero requests in flight, the
     speed phases (bounded by health.bench_max_s), the quality phase, the restore."""
     return [("bench: drain waits for the rotation (ROTATION_WAIT_S)", gateway.ROTATION_WAIT_S),
             *_gateway_changes(2, "bench: drain and restore"),
-            ("bench: zero requests in flight (gateway.in_flight_wait_s)", float(f.gateway.in_flight_wait_s)),
-            ("bench: speed phases (health.bench_max_s)", float(f.health.bench_max_s)),
+            ("bench: zero requests in flight (gateway.in_flight_wait_s)", float(fleet.gateway.in_flight_wait_s)),
+            ("bench: speed phases (health.bench_max_s)", float(fleet.health.bench_max_s)),
             ("bench: quality phase (QUALITY_MAX_S)", float(bench.QUALITY_MAX_S)),
             ("bench: commands", SHORT_COMMANDS_S)]
 
@@ -93,24 +93,25 @@ def _copy_terms(what: str, copies: int) -> list[tuple[str, float]]:
     return [(f"{what}: {copies} copy round(s) of checkpoint + image, verified", copies * one)]
 
 
-def distribution_terms(f: Fleet, receivers: int) -> list[tuple[str, float]]:
-    # Every round makes at least one attempt, and a receiver gets distribution.max_attempts.
-    return _copy_terms("distribution", receivers * f.distribution.max_attempts) if receivers else []
+def distribution_terms(fleet: Fleet, receivers: int) -> list[tuple[str, float]]:
+    # The pipeline's worst case: each receiver waits for the ones above it and gets
+    # distribution.max_attempts tries, so receivers x attempts whole copies one after another.
+    return _copy_terms("distribution", receivers * fleet.distribution.max_attempts) if receivers else []
 
 
-def node_os_terms(f: Fleet, node: Node) -> list[tuple[str, float]]:
+def node_os_terms(fleet: Fleet, node: Node) -> list[tuple[str, float]]:
     """Phase 0: every change of a node out of the box and its undo, the drained reboot, the power
     cycle (smart plug) or the quarantine, the verify and memcheck, the engine back."""
-    commands = os_core.most_commands(node_os.choices(f))
-    cd = f.cold_drain
+    commands = os_core.most_commands(node_os.choices(fleet))
+    cd = fleet.cold_drain
     plug = cd.smart_plugs.get(node.name)
-    cycle = (2 * plug.timeout_s + cd.off_s + cd.boot_timeout_s) if plug and f.node_os.power_cycle == "auto" else 0
+    cycle = (2 * plug.timeout_s + cd.off_s + cd.boot_timeout_s) if plug and fleet.node_os.power_cycle == "auto" else 0
     return [("node_os: reads", 20 * float(node_os.READ_TIMEOUT_S)),
             (f"node_os: {commands} change and undo commands (CHANGE_TIMEOUT_S)", commands * float(node_os.CHANGE_TIMEOUT_S)),
             ("node_os: drain waits for the rotation", gateway.ROTATION_WAIT_S),
             *_gateway_changes(3, "node_os: drain, quarantine, restore"),
             ("node_os: down after reboot (DOWN_TIMEOUT_S)", float(node_os.DOWN_TIMEOUT_S)),
-            ("node_os: node_os.reboot_ssh_timeout_s", float(f.node_os.reboot_ssh_timeout_s)),
+            ("node_os: node_os.reboot_ssh_timeout_s", float(fleet.node_os.reboot_ssh_timeout_s)),
             ("node_os: power cycle by its smart plug", float(cycle)),
             ("node_os: nvidia-persistenced", wedge.PERSISTENCED_WAIT_S),
             ("node_os: memcheck", float(node_os.MEMCHECK_TIMEOUT_S)),
@@ -135,30 +136,30 @@ def build_terms() -> list[tuple[str, float]]:
             ("serving_image: probe", images.IMAGE_PROBE_TIMEOUT_S + SHORT_COMMANDS_S)]
 
 
-def limits(f: Fleet) -> dict[str, Limit]:
+def limits(fleet: Fleet) -> dict[str, Limit]:
     """The long jobs' worst cases for this fleet (the per-node jobs: its slowest node). A job not
     listed ends well inside the instance-wide max_runtime_seconds."""
-    serve = f.serve_nodes
+    serve = fleet.serve_nodes
     receivers = sum(1 for n in serve if "build" not in n.roles)
     jit = [("jit_cache: archive to the build host", remote.COPY_TIMEOUT_S + jit_cache.WIPE_TIMEOUT_S + SHORT_COMMANDS_S)]
 
     def slowest(terms_of) -> tuple[tuple[str, float], ...]:
-        return max((tuple(terms_of(n)) for n in f.nodes), key=lambda t: sum(s for _, s in t))
+        return max((tuple(terms_of(n)) for n in fleet.nodes), key=lambda t: sum(s for _, s in t))
 
     deploy_node = slowest(lambda n: _sum(finish_interrupted_terms("deploy"), _copy_terms("node_artifacts", 1),
-                                         deploy_terms(f, n), jit, _retries(f, 3)))
-    bench_one = _sum(finish_interrupted_terms("bench"), bench_terms(f), _retries(f, 1))
+                                         deploy_terms(fleet, n), jit, _retries(fleet, 3)))
+    bench_one = _sum(finish_interrupted_terms("bench"), bench_terms(fleet), _retries(fleet, 1))
     # A rollout: the fan-out, then each serving node deployed and gated one after another, one
     # reverted (the first failed gate stops it), each finished.
-    per_node = [t for n in serve for t in _sum(finish_interrupted_terms(n.name), deploy_terms(f, n), bench_terms(f),
+    per_node = [t for n in serve for t in _sum(finish_interrupted_terms(n.name), deploy_terms(fleet, n), bench_terms(fleet),
                                                [(f"finish {n.name}", SHORT_COMMANDS_S)])]
     revert = [("revert: the kept deployment's /health", float(transaction.ROLLBACK_HEALTH_S)),
               *_gateway_changes(2, "revert: drain and restore"), ("revert: commands", SHORT_COMMANDS_S)]
-    rollout = _sum(distribution_terms(f, receivers), per_node, revert, _retries(f, 1))
-    add_node = slowest(lambda n: _sum(node_os_terms(f, n), distribution_terms(f, 1), finish_interrupted_terms(n.name),
-                                      deploy_terms(f, n),
-                                      bench_terms(f), _retries(f, 1)))
-    cd = f.cold_drain
+    rollout = _sum(distribution_terms(fleet, receivers), per_node, revert, _retries(fleet, 1))
+    add_node = slowest(lambda n: _sum(node_os_terms(fleet, n), distribution_terms(fleet, 1), finish_interrupted_terms(n.name),
+                                      deploy_terms(fleet, n),
+                                      bench_terms(fleet), _retries(fleet, 1)))
+    cd = fleet.cold_drain
     plug_cycle = max((2 * p.timeout_s + cd.off_s + cd.boot_timeout_s for p in cd.smart_plugs.values()), default=0)
     cold_drain = _sum(_gateway_changes(1, "cold_drain: quarantine"),
                       [("cold_drain: power down", float(cd.power_down_timeout_s)),
@@ -166,24 +167,24 @@ def limits(f: Fleet) -> dict[str, Limit]:
                        ("cold_drain: nvidia-persistenced", wedge.PERSISTENCED_WAIT_S),
                        ("cold_drain: engine back (cold_drain.engine_timeout_s)", float(cd.engine_timeout_s)),
                        ("cold_drain: post-drain evidence", 40 * wedge.EVIDENCE_TIMEOUT_S + wedge.STORE_TIMEOUT_S)],
-                      bench_terms(f), _retries(f, 2))
+                      bench_terms(fleet), _retries(fleet, 2))
     adopt = _sum([("adopt: the build host's copy verified and hashed",
                    build_steps.VERIFY_TIMEOUT_S + 2 * DIGEST_TIMEOUT_S + 2 * images.IMAGE_PROBE_TIMEOUT_S)],
                  [(f"adopt {n.name}: its copy hashed", DIGEST_TIMEOUT_S + SHORT_COMMANDS_S) for n in serve],
-                 _gateway_changes(1, "adopt: the gateway's take-over"), _retries(f, 1))
+                 _gateway_changes(1, "adopt: the gateway's take-over"), _retries(fleet, 1))
     ab = slowest(lambda n: _sum(
-        finish_interrupted_terms(n.name), [t for _ in range(3) for t in deploy_terms(f, n)],  # two variants, then production back
-        [("ab: zero requests in flight, twice", 2.0 * f.gateway.in_flight_wait_s),
-         ("ab: two benches (health.bench_max_s)", 2.0 * f.health.bench_max_s)],
+        finish_interrupted_terms(n.name), [t for _ in range(3) for t in deploy_terms(fleet, n)],  # two variants, then production back
+        [("ab: zero requests in flight, twice", 2.0 * fleet.gateway.in_flight_wait_s),
+         ("ab: two benches (health.bench_max_s)", 2.0 * fleet.health.bench_max_s)],
         _gateway_changes(2, "ab: drain and restore")))
     jobs = {
-        steps.BUILD_JOB: _sum(build_terms(), _retries(f, 5)),
+        steps.BUILD_JOB: _sum(build_terms(), _retries(fleet, 5)),
         steps.DEPLOY_JOB: deploy_node,
-        steps.DISTRIBUTE_JOB: _sum(distribution_terms(f, receivers), _retries(f, 1)),
+        steps.DISTRIBUTE_JOB: _sum(distribution_terms(fleet, receivers), _retries(fleet, 1)),
         steps.BENCH_JOB: bench_one,
         steps.ROLLOUT_JOB: rollout,
         steps.ADD_NODE_JOB: add_node,
-        steps.NODE_OS_JOB: slowest(lambda n: _sum(node_os_terms(f, n), _retries(f, 1))),
+        steps.NODE_OS_JOB: slowest(lambda n: _sum(node_os_terms(fleet, n), _retries(fleet, 1))),
         steps.COLD_DRAIN_JOB: cold_drain,
         steps.ADOPT_JOB: adopt,
         steps.AB_JOB: ab,
@@ -191,7 +192,7 @@ def limits(f: Fleet) -> dict[str, Limit]:
     return {job: Limit(job, terms) for job, terms in jobs.items()}
 
 
-def tags(f: Fleet, job: str) -> dict[str, str]:
+def tags(fleet: Fleet, job: str) -> dict[str, str]:
     """The job's `dagster/max_runtime` tag ({} for a job the instance-wide default covers)."""
-    limit = limits(f).get(job)
+    limit = limits(fleet).get(job)
     return limit.tags() if limit is not None else {}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_pipelines.core import gpu, health, remote
+from spark_pipelines.core import pair as pair_core
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.core.launch import expand_home
 from spark_pipelines.core.errors import first_line
@@ -81,22 +82,22 @@ def probe_settings(base: SshSettings | None = None) -> SshSettings:
     return SshSettings(**{**fields, "connect_timeout_s": SSH_CONNECT_TIMEOUT_S, "connect_retries": 0})
 
 
-def _warm_start(s: FleetSession, fleet: Fleet, node: Node) -> bool | None:
+def _warm_start(session: FleetSession, fleet: Fleet, node: Node) -> bool | None:
     """Whether the torch.compile cache the launch mounts holds anything (a warm 7-10 min boot)."""
     mounts = [m.host for m in fleet.launch_for(node).cache_mounts if "vllm" in m.host]
     if not mounts:
         return None
     path = expand_home(mounts[0], node.home_dir)
     # -H: the mount is a symlink to its keyed slot (core/jit_cache.py); look inside the slot.
-    r = s.run(node.name, ["find", "-H", path, "-mindepth", "1", "-maxdepth", "1", "-print", "-quit"],
+    r = session.run(node.name, ["find", "-H", path, "-mindepth", "1", "-maxdepth", "1", "-print", "-quit"],
               check=False, log=False, timeout=INSPECT_TIMEOUT_S)
     return bool(r.stdout.strip()) if r.ok else False
 
 
-def _inspect(s: FleetSession, node: Node, container: str) -> tuple[health.ContainerState | None, str | None]:
+def _inspect(session: FleetSession, node: Node, container: str) -> tuple[health.ContainerState | None, str | None]:
     """(state, None), or (None, why it could not be read)."""
     try:
-        r = s.run(node.name, ["docker", "container", "inspect", container], check=False, log=False,
+        r = session.run(node.name, ["docker", "container", "inspect", container], check=False, log=False,
                   timeout=INSPECT_TIMEOUT_S)
         if r.ok:
             data = json.loads(r.stdout)
@@ -126,13 +127,13 @@ def sections(stdout: str, nonce: str) -> dict[str, tuple[str, int | None]]:
     return out
 
 
-def _gather(s: FleetSession, node: Node, container: str, fields: dict[str, Any]) -> None:
+def _gather(session: FleetSession, node: Node, container: str, fields: dict[str, Any]) -> None:
     nonce = secrets.token_hex(8)
     argv = ["sh", "-c", GATHER_SCRIPT, "sh", nonce, f"{GPU_TIMEOUT_S:g}", f"{INSPECT_TIMEOUT_S:g}", f"{LOG_TIMEOUT_S:g}",
-            container, str(LOG_TAIL_LINES), marker_path(node, markers.DEPLOY_JOURNAL), lock_paths(s, node.name)[0],
+            container, str(LOG_TAIL_LINES), marker_path(node, markers.DEPLOY_JOURNAL), lock_paths(session, node.name)[0],
             marker_path(node, markers.CLEAN_BOOT), *GPU_QUERY]
     try:
-        r = s.run(node.name, argv, check=False, log=False,
+        r = session.run(node.name, argv, check=False, log=False,
                   timeout=GPU_TIMEOUT_S + INSPECT_TIMEOUT_S + LOG_TIMEOUT_S + 10)
     except RemoteError as e:
         fields["gpu_error"] = fields["container_error"] = first_line(e)[:300]
@@ -197,12 +198,12 @@ def lease_held(lease_text: str) -> bool | None:
     return None  # not read: say so, decide nothing
 
 
-def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,
+def probe(session: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,
           clock: Callable[[], float] = time.time) -> health.Observation:
     """Read one node. Never raises for what the node does; the errors become observations.
 
     /health and /metrics run beside the SSH part (a dead node costs one timeout, not two)."""
-    fleet = s.fleet
+    fleet = session.fleet
     container = fleet.launch_for(node).container_name
     fields: dict[str, Any] = {
         "node": node.name, "probed_at": clock(), "bench": bench,
@@ -214,7 +215,7 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
     side.start()
     try:
         try:
-            s.connection(node.name)  # reachability: a verified, authenticated session
+            session.connection(node.name)  # reachability: a verified, authenticated session
         except (HostKeyError, NodeConnectError) as e:
             # Only a node that does not answer is unreachable; the rest (host key, credentials, a
             # host name that does not resolve) is the fleet file's or the operator's to fix.
@@ -225,15 +226,15 @@ def probe(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = No
             fields.update(ssh_ok=False, ssh_error=first_line(e)[:300])
             return _observation(fields, side, http)
         fields["ssh_ok"] = True
-        _gather(s, node, container, fields)
+        _gather(session, node, container, fields)
         side.join(HEALTH_TIMEOUT_S + METRICS_TIMEOUT_S + 5)
         fields.update(http)
         state = fields.get("container")
         if state is not None and not state.exists:
-            fields["previous_container"] = _inspect(s, node, remote.previous_container_name(container))[0]
+            fields["previous_container"] = _inspect(session, node, remote.previous_container_name(container))[0]
         if state is not None and state.exists and (not state.running or not fields.get("health_ok")):
             try:
-                fields["warm_start"] = _warm_start(s, fleet, node)
+                fields["warm_start"] = _warm_start(session, fleet, node)
             except RemoteError:
                 pass
         return health.Observation(**fields)
@@ -252,11 +253,11 @@ class NodeReport:
     verdict: health.NodeVerdict
 
 
-def probe_and_judge(s: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,
+def probe_and_judge(session: FleetSession, node: Node, *, bench: health.BenchHistory | None = None,
                     earlier: health.Observation | None = None,
                     clock: Callable[[], float] = time.time) -> NodeReport:
     try:
-        obs = health.with_earlier(probe(s, node, bench=bench, clock=clock), earlier)
+        obs = health.with_earlier(probe(session, node, bench=bench, clock=clock), earlier)
     except Exception as e:  # one node's surprise must not hide the others' verdicts
         obs = health.Observation(node=node.name, probed_at=clock(), ssh_ok=True, ssh_error=None)
         return NodeReport(obs, health.NodeVerdict(node.name, "unknown", (f"the probe failed: {first_line(e)[:300]}",),
@@ -264,21 +265,38 @@ def probe_and_judge(s: FleetSession, node: Node, *, bench: health.BenchHistory |
     return NodeReport(obs, health.judge(obs))
 
 
-def sweep(s: FleetSession, nodes: Iterable[Node] | None = None, *,
+def sweep(session: FleetSession, nodes: Iterable[Node] | None = None, *,
           bench: Mapping[str, health.BenchHistory] | None = None,
           earlier: Mapping[str, health.Observation] | None = None,
           max_parallel: int = MAX_PARALLEL,
           clock: Callable[[], float] = time.time) -> dict[str, NodeReport]:
     """Probe and judge the nodes (default: every serve node) in parallel, in fleet order."""
-    targets = list(nodes) if nodes is not None else s.fleet.serve_nodes
+    targets = list(nodes) if nodes is not None else session.fleet.serve_nodes
     if not targets:
         return {}
     bench, earlier = bench or {}, earlier or {}
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(targets))),
                             thread_name_prefix="health-probe") as pool:
-        futures = {n.name: pool.submit(probe_and_judge, s, n, bench=bench.get(n.name),
+        futures = {n.name: pool.submit(probe_and_judge, session, n, bench=bench.get(n.name),
                                        earlier=earlier.get(n.name), clock=clock) for n in targets}
-        return {name: f.result() for name, f in futures.items()}
+        return pairs_judged(session.fleet, {name: f.result() for name, f in futures.items()})
+
+
+def pairs_judged(fleet: Fleet, reports: dict[str, NodeReport]) -> dict[str, NodeReport]:
+    """A node pair that is on is judged as one engine (core.pair.judge_pair): its headless worker
+    answers no /health of its own."""
+    for p in fleet.pairs:
+        if not p.enabled or p.head not in reports or p.worker not in reports:
+            continue
+        h, w = reports[p.head], reports[p.worker]
+
+        def running(r: NodeReport) -> bool | None:
+            c = r.observation.container
+            return None if c is None else c.running
+
+        hv, wv = pair_core.judge_pair(p, h.verdict, w.verdict, head_running=running(h), worker_running=running(w))
+        reports[p.head], reports[p.worker] = NodeReport(h.observation, hv), NodeReport(w.observation, wv)
+    return reports
 
 
 def open_session(fleet: Fleet, logger: Any = None, base: SshSettings | None = None) -> FleetSession:

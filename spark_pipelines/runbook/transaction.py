@@ -27,7 +27,7 @@ from spark_pipelines.core.polling import poll_until
 from spark_pipelines.resources.docker import NodeDocker, PreviousDeploy
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import jit_cache, preflight, versions
+from spark_pipelines.runbook import jit_cache, preflight, rotation, versions
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import DeployMarker, RolloutPoint
@@ -38,14 +38,14 @@ READY_LINE = "Application startup complete"
 ROLLBACK_HEALTH_S = 600
 
 
-def launch_and_wait(s: FleetSession, node: Node, spec: LaunchSpec, timeout_s: float) -> tuple[bool, str, diagnosis.Readiness]:
-    docker = NodeDocker(s)
-    s.run(node.name, ["mkdir", "-p", *spec.host_dirs], log=False, timeout=60)
+def launch_and_wait(session: FleetSession, node: Node, spec: LaunchSpec, timeout_s: float) -> tuple[bool, str, diagnosis.Readiness]:
+    docker = NodeDocker(session)
+    session.run(node.name, ["mkdir", "-p", *spec.host_dirs], log=False, timeout=60)
     docker.run_container(node.name, spec.docker_run_argv())
     watch = docker.follow_logs(node.name, spec.container_name, until=lambda line: READY_LINE in line, timeout=timeout_s)
     log_text = docker.logs(node.name, spec.container_name, tail="all")
     ready = diagnosis.milestones(log_text)
-    ok = bool(watch.matched) and engine.wait_healthy(s.fleet, node, 60)
+    ok = bool(watch.matched) and engine.wait_healthy(session.fleet, node, 60)
     return ok, log_text, ready
 
 
@@ -64,13 +64,13 @@ class NotServing(RunbookError):
     """The launch ran but did not serve (blocked preflight, unhealthy, no smoke tokens)."""
 
 
-def restore_deploy_marker(s: FleetSession, node: Node, marker: DeployMarker | None, restored_id: str) -> None:
+def restore_deploy_marker(session: FleetSession, node: Node, marker: DeployMarker | None, restored_id: str) -> None:
     """The step marker must describe what runs after a rollback: the one read before the deploy
     when the restored container is the one it names, else a marker no skip can match."""
     if marker and marker.container_id == restored_id:
-        markers.write_deploy(s, node, marker)
+        markers.write_deploy(session, node, marker)
     else:
-        markers.write_deploy(s, node, DeployMarker(signature="rolled-back", container_id=restored_id))
+        markers.write_deploy(session, node, DeployMarker(signature="rolled-back", container_id=restored_id))
 
 
 # The journals of the transactions this process runs now: never "finished" as a dead run's.
@@ -88,20 +88,20 @@ class TransactionJournal:
     that fails later fails it into its rollback: a change no journal describes is one no later run
     could finish."""
 
-    def __init__(self, s: FleetSession, node: Node, entry: markers.DeployJournal) -> None:
-        self.s, self.node, self.entry = s, node, entry
+    def __init__(self, session: FleetSession, node: Node, entry: markers.DeployJournal) -> None:
+        self.s, self.node, self.entry = session, node, entry
 
     @classmethod
-    def begin(cls, s: FleetSession, node: Node, spec: LaunchSpec, run_id: str, *, keep_previous: bool,
+    def begin(cls, session: FleetSession, node: Node, spec: LaunchSpec, run_id: str, *, keep_previous: bool,
               drain_reason: str | None, gated: bool = False) -> TransactionJournal:
         entry = markers.DeployJournal(
             run_id=run_id, token=secrets.token_hex(8), owner=f"pid {os.getpid()} on {socket.gethostname()}",
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), phase="draining",
             container_name=spec.container_name, image=spec.image, keep_previous=keep_previous, gated=gated,
             drain_reason=drain_reason)
-        j = cls(s, node, entry)
+        j = cls(session, node, entry)
         _LIVE.add(entry.token)
-        markers.write_typed(s, node, markers.DEPLOY_JOURNAL, entry)
+        markers.write_typed(session, node, markers.DEPLOY_JOURNAL, entry)
         return j
 
     @property
@@ -138,13 +138,13 @@ class TransactionJournal:
 class Transaction:
     """The state one deploy keeps for its rollback."""
 
-    def __init__(self, s: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None,
+    def __init__(self, session: FleetSession, node: Node, spec: LaunchSpec, log: Any, drain: Drain | None = None,
                  keep_previous: bool = False, gated: bool = False) -> None:
-        self.s, self.node, self.spec, self.log = s, node, spec, log
+        self.s, self.node, self.spec, self.log = session, node, spec, log
         self.keep_previous = keep_previous  # a rollout's deploy: the rollback point outlives the commit
         self.gated = gated  # the new version stays out of the gateway until its bench promotes it
         self.drain = drain  # the deploy's own drain: a node that cannot serve is kept out by it
-        self.docker = NodeDocker(s)
+        self.docker = NodeDocker(session)
         self.before: dict[str, Any] | None = None  # the live container before anything changed
         self.kept: PreviousDeploy | None = None
         self.marker: DeployMarker | None = None
@@ -160,12 +160,12 @@ class Transaction:
             self.journal.update(**fields)
 
     @classmethod
-    def from_journal(cls, s: FleetSession, node: Node, j: markers.DeployJournal, log: Any) -> Transaction:
+    def from_journal(cls, session: FleetSession, node: Node, j: markers.DeployJournal, log: Any) -> Transaction:
         """The transaction a dead run left, as its journal describes it (container name and image
         as it ran them, not as the fleet file says now)."""
-        spec = launch_spec(s.fleet, node)
+        spec = launch_spec(session.fleet, node)
         spec = replace(spec, container_name=j.container_name or spec.container_name, image=j.image or spec.image)
-        txn = cls(s, node, spec, log, keep_previous=j.keep_previous, gated=j.gated)
+        txn = cls(session, node, spec, log, keep_previous=j.keep_previous, gated=j.gated)
         txn.run_id = j.run_id
         txn.before = {"Id": j.before_container_id} if j.before_container_id else None
         if j.kept_container_id:
@@ -379,10 +379,10 @@ class Transaction:
             gw = GatewayHost(self.s)
             if self.drain is not None and self.drain.was_in:
                 self.drain.keep_out = True  # the deploy's drain is not undone
-                gw.note(n, note)
+                rotation.note_out(gw, n, note)
                 said.insert(0, f"{n} taken out of the gateway (its deploy drained it; it stays out)")
             elif n in gw.rotation():
-                gw.drain(n, reason=note, dead=True)
+                rotation.take_out(gw, n, note, None, dead=True)
                 said.insert(0, f"{n} taken out of the gateway")
             else:
                 said.insert(0, f"{n} is not in the gateway")

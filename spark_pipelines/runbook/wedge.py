@@ -38,7 +38,7 @@ from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources import engine
 from spark_pipelines.core import steps as steps_
 from spark_pipelines.resources.lease import NodeBusy
-from spark_pipelines.runbook import journal, quarantine
+from spark_pipelines.runbook import journal, quarantine, rotation
 from spark_pipelines.state import ledger
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.runbook.preflight import GPU_QUERY
@@ -62,24 +62,24 @@ SSH_PROBE_S = 3.0
 # ------------------------------------------------------------------------------ quarantine
 
 
-def quarantine_node(s: FleetSession, node: Node, verdict: str, reason: str, gw: GatewayHost | None = None) -> str:
+def quarantine_node(session: FleetSession, node: Node, verdict: str, reason: str, gw: GatewayHost | None = None) -> str:
     """The node's quarantine in the ledger (the gateway step keeps it out until `lift_quarantine`),
     then out of every pool. A drain that would leave fewer than gateway.min_in_rotation nodes is
     refused (a wedged node still serves, slowly): the quarantine stays recorded and the refusal
     is said. Returns what was done, one line."""
     try:
-        done = quarantine.quarantine(s, node, verdict, reason, by="wedge_watch", gw=gw)
+        done = quarantine.quarantine(session, node, verdict, reason, by="wedge_watch", gw=gw)
     except RunbookError as e:
         return f"{node.name} could NOT be quarantined ({e})"
     return f"{done.note} (quarantined: {verdict})"
 
 
-def lift_quarantine(s: FleetSession, node: Node, reason: str, gw: GatewayHost, **facts: Any) -> None:
+def lift_quarantine(session: FleetSession, node: Node, reason: str, gw: GatewayHost, **facts: Any) -> None:
     """The quarantine ends (the cold drain's validation proved the wedge over) and the node is
     back in every pool (never refused)."""
-    ledger.end_quarantine(s, node.name)
-    s.log.info(f"[{node.name}] quarantine lifted: {reason}" + "".join(f"; {k} {v}" for k, v in facts.items()))
-    gw.restore(node.name)
+    ledger.end_quarantine(session, node.name)
+    session.log.info(f"[{node.name}] quarantine lifted: {reason}" + "".join(f"; {k} {v}" for k, v in facts.items()))
+    rotation.admit(gw, node.name)
 
 
 def in_rotation(gw: GatewayHost, node: Node) -> bool:
@@ -93,9 +93,9 @@ class SustainedLoad:
     """Inference load straight at the node's vLLM (it is out of the gateway): the wedge only shows
     under load. Threads, every request bounded; stopped on exit."""
 
-    def __init__(self, s: FleetSession, node: Node, streams: int = LOAD_STREAMS) -> None:
-        f = s.fleet
-        self._fleet, self._node = f, node
+    def __init__(self, session: FleetSession, node: Node, streams: int = LOAD_STREAMS) -> None:
+        fleet = session.fleet
+        self._fleet, self._node = fleet, node
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, name=f"wedge-load-{node.name}-{i}", daemon=True)
                          for i in range(streams)]
@@ -153,8 +153,8 @@ class Capture:
 class _Evidence:
     """The files of one capture, each command's output as it came (stderr appended)."""
 
-    def __init__(self, s: FleetSession, node: Node) -> None:
-        self.s, self.node = s, node
+    def __init__(self, session: FleetSession, node: Node) -> None:
+        self.s, self.node = session, node
         self.files: dict[str, bytes] = {}
         self.commands: list[str] = []
 
@@ -231,14 +231,14 @@ def _lock_test(ev: _Evidence, persistence_on: bool | None) -> tuple[wedge_core.L
     return verdict, readings
 
 
-def capture_evidence(s: FleetSession, node: Node, *, label: str = "pre-drain",
+def capture_evidence(session: FleetSession, node: Node, *, label: str = "pre-drain",
                      load: LoadFactory = SustainedLoad, now: datetime | None = None) -> Capture:
     """The runbook's pre-drain capture (see the module doc); `load` drives the inference load
     (default: requests straight to the node's vLLM). Raises RemoteError when the node does not
     answer, RunbookError when the tarball cannot be stored."""
-    f, n = s.fleet, node.name
+    f, n = session.fleet, node.name
     when = now or datetime.now(UTC)
-    ev = _Evidence(s, node)
+    ev = _Evidence(session, node)
     container = f.launch_for(node).container_name
     # First, untouched: the full -q and an idle read of the signature fields.
     q = ev.take("nvidia-smi-q.txt", ["nvidia-smi", "-q"])
@@ -248,7 +248,7 @@ def capture_evidence(s: FleetSession, node: Node, *, label: str = "pre-drain",
         persistence_on = None
     ev.gpu_samples("nvidia-smi-perf-idle", n=1)
     notes: list[str] = []
-    with load(s, node) as driver:
+    with load(session, node) as driver:
         if not driver.reached():
             notes.append(f"the load did not reach {n}'s engine within {LOAD_REACH_S:.0f} s "
                          f"({'; '.join(driver.errors[-2:]) or 'no request running'})")
@@ -270,7 +270,7 @@ def capture_evidence(s: FleetSession, node: Node, *, label: str = "pre-drain",
         notes.append(f"{n} is the build host itself: copy the tarball off it before the cold drain")
     ev.add("VERDICT.txt", "\n".join([*verdict.summary, *notes]) + "\n")
     ev.add("commands.txt", "\n".join(ev.commands) + "\n")
-    return _store(s, node, label, when, ev.files, verdict, under_load + locked, notes)
+    return _store(session, node, label, when, ev.files, verdict, under_load + locked, notes)
 
 
 def _tarball(top: str, files: dict[str, bytes], when: datetime) -> bytes:
@@ -286,17 +286,17 @@ def _tarball(top: str, files: dict[str, bytes], when: datetime) -> bytes:
 _STORE = 'set -e; mkdir -p -- "$(dirname -- "$1")"; cat > "$1.tmp"; chmod 600 "$1.tmp"; mv -f -- "$1.tmp" "$1"; sha256sum -- "$1"'
 
 
-def _store(s: FleetSession, node: Node, label: str, when: datetime, files: dict[str, bytes],
+def _store(session: FleetSession, node: Node, label: str, when: datetime, files: dict[str, bytes],
            verdict: wedge_core.EvidenceVerdict, under_load: list[gpu.GpuReading], notes: list[str]) -> Capture:
     """The tarball onto the build host (off the node), its sha256 read back there."""
-    build = s.fleet.build_node
-    path = s.expand(build, wedge_core.evidence_path(node.name, label, when))
+    build = session.fleet.build_node
+    path = session.expand(build, wedge_core.evidence_path(node.name, label, when))
     entries = wedge_core.manifest(files)
     files = {**files, "MANIFEST.sha256": "".join(f"{e.sha256}  {e.name}\n" for e in entries).encode()}
     blob = _tarball(path.rsplit("/", 1)[-1].removesuffix(".tar.gz"), files, when)
     want = wedge_core.manifest({"tarball": blob})[0].sha256
     try:
-        r = s.run(build.name, ["sh", "-c", _STORE, "store-wedge-evidence", path], stdin=blob,
+        r = session.run(build.name, ["sh", "-c", _STORE, "store-wedge-evidence", path], stdin=blob,
                   timeout=STORE_TIMEOUT_S, log=False)
     except RemoteError as e:
         raise RunbookError(f"{node.name}: the wedge evidence could not be stored on the build host {build.name} "
@@ -339,7 +339,8 @@ def run_plug(node: Node, plug: SmartPlug, which: str) -> str:
     return (p.stdout.strip().splitlines() or [f"plug {which}"])[-1][:200]
 
 
-def _wait_ssh(node: Node, up: bool, timeout_s: float) -> bool:
+def wait_ssh(node: Node, up: bool, timeout_s: float) -> bool:
+    """Until the node's SSH port answers (`up`) or stops answering, up to `timeout_s`: whether it did."""
     return poll_until(lambda: ssh_answers(node), lambda a: a == up, timeout_s=timeout_s, every_s=2.0).done
 
 
@@ -349,11 +350,11 @@ class Drained:
     seconds: float
 
 
-def power_off(s: FleetSession, node: Node) -> list[str]:
+def power_off(session: FleetSession, node: Node) -> list[str]:
     """`sudo poweroff` (the runbook's "Halt OS"); the connection may end with the OS."""
     n = node.name
     try:
-        r = s.run(n, ["poweroff"], sudo=True, check=False, timeout=30)
+        r = session.run(n, ["poweroff"], sudo=True, check=False, timeout=30)
     except RemoteError as e:
         return [f"sudo poweroff: connection ended ({first_line(e)[:80]})"]
     if not r.ok and "password" in (r.stderr + r.tail).lower():
@@ -366,19 +367,19 @@ def power_off(s: FleetSession, node: Node) -> list[str]:
 Noted = Callable[[str, float], None]  # (phase "power-off" | "booting", when): the journal's
 
 
-def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None], *, noted: Noted | None = None,
+def power_cycle(session: FleetSession, node: Node, say: Callable[[str], None], *, noted: Noted | None = None,
                 off_s: float | None = None) -> list[str]:
     """AC off at the wall for the runbook's time (`off_s`: what is left of it) and back on: the
     fleet's smart plug, else the operator. Waits (bounded) until the node's SSH answers again.
     `noted` is told when the AC goes off and when it comes back (a journal's phases)."""
-    cd = s.fleet.cold_drain
+    cd = session.fleet.cold_drain
     plug = cd.smart_plugs.get(node.name)
     n = node.name
     tell = noted or (lambda phase, at: None)
     if plug is None:
         tell("power-off", time.time())
         say(f"OPERATOR: {wedge_core.OPERATOR_STEPS.format(node=n)} (waiting up to {cd.operator_timeout_s} s)")
-        if not _wait_ssh(node, True, cd.operator_timeout_s):
+        if not wait_ssh(node, True, cd.operator_timeout_s):
             raise RunbookError(f"{n} did not answer SSH within {cd.operator_timeout_s} s of the request to unplug "
                                f"it at the wall; power it on, then run cold_drain_job for {n} again")
         tell("booting", time.time())
@@ -392,28 +393,28 @@ def power_cycle(s: FleetSession, node: Node, say: Callable[[str], None], *, note
     finally:  # AC back in every outcome, a terminated run included
         steps.append(f"smart plug on: {run_plug(node, plug, 'on')}")
         tell("booting", time.time())
-    if not _wait_ssh(node, True, cd.boot_timeout_s):
+    if not wait_ssh(node, True, cd.boot_timeout_s):
         raise RunbookError(f"{n} did not answer SSH within {cd.boot_timeout_s} s of its power coming back; check "
                            f"the unit (the plug's on command ran: {' '.join(plug.on_command)})")
     return steps
 
 
-def boot_to_serving(s: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
+def boot_to_serving(session: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
     """After the boot: nvidia-persistenced active, `docker start` of the kept container, /health."""
-    f, n = s.fleet, node.name
+    f, n = session.fleet, node.name
     container = f.launch_for(node).container_name
     steps = []
     persisted = poll_until(
-        lambda: s.run(n, ["systemctl", "is-active", "nvidia-persistenced"], check=False, log=False, timeout=30).stdout.strip(),
+        lambda: session.run(n, ["systemctl", "is-active", "nvidia-persistenced"], check=False, log=False, timeout=30).stdout.strip(),
         lambda state: state == "active", timeout_s=PERSISTENCED_WAIT_S, every_s=3.0)
     steps.append(f"nvidia-persistenced {persisted.value or 'unknown'}")
     if not persisted.done:
         say(f"{n}: nvidia-persistenced is {persisted.value!r} after {PERSISTENCED_WAIT_S:.0f} s; starting vLLM anyway")
-    s.run(n, ["docker", "start", container], timeout=120)
+    session.run(n, ["docker", "start", container], timeout=120)
     timeout = f.cold_drain.engine_timeout_s
     say(f"{n}: docker start {container}; waiting up to {timeout} s for /health (JIT + graph capture, 5-10 min)")
     if not engine.wait_healthy(f, node, timeout):
-        tail = s.run(n, ["docker", "logs", "--tail", "20", container], check=False, log=False, timeout=60)
+        tail = session.run(n, ["docker", "logs", "--tail", "20", container], check=False, log=False, timeout=60)
         raise RunbookError(f"{n}: vLLM did not answer /health within {timeout} s of docker start after the cold "
                            "drain; the node stays out of the gateway",
                            details={"log_tail": f"```\n{(tail.stdout + tail.stderr)[-3000:]}\n```"})
@@ -425,14 +426,14 @@ def boot_to_serving(s: FleetSession, node: Node, say: Callable[[str], None]) -> 
 POWER_PHASES = ("powering-off", "power-off", "booting")
 
 
-def _down_s(s: FleetSession, node: Node) -> float:
+def _down_s(session: FleetSession, node: Node) -> float:
     """How long this run may wait for its node once it powers it off (the journal's `down_until`)."""
-    cd = s.fleet.cold_drain
+    cd = session.fleet.cold_drain
     cycle = cd.off_s + cd.boot_timeout_s if node.name in cd.smart_plugs else cd.operator_timeout_s
     return cd.power_down_timeout_s + cycle + 60
 
 
-def resume_dead(s: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
+def resume_dead(session: FleetSession, node: Node, say: Callable[[str], None]) -> list[str]:
     """Before anything needs SSH: a cold drain whose run died while its node was down (its journal
     in the ledger says so) has its power cycle finished: the AC kept off for the rest of
     cold_drain.off_s and back on by the plug (else the operator is asked again), SSH awaited, the
@@ -442,14 +443,14 @@ def resume_dead(s: FleetSession, node: Node, say: Callable[[str], None]) -> list
     if ssh_answers(node):
         return []
     try:
-        procs = ledger.read(s).procedures(n)
+        procs = ledger.read(session).procedures(n)
     except RunbookError:
         return []  # the lease below fails on the node as it would have; the next run tries again
     p = next((q for q in reversed(procs) if q.procedure == steps_.PROC_COLD_DRAIN and q.phase in POWER_PHASES
               and not journal.is_live(q)), None)
     if p is None:
         return []
-    waiting = journal.still_waiting(s, p)
+    waiting = journal.still_waiting(session, p)
     if waiting:
         raise NodeBusy(f"node {n} is busy: {waiting}")
     facts = dict(p.facts)
@@ -459,19 +460,19 @@ def resume_dead(s: FleetSession, node: Node, say: Callable[[str], None]) -> list
             return  # the dead run's AC-off time stands: the cycle is its, finished here
         facts["ac_off_at" if phase == "power-off" else "ac_on_at"] = at
         try:
-            ledger.update_procedure(s, n, p.token, facts=facts)
+            ledger.update_procedure(session, n, p.token, facts=facts)
         except RunbookError as e:
-            s.log.warning(f"[{n}] the dead cold drain's journal was not updated ({first_line(e)})")
+            session.log.warning(f"[{n}] the dead cold drain's journal was not updated ({first_line(e)})")
 
     off_at = facts.get("ac_off_at")
-    left = max(0.0, float(off_at) + s.fleet.cold_drain.off_s - time.time()) if off_at else None
+    left = max(0.0, float(off_at) + session.fleet.cold_drain.off_s - time.time()) if off_at else None
     say(f"{p.describe()} died with {n} down: finishing its power cycle first"
         + (f" (AC off since {time.strftime('%H:%M:%S', time.localtime(float(off_at)))}, {left:.0f} s left)"
            if left is not None else ""))
-    return [f"the power cycle of {p.describe()} finished", *power_cycle(s, node, say, noted=noted, off_s=left)]
+    return [f"the power cycle of {p.describe()} finished", *power_cycle(session, node, say, noted=noted, off_s=left)]
 
 
-def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], j: journal.Journal, *,
+def cold_drain(session: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], j: journal.Journal, *,
                run_id: str = "") -> Drained:
     """The runbook's AC cold drain of a quarantined node, up to a serving engine again, each step
     written to its journal `j` first. A dead cold drain on the node is finished first (its power
@@ -479,15 +480,15 @@ def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str]
     from spark_pipelines.resources.lease import node_lease
 
     started = time.monotonic()
-    f, n = s.fleet, node.name
-    steps = resume_dead(s, node, say)
+    f, n = session.fleet, node.name
+    steps = resume_dead(session, node, say)
     if in_rotation(gw, node):
-        done = quarantine_node(s, node, WEDGED, "cold drain", gw)
+        done = quarantine_node(session, node, WEDGED, "cold drain", gw)
         if in_rotation(gw, node):
             raise RunbookError(f"{n} is still in the gateway and cannot leave it ({done}); nothing was "
                                "changed: bring another node into the rotation first")
-    with node_lease(s, n, "cold drain", run_id=run_id):
-        finished = journal.finish_dead(s, node, s.log, run_id=run_id)
+    with node_lease(session, n, "cold drain", run_id=run_id):
+        finished = journal.finish_dead(session, node, session.log, run_id=run_id)
         steps += [x.line for x in finished]
         cycled = next((x for x in finished if x.procedure == steps_.PROC_COLD_DRAIN and x.serving
                        and float(x.facts.get("ac_on_at", 0)) - float(x.facts.get("ac_off_at", 1e18)) >= f.cold_drain.off_s),
@@ -499,12 +500,12 @@ def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str]
         container = f.launch_for(node).container_name
         j.update(phase="stopping", engine=container)
         j.keep = True  # from here the engine is this run's (or the next run's) to start again
-        r = s.run(n, ["docker", "stop", "-t", "60", container], check=False, timeout=120)
+        r = session.run(n, ["docker", "stop", "-t", "60", container], check=False, timeout=120)
         steps.append(f"docker stop {container}: exit {r.exit_status}")
-        j.update(phase="powering-off", down_until=time.time() + _down_s(s, node))
-        steps += power_off(s, node)
-    s.close()  # the node's connections went with it; the next command reconnects
-    if not _wait_ssh(node, False, f.cold_drain.power_down_timeout_s):
+        j.update(phase="powering-off", down_until=time.time() + _down_s(session, node))
+        steps += power_off(session, node)
+    session.close()  # the node's connections went with it; the next command reconnects
+    if not wait_ssh(node, False, f.cold_drain.power_down_timeout_s):
         raise RunbookError(f"{n} still answers SSH {f.cold_drain.power_down_timeout_s} s after "
                            "`sudo poweroff`; check the unit (LEDs, fan) before cutting power; its vLLM container "
                            "is stopped, the node stays out of the gateway")
@@ -514,10 +515,10 @@ def cold_drain(s: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str]
         key = "ac_off_at" if phase == "power-off" else "ac_on_at"
         j.try_update(phase=phase, facts={**j.entry.facts, key: at})
 
-    steps += power_cycle(s, node, say, noted=noted)
-    with node_lease(s, n, "cold drain (after boot)", run_id=run_id):
+    steps += power_cycle(session, node, say, noted=noted)
+    with node_lease(session, n, "cold drain (after boot)", run_id=run_id):
         j.update(phase="starting", down_until=None)  # gone: another run finished it meanwhile
-        steps += boot_to_serving(s, node, say)
+        steps += boot_to_serving(session, node, say)
     j.keep = False
     return Drained(steps, round(time.monotonic() - started, 1))
 
@@ -538,40 +539,40 @@ class Validation:
 BenchRunner = Callable[[FleetSession, Node], tuple[float | None, list[gpu.GpuReading]]]
 
 
-def bench_after_drain(s: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
+def bench_after_drain(session: FleetSession, node: Node) -> tuple[float | None, list[gpu.GpuReading]]:
     """The fleet's bench straight at the node (it is out of the gateway), GPU sampled under load."""
     from spark_pipelines.resources.bench_client import run_bench
     from spark_pipelines.runbook.bench import GpuSampler
     from spark_pipelines.runbook.rotation import wait_idle
 
-    f = s.fleet
-    wait_idle(f, node)
-    with GpuSampler(s, node) as sampler:
-        report = run_bench(engine.api_root(f, node), f.launch_for(node).served_model_name, suite=f.bench.suite,
-                           concurrency=f.bench.loaded_concurrency, repeats=f.bench.repeats,
-                           reference_mean_tok_s=f.bench.reference_tok_s)
+    fleet = session.fleet
+    wait_idle(fleet, node)
+    with GpuSampler(session, node) as sampler:
+        report = run_bench(engine.api_root(fleet, node), fleet.launch_for(node).served_model_name, suite=fleet.bench.suite,
+                           concurrency=fleet.bench.loaded_concurrency, repeats=fleet.bench.repeats,
+                           reference_mean_tok_s=fleet.bench.reference_tok_s)
     mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
     return mean, sampler.readings
 
 
-def validate(s: FleetSession, node: Node, gw: GatewayHost, *, bench: BenchRunner = bench_after_drain,
+def validate(session: FleetSession, node: Node, gw: GatewayHost, *, bench: BenchRunner = bench_after_drain,
              load: LoadFactory = SustainedLoad) -> Validation:
     """The runbook's post-drain validation: a post-drain capture (the lock test again, and the
     tarball that proves the drain was attempted), a bench against the node's floor, the verdict
     (VERDICT.txt next to the tarball). RESOLVED: back in the gateway, hold-out lifted; PERSISTS:
     kept out with the runbook's next step."""
-    f = s.fleet
-    post = capture_evidence(s, node, label="post-drain", load=load)
-    mean, samples = bench(s, node)
-    floor = f.bench_floor(node)
+    fleet = session.fleet
+    post = capture_evidence(session, node, label="post-drain", load=load)
+    mean, samples = bench(session, node)
+    floor = fleet.bench_floor(node)
     verdict = wedge_core.post_drain_verdict(post.under_load + samples, post.evidence.lock, mean, floor,
                                             post.evidence.bios)
     verdict_path = post.path.removesuffix(".tar.gz") + ".VERDICT.txt"
-    s.put_text(f.build_node.name, verdict_path, verdict.text(), mode=0o600)
+    session.put_text(fleet.build_node.name, verdict_path, verdict.text(), mode=0o600)
     if verdict.resolved:
-        lift_quarantine(s, node, f"{wedge_core.RESOLVED} after the cold drain: {verdict.reasons[0]}", gw,
+        lift_quarantine(session, node, f"{wedge_core.RESOLVED} after the cold drain: {verdict.reasons[0]}", gw,
                         mean_tok_s=mean)
         where = f"{node.name} back in the gateway"
     else:
-        where = quarantine_node(s, node, WEDGED, f"{wedge_core.PERSISTS} after the cold drain: {verdict.advice}", gw)
+        where = quarantine_node(session, node, WEDGED, f"{wedge_core.PERSISTS} after the cold drain: {verdict.advice}", gw)
     return Validation(verdict, post, mean, floor, verdict_path, where)

@@ -55,7 +55,8 @@ def _earlier(raw: dict[str, Any], node: str) -> health.Observation | None:
     return health.Observation(node=node, probed_at=float(raw["probed_at"]), ssh_ok=bool(raw.get("ssh_ok", True)),
                               ssh_dead_since=raw.get("ssh_dead_since"), container=container,
                               last_started_at=raw.get("last_started_at"),
-                              previous_restart_count=raw.get("previous_restart_count"))
+                              previous_restart_count=raw.get("previous_restart_count"),
+                              served_at=raw.get("served_at"))
 
 
 def _remember(obs: health.Observation) -> dict[str, Any]:
@@ -66,6 +67,7 @@ def _remember(obs: health.Observation) -> dict[str, Any]:
             "ssh_dead_since": obs.ssh_dead_since if not obs.ssh_ok else None,
             "started_at": c.started_at if c else None, "restart_count": c.restart_count if c else None,
             "last_started_at": obs.last_started_at, "previous_restart_count": obs.previous_restart_count,
+            "served_at": obs.probed_at if obs.health_ok else obs.served_at,
             "metrics": {k: obs.metrics[k] for k in keep if obs.metrics and k in obs.metrics}}
 
 

@@ -195,9 +195,9 @@ def _load(gw: GatewayHost, text: str | None) -> dict[str, NodeEntry]:
                           f"nodes)") from None
 
 
-def read(s: FleetSession) -> Ledger:
+def read(session: FleetSession) -> Ledger:
     """The ledger as the gateway host holds it (one remote read)."""
-    gw = GatewayHost(s)
+    gw = GatewayHost(session)
     try:
         text, digest = gw.read_sidecar(SUFFIX)
         return Ledger(nodes=_load(gw, text), digest=digest)
@@ -205,10 +205,10 @@ def read(s: FleetSession) -> Ledger:
         raise LedgerError(str(e)) from None
 
 
-def change(s: FleetSession, edit: Callable[[Ledger], Ledger]) -> Ledger:
+def change(session: FleetSession, edit: Callable[[Ledger], Ledger]) -> Ledger:
     """Read, edit, write under the gateway config's lock (the gateway's one sidecar protocol:
     digest compare-and-swap, temp file renamed into place), retried while another run changes it."""
-    gw = GatewayHost(s)
+    gw = GatewayHost(session)
     done: list[Ledger] = []
 
     def on_text(text: str | None) -> str | None:
@@ -229,7 +229,7 @@ def change(s: FleetSession, edit: Callable[[Ledger], Ledger]) -> Ledger:
 # ------------------------------------------------------------------------------ hold-outs
 
 
-def hold(s: FleetSession, node: str, by: str, reason: str, **facts: Any) -> Ledger:
+def hold(session: FleetSession, node: str, by: str, reason: str, **facts: Any) -> Ledger:
     """Hold `node` out of the gateway for `by`'s reason (replacing `by`'s earlier hold-out)."""
     h = Hold(by=by, reason=reason, since=now(), facts=facts)
 
@@ -237,42 +237,42 @@ def hold(s: FleetSession, node: str, by: str, reason: str, **facts: Any) -> Ledg
         e = led.entry(node)
         return led.with_entry(node, e.model_copy(update={"holds": {**e.holds, by: h}}))
 
-    return change(s, edit)
+    return change(session, edit)
 
 
-def lift(s: FleetSession, node: str, *by: str) -> Ledger:
+def lift(session: FleetSession, node: str, *by: str) -> Ledger:
     """End the hold-outs `by` put on `node` (the others stay)."""
 
     def edit(led: Ledger) -> Ledger:
         e = led.entry(node)
         return led.with_entry(node, e.model_copy(update={"holds": {k: v for k, v in e.holds.items() if k not in by}}))
 
-    return change(s, edit)
+    return change(session, edit)
 
 
-def set_holds(s: FleetSession, node: str, holds: dict[str, Hold]) -> Ledger:
+def set_holds(session: FleetSession, node: str, holds: dict[str, Hold]) -> Ledger:
     """Put `node`'s hold-outs back to exactly `holds` (a rollout's revert); its quarantine stays."""
 
     def edit(led: Ledger) -> Ledger:
         return led.with_entry(node, led.entry(node).model_copy(update={"holds": dict(holds)}))
 
-    return change(s, edit)
+    return change(session, edit)
 
 
 # ------------------------------------------------------------------------------ quarantine
 
 
-def record_quarantine(s: FleetSession, node: str, verdict: str, reason: str, by: str) -> Quarantine:
+def record_quarantine(session: FleetSession, node: str, verdict: str, reason: str, by: str) -> Quarantine:
     q = Quarantine(node=node, verdict=verdict, reason=reason, since=now(), by=by)
 
     def edit(led: Ledger) -> Ledger:
         return led.with_entry(node, led.entry(node).model_copy(update={"quarantine": q}))
 
-    change(s, edit)
+    change(session, edit)
     return q
 
 
-def end_quarantine(s: FleetSession, node: str) -> Quarantine | None:
+def end_quarantine(session: FleetSession, node: str) -> Quarantine | None:
     """End `node`'s quarantine; returns the one it had."""
     had: list[Quarantine | None] = [None]
 
@@ -281,18 +281,18 @@ def end_quarantine(s: FleetSession, node: str) -> Quarantine | None:
         had[0] = e.quarantine
         return led.with_entry(node, e.model_copy(update={"quarantine": None}))
 
-    change(s, edit)
+    change(session, edit)
     return had[0]
 
 
-def quarantined(s: FleetSession) -> dict[str, Quarantine]:
-    return read(s).quarantined()
+def quarantined(session: FleetSession) -> dict[str, Quarantine]:
+    return read(session).quarantined()
 
 
 # ------------------------------------------------------------------------------ procedures
 
 
-def begin_procedure(s: FleetSession, node: str, p: Procedure) -> Ledger:
+def begin_procedure(session: FleetSession, node: str, p: Procedure) -> Ledger:
     """Add `p` to the node's procedures in flight (one write, under the lock)."""
 
     def edit(led: Ledger) -> Ledger:
@@ -300,10 +300,10 @@ def begin_procedure(s: FleetSession, node: str, p: Procedure) -> Ledger:
         kept = [q for q in e.procedures if q.token != p.token]
         return led.with_entry(node, e.model_copy(update={"procedures": [*kept, p]}))
 
-    return change(s, edit)
+    return change(session, edit)
 
 
-def update_procedure(s: FleetSession, node: str, token: str, **fields: Any) -> Procedure | None:
+def update_procedure(session: FleetSession, node: str, token: str, **fields: Any) -> Procedure | None:
     """Change the fields of the node's procedure `token`; returns it as written (None: it is gone,
     another run finished it)."""
     out: list[Procedure | None] = [None]
@@ -318,31 +318,31 @@ def update_procedure(s: FleetSession, node: str, token: str, **fields: Any) -> P
             procs.append(q)
         return led.with_entry(node, e.model_copy(update={"procedures": procs}))
 
-    change(s, edit)
+    change(session, edit)
     return out[0]
 
 
-def end_procedure(s: FleetSession, node: str, token: str) -> Ledger:
+def end_procedure(session: FleetSession, node: str, token: str) -> Ledger:
     """Remove the node's procedure `token` (done, or finished by the next run)."""
 
     def edit(led: Ledger) -> Ledger:
         e = led.entry(node)
         return led.with_entry(node, e.model_copy(update={"procedures": [q for q in e.procedures if q.token != token]}))
 
-    return change(s, edit)
+    return change(session, edit)
 
 
 # ------------------------------------------------------------------------------ the answer
 
 
-def why_out(s: FleetSession, snapshot: Any = None) -> dict[str, list[str]]:
+def why_out(session: FleetSession, snapshot: Any = None) -> dict[str, list[str]]:
     """Every serve node out of the gateway's rotation, with every reason recorded for it: its
     drain note, its quarantine, its hold-outs (or that nothing records why)."""
-    snap = snapshot or GatewayHost(s).read()
-    led = read(s)
+    snap = snapshot or GatewayHost(session).read()
+    led = read(session)
     rotation = set(snap.rotation)
     out: dict[str, list[str]] = {}
-    for node in s.fleet.serve_nodes:
+    for node in session.fleet.serve_nodes:
         if node.name in rotation:
             continue
         reasons = []

@@ -499,7 +499,7 @@ def fleet_metric_facts(instance: dg.DagsterInstance, fleet: Fleet, now: float) -
 # N)" or "Executing steps in process (pid: N)"); on an instance whose runs all run on this machine
 # (the default launcher and the demo's), the next run that starts, and the health sweep, mark a
 # STARTED run whose process is gone as failed. The demo's daemon does the same through its
-# launcher (spark_pipelines/console_launcher.py); the team's run containers are its launcher's.
+# launcher (spark_pipelines/cli/console_launcher.py); the team's run containers are its launcher's.
 
 # The process started at most this long after its event was written: more is a recycled pid.
 START_SLACK_S = 5.0

@@ -1,5 +1,5 @@
 """The e2e modules share one Dagster instance and one console on it (code server, webserver,
-daemon: spark_pipelines/console.py) for the session: test_chain runs the chain through it, the
+daemon: spark_pipelines/cli/console.py) for the session: test_chain runs the chain through it, the
 browser tests open its UI on the same history."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from spark_pipelines.console import Console
-from spark_pipelines.demo import prepare_instance_home
+from spark_pipelines.cli.console import Console
+from spark_pipelines.cli.demo import prepare_instance_home
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ Order matters inside this module: one fleet, one instance, one history.
 
 import json
 import os
+import time
 
 import dagster as dg
 import httpx
@@ -15,7 +16,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from spark_pipelines.core.checkpoint import EXPECTED_FP8_SCALES
-from spark_pipelines.demo import run_chain
+from spark_pipelines.cli.demo import run_chain
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.resources.ssh import read_command_log
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 # What "heavy remote work" looks like in the command log.
 HEAVY_SCRIPTS = ("build-hybrid-checkpoint.py", "add-mtp-weights.py", "build-and-copy.sh")
-HEAVY_PHRASES = ("hf download", "docker build", "docker save", "docker load", "docker run -d")
+HEAVY_PHRASES = ("hf download", "docker build", "docker save", "docker load", "docker run -d", "arrivals.py send")
 
 
 def is_heavy(argv) -> bool:
@@ -227,6 +228,120 @@ def test_fresh_jit_cache_relaunches_cold_and_wipes_the_stale_cache(chain):
     assert key in store and not [n for n in store if ".stale-" in n], store
     wiped = [e.user_message for e in chain["instance"].all_logs(res.run_id) if "stale JIT caches wiped" in e.user_message]
     assert wiped and f"vllm.jit-{key}.stale-" in wiped[0]
+
+
+# -- compile caches shipped: never another key's, and one that fails the boot is dropped --------
+
+FOREIGN = "f0f0f0f0f0"  # a stand-in kernel hash of another configuration
+# Where the stand-in keeps a kernel hash's entries in each archived cache (sim/spark_sim/standin_jit.py).
+FOREIGN_ENTRIES = (f"0_vllm/torch_compile_cache/{FOREIGN}/rank_0_0/backbone",
+                   f"1_flashinfer/90a/cached_ops/fused_moe_sm121_{FOREIGN}", f"2_triton/{FOREIGN}")
+
+
+def archive_of_other_kernels(s, key: str, manifest_key: str) -> None:
+    """An archive under `key` whose kernels were compiled for another configuration, with a
+    manifest that names `manifest_key` (each file hashed as a back-up hashes it)."""
+    from spark_pipelines.runbook import jit_cache
+
+    build = s.fleet.build_node.name
+    d = jit_cache.archived_dir(s, key)
+    s.run(build, ["rm", "-rf", d], log=False)
+    for entry in FOREIGN_ENTRIES:
+        s.run(build, ["mkdir", "-p", f"{d}/{entry}"], log=False)
+        s.put_text(build, f"{d}/{entry}/cache_key", FOREIGN + "\n")
+        s.put_text(build, f"{d}/{entry.split('/')[0]}/.spark-jit-sealed", "")
+    entries = [e.split("/")[0] for e in FOREIGN_ENTRIES]
+    files = jit_cache.archive_digests(s, key, entries)
+    s.put_text(build, f"{d}/{jit_cache.MANIFEST}", json.dumps({"format": jit_cache.ARCHIVE_FORMAT, "key": manifest_key,
+                                                               "source": "spark1", "entries": files}))
+    s.run(build, ["touch", f"{d}/{jit_cache.COMPLETE}"], log=False)
+
+
+def lose_cache(s, fleet, node: str) -> None:
+    """The node rebooted and lost its compile cache (a new disk, a tmpfs home): its slots are gone
+    and its engine is down, so its next deploy boots on whatever it gets."""
+    from spark_pipelines.core.launch import launch_spec
+    from spark_pipelines.runbook import jit_cache
+
+    spec = launch_spec(fleet, fleet.node(node))
+    s.run(node, ["docker", "stop", spec.container_name], log=False, timeout=120)
+    for m in jit_cache.cache_mounts(spec):
+        target = s.run(node, ["readlink", "-f", m], log=False).stdout.strip()
+        s.run(node, ["mv", "-T", target, f"{target}.lost-{int(time.time() * 1000)}"], log=False)
+
+
+def kernel_hashes(s, fleet, node: str) -> set[str]:
+    """The stand-in kernel hashes in the node's torch.compile cache as it mounts it now."""
+    home = fleet.node(node).home_dir
+    r = s.run(node, ["ls", f"{home}/.cache/vllm/torch_compile_cache"], check=False, log=False)
+    return set(r.stdout.split())
+
+
+def redeploy(chain, node: str):
+    res = build_definitions(chain["fleet"]).resolve_job_def("deploy_node_job").execute_in_process(
+        instance=chain["instance"], partition_key=node, raise_on_error=False)
+    return res, latest(chain["instance"], "node_deployment", node)
+
+
+def test_a_shipped_cache_of_another_key_is_never_mounted(chain):
+    """An archive filed under the key spark2 needs holds another key's cache (its manifest says
+    so): the deploy refuses it before a byte is copied, marks the archive bad, and spark2 boots
+    cold on its own compile; the other kernels are never in what it mounts."""
+    from spark_pipelines.resources.ssh import FleetSession
+    from spark_pipelines.runbook import jit_cache
+
+    fleet = load_fleet(chain["fleet"])
+    key = latest(chain["instance"], "jit_cache", "spark1")["key"]
+    with FleetSession(fleet) as s:
+        d = jit_cache.archived_dir(s, key)
+        s.run("spark1", ["mv", "-T", d, f"{d}.kept"], log=False)
+        try:
+            archive_of_other_kernels(s, key, manifest_key="0123456789abcdef")
+            lose_cache(s, fleet, "spark2")
+            res, dep = redeploy(chain, "spark2")
+            assert res.success, dep
+            assert dep["jit_cache"] == "cold" and "holds the cache of key '0123456789abcdef'" in dep["jit_cache_why"]
+            assert FOREIGN not in kernel_hashes(s, fleet, "spark2") and kernel_hashes(s, fleet, "spark2")
+            log = container_log(fleet, "spark2")
+            assert "Compiling a graph for dynamic shape" in log and "stale" not in log
+            assert jit_cache.archive_state(s, key) == "bad"
+            assert "another key's cache is never mounted" in jit_cache.bad_reason(s, key)
+        finally:
+            s.run("spark1", ["rm", "-rf", d], log=False)
+            s.run("spark1", ["mv", "-T", f"{d}.kept", d], log=False)
+
+
+def test_a_shipped_cache_that_fails_the_boot_is_dropped_and_the_node_serves_after_a_cold_boot(chain):
+    """The archive of spark2's key verifies (its manifest is right about its files) but its
+    kernels are another configuration's, as a key that missed a kernel-shaping input would
+    ship: the boot on it fails as the runbook's stale-cache rows describe, the deploy drops the
+    cache and boots cold, spark2 serves, and the key's archive is never shipped again."""
+    from spark_pipelines.resources.ssh import FleetSession
+    from spark_pipelines.runbook import jit_cache
+
+    fleet = load_fleet(chain["fleet"])
+    key = latest(chain["instance"], "jit_cache", "spark1")["key"]
+    with FleetSession(fleet) as s:
+        d = jit_cache.archived_dir(s, key)
+        s.run("spark1", ["mv", "-T", d, f"{d}.kept"], log=False)
+        try:
+            archive_of_other_kernels(s, key, manifest_key=key)
+            lose_cache(s, fleet, "spark2")
+            res, dep = redeploy(chain, "spark2")
+            assert res.success, dep
+            assert dep["jit_cache"] == "cold" and "failed the boot" in dep["jit_cache_why"], dep["jit_cache_why"]
+            assert "stale torch_compile cache" in dep["jit_cache_why"]
+            assert FOREIGN not in kernel_hashes(s, fleet, "spark2")
+            assert "Compiling a graph for dynamic shape" in container_log(fleet, "spark2")
+            assert jit_cache.archive_state(s, key) == "bad"
+            assert "a cold boot served" in jit_cache.bad_reason(s, key)
+            # Never shipped again: the next node that loses its cache compiles too.
+            lose_cache(s, fleet, "spark2")
+            res, dep = redeploy(chain, "spark2")
+            assert res.success and dep["jit_cache"] == "cold" and "marked bad" in dep["jit_cache_why"], dep
+        finally:
+            s.run("spark1", ["rm", "-rf", d], log=False)
+            s.run("spark1", ["mv", "-T", f"{d}.kept", d], log=False)
 
 
 def test_vllm_ref_change_makes_exactly_images_and_downstream_stale(chain):

@@ -30,7 +30,7 @@ import yaml
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
-from spark_pipelines import cli
+from spark_pipelines.cli import main as cli
 from spark_pipelines.core.adoption import ADOPT, CURRENT, DIFFERS
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.checkpoint import INDEX_NAME

@@ -14,7 +14,7 @@ import time
 import dagster as dg
 import pytest
 
-from spark_pipelines.demo import run_chain
+from spark_pipelines.cli.demo import run_chain
 from tests.plugins.browser import only_loopback
 
 pytestmark = pytest.mark.slow

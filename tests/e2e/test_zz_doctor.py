@@ -21,7 +21,7 @@ import pytest
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.definitions import build_definitions
-from spark_pipelines import cli
+from spark_pipelines.cli import main as cli
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import sweep

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from spark_pipelines.core.fleet import load_fleet
-from spark_pipelines.metrics_command import serve, write_scrape_config
+from spark_pipelines.cli.metrics import serve, write_scrape_config
 from spark_pipelines.runbook import quarantine
 from spark_pipelines.state import records
 from spark_sim.servers import free_port
@@ -25,7 +25,7 @@ from tests.e2e.test_zz_doctor import inspect, production_aside
 from tests.e2e.test_zz_healing import back_in_gateway, env, latest_observation, requests_of, run, tick  # noqa: F401
 from tests.e2e.test_zz_wedge import Traffic
 from tests.plugins.prometheus import FOR_SCALE, prometheus_stack
-from spark_pipelines.metrics_command import RULES
+from spark_pipelines.cli.metrics import RULES
 
 pytestmark = pytest.mark.slow
 

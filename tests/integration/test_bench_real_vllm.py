@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from spark_pipelines import cli
+from spark_pipelines.cli import main as cli
 from spark_pipelines.resources import bench_client
 from spark_pipelines.core import bench as core
 from spark_pipelines.core.diagnosis import parse_metrics

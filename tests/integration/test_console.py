@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from spark_pipelines.console import Console, ConsoleError, _start_time
-from spark_pipelines.demo import prepare_instance_home
+from spark_pipelines.cli.console import Console, ConsoleError, _start_time
+from spark_pipelines.cli.demo import prepare_instance_home
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,8 @@
 """Eight nodes at the level CI can afford (the full chain runs at 2 in e2e; 4 in test_distribution_tree
-for the copy): the sim brings up 8, the fleet file names 8 serve nodes with one builder, the tree
-reaches 7 receivers in ceil(log2(8)) = 3 rounds, and the real proxy rotates and drains among all 8."""
+for the copy): the sim brings up 8, the fleet file names 8 serve nodes with one builder, the
+distribution reaches 7 receivers pipelined down a chain (the second receiver gets units from the
+first before the first has everything: nobody waits for a whole copy), and the real proxy rotates
+and drains among all 8."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def fleet8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
         yield sim
 
 
-def test_eight_nodes_distribute_in_three_rounds_and_rotate_in_the_gateway(fleet8):
+def test_eight_nodes_distribute_pipelined_and_rotate_in_the_gateway(fleet8):
     assert fleet8.fleet_file is not None
     fleet = load_fleet(fleet8.fleet_file)
     names = [n.name for n in fleet.serve_nodes]
@@ -37,10 +39,16 @@ def test_eight_nodes_distribute_in_three_rounds_and_rotate_in_the_gateway(fleet8
     assert [n.name for n in fleet.nodes if "build" in n.roles] == [fleet.nodes[0].name]
     assert all(r["sshd_alive"] and r.get("dockerd_alive", True) for r in fleet8.status())
     with FleetSession(fleet, SshSettings(connect_retries=1)) as s:
-        payload = make_payload(s, 256 * 1024)
+        payload = make_payload(s, 2 * 1024 * 1024)
         report = distribute(s, fleet.serve_nodes, payload)
-        assert len(report.rounds) == plan_core.log2_bound(7) == 3
-        assert sorted(report.verified) == sorted(n for n in names if n != fleet.build_node.name)
+        receivers = [n for n in names if n != fleet.build_node.name]
+        assert plan_core.tree_lines(report.tree) == [" -> ".join(names)]  # fan_out 1: one chain
+        assert sorted(report.verified) == sorted(receivers) and not report.given_up
+        # Every unit came from the node's parent, and the pipeline ran: the second node was receiving
+        # from the first before the first had everything (a tree of whole copies waits for it).
+        assert all(report.tree[t.receiver] == t.holder for t in report.transfers)
+        second_started = min(t.started for t in report.transfers if t.receiver == receivers[1])
+        assert second_started < report.done_at[receivers[0]], report.lines()
         assert all(NodeDocker(s).image_id(n, payload.image) == payload.image_id for n in names)
 
         gw = GatewayHost(s, master_key=os.environ["LITELLM_MASTER_KEY"])

@@ -138,6 +138,27 @@ def test_put_text_and_read_text_round_trip_with_mode(node_pair, fleet_session):
         fleet_session.read_text(node_pair.serve, path)
 
 
+def test_file_operations_from_many_threads_on_one_node_all_get_their_own_answer(node_pair, fleet_session):
+    """Adoption and the distribution read one node's files from several threads at once over its one
+    SFTP channel: each gets its own file's content, none a "Server connection dropped"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    node = node_pair.serve
+    base = "~/spark-test-threads"
+    for i in range(16):
+        fleet_session.put_text(node, f"{base}/f{i}", f"file {i}\n" * (i * 500 + 1))
+
+    def work(i: int) -> bool:
+        return all(fleet_session.read_text(node, f"{base}/f{i}") == f"file {i}\n" * (i * 500 + 1)
+                   and fleet_session.exists(node, f"{base}/f{i}") for _ in range(15))
+
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            assert all(pool.map(work, range(16)))
+    finally:
+        fleet_session.run(node, ["rm", "-rf", fleet_session.expand(node, base)], log=False)
+
+
 def test_host_key_mismatch_is_refused(node_pair, tmp_path):
     node = node_pair.fleet.node(node_pair.serve)
     real = paramiko.HostKeys(str(Path(node.known_hosts).expanduser()))

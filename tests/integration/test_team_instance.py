@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spark_pipelines.console import LOCATION, REPOSITORY, Console, free_port
-from spark_pipelines.team.instance import Team
+from spark_pipelines.cli.console import LOCATION, REPOSITORY, Console, free_port
+from spark_pipelines.cli.team.instance import Team
 
 pytestmark = pytest.mark.slow
 

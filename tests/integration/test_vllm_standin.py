@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spark_pipelines import cli
+from spark_pipelines.cli import main as cli
 from spark_pipelines.resources import bench_client
 from spark_pipelines.core import diagnosis
 from spark_sim.upstream import ENGINE_FILES

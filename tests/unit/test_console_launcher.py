@@ -1,5 +1,5 @@
 """The demo's run launcher answers the run monitoring from the run's own process: alive, gone, a
-zombie or a recycled pid (spark_pipelines/console_launcher.py)."""
+zombie or a recycled pid (spark_pipelines/cli/console_launcher.py)."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import dagster as dg
 from dagster._core.events import EngineEventData
 from dagster._core.launcher import WorkerStatus
 
-from spark_pipelines.console_launcher import LocalRunLauncher, process_alive, run_process
+from spark_pipelines.cli.console_launcher import LocalRunLauncher, process_alive, run_process
 
 
 def test_process_alive_gone_zombie_and_recycled():

@@ -4,7 +4,7 @@ a process that merely reuses a recorded pid is not."""
 import json
 import subprocess
 
-from spark_pipelines.console import _start_time, console_dir, stop_leftovers
+from spark_pipelines.cli.console import _start_time, console_dir, stop_leftovers
 
 
 def _record(home, procs, owner=None):

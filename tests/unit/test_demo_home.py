@@ -6,8 +6,8 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from spark_pipelines.demo import prepare_instance_home
-from spark_pipelines.team.instance import TEMPLATE
+from spark_pipelines.cli.demo import prepare_instance_home
+from spark_pipelines.cli.team.instance import TEMPLATE
 
 
 def test_instance_home_turns_telemetry_off_but_keeps_an_existing_config(tmp_path, monkeypatch):
@@ -76,8 +76,8 @@ def test_bench_runs_carry_the_bench_tag(seed_data, tmp_path):
 def test_the_demo_instance_fails_a_dead_run_and_upgrades_the_config_it_wrote_before(tmp_path):
     """Run monitoring with the local launcher (a dead run's process is noticed, never resumed); a
     dagster.yaml an older demo wrote (telemetry and run queue only) is brought up to date."""
-    from spark_pipelines.console_launcher import LocalRunLauncher
-    from spark_pipelines.demo import MONITOR_POLL_S, WRITTEN_BY
+    from spark_pipelines.cli.console_launcher import LocalRunLauncher
+    from spark_pipelines.cli.demo import MONITOR_POLL_S, WRITTEN_BY
 
     home = tmp_path / "home"
     home.mkdir()
@@ -99,7 +99,7 @@ def test_the_demo_instance_fails_a_dead_run_and_upgrades_the_config_it_wrote_bef
 def test_make_ui_keeps_the_demos_fleet_file_or_says_loudly_that_it_switched(tmp_path, monkeypatch):
     """Issue 23, item 11: after `make sim-down` the UI must not quietly open on the seed's real hosts."""
     from spark_pipelines.core.fleet import SEED_FLEET
-    from spark_pipelines.demo import DEMO_FLEET_RECORD, ui_fleet
+    from spark_pipelines.cli.demo import DEMO_FLEET_RECORD, ui_fleet
 
     monkeypatch.chdir(tmp_path)
     home = tmp_path / ".dagster-home"
@@ -118,7 +118,7 @@ def test_make_ui_keeps_the_demos_fleet_file_or_says_loudly_that_it_switched(tmp_
 
 def _demo_here(tmp_path):
     """A directory after `make demo`: its instance, the fleet file it recorded, the sim's key file."""
-    from spark_pipelines.demo import DEMO_FLEET_RECORD, DEMO_KEY_RECORD
+    from spark_pipelines.cli.demo import DEMO_FLEET_RECORD, DEMO_KEY_RECORD
 
     home = prepare_instance_home(tmp_path / ".dagster-home")
     fleet = tmp_path / "sim-fleet.yaml"
@@ -162,7 +162,7 @@ def test_after_the_demo_every_command_finds_its_fleet_file_and_names_it(tmp_path
 def test_the_simulators_gateway_key_goes_with_the_demos_fleet_file_only(tmp_path):
     """Issue 35, items 4-5: `plan --live` and `adopt --check` on the demo's fleet sent no key (the
     key is a file under the sim's root); `make ui` did not pass it either."""
-    from spark_pipelines.demo import demo_gateway_key
+    from spark_pipelines.cli.demo import demo_gateway_key
 
     home, fleet, key = _demo_here(tmp_path)
     env: dict[str, str] = {}
@@ -182,7 +182,7 @@ def test_make_ui_runs_dg_dev_on_the_port_asked_with_the_key(tmp_path, monkeypatc
     pass the simulator's key."""
     import os
 
-    from spark_pipelines import demo
+    from spark_pipelines.cli import demo
 
     home, fleet, _ = _demo_here(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -202,8 +202,8 @@ def test_make_ui_runs_dg_dev_on_the_port_asked_with_the_key(tmp_path, monkeypatc
 def test_a_fleet_that_does_not_come_up_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
     """Another fleet's leftovers on the slot (a network namespace of the same name): `make demo`
     says what failed, where, and what to run, in one line, exit 1."""
-    from spark_pipelines import demo
-    from spark_pipelines.cli import parser
+    from spark_pipelines.cli import demo
+    from spark_pipelines.cli.main import parser
     from spark_sim.fleet import SimFleet
     from spark_sim.layout import SimError
 
@@ -217,3 +217,19 @@ def test_a_fleet_that_does_not_come_up_is_one_line_not_a_traceback(tmp_path, mon
     rc = demo.demo_command(parser().parse_args(["demo", "--nodes", "2"]))
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "File exists" in err and "slot 29" in err and "sim down" in err, err
+
+
+def test_a_home_the_demo_wrote_before_the_commands_moved_is_brought_up_to_date(tmp_path):
+    """Issue 36: the commands moved into spark_pipelines/cli/, and with them the run launcher's
+    module; a demo home written before names the old module and must not be left unloadable."""
+    from spark_pipelines.cli.demo import WRITTEN_BEFORE, WRITTEN_BY
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(WRITTEN_BEFORE[0] + "\n" + yaml.safe_dump(
+        {"telemetry": {"enabled": False},
+         "run_launcher": {"module": "spark_pipelines.console_launcher", "class": "LocalRunLauncher"}}))
+    prepare_instance_home(home)
+    text = (home / "dagster.yaml").read_text()
+    assert text.startswith(WRITTEN_BY)
+    assert yaml.safe_load(text)["run_launcher"]["module"] == "spark_pipelines.cli.console_launcher"

@@ -10,7 +10,7 @@ import sys
 import yaml
 
 from spark_pipelines.core.health import NodeVerdict
-from spark_pipelines.doctor import Doctored, render_json, render_text
+from spark_pipelines.cli.doctor import Doctored, render_json, render_text
 
 
 def run(*args):

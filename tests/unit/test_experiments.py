@@ -34,3 +34,22 @@ def test_variant_cannot_exceed_the_hardware_gmu():
 def test_comparison_table_without_reports_still_renders_verdicts():
     md = comparison_md("spark2", {}, ["single-stream: cannot be told apart at this spread (...)"])
     assert "cannot be told apart" in md and "| variant |" in md
+
+
+def test_a_variant_with_other_kernels_boots_on_a_slot_of_its_own():
+    """An A/B variant whose kernel-shaping flags differ (MTP-3 vs MTP-2) must not boot on, nor
+    compile into, the cache production reloads after the experiment (the stand-in fails such a
+    boot as the runbook's stale-cache rows do); a variant alike in kernels shares production's."""
+    from spark_pipelines.core.launch import launch_spec
+    from spark_pipelines.runbook.experiment import variant_jit_key
+
+    fleet = load_fleet("fleets/seed.yaml")
+    node = fleet.serve_nodes[0]
+    production = launch_spec(fleet, node)
+    mtp3 = variant_fleet(fleet, node.name, Variant(name="mtp3", num_speculative_tokens=3))
+    mtp2 = variant_fleet(fleet, node.name, Variant(name="mtp2", num_speculative_tokens=2))
+    key = "0123456789abcdef"
+    assert variant_jit_key(key, production, launch_spec(mtp2, mtp2.node(node.name))) == key
+    other = variant_jit_key(key, production, launch_spec(mtp3, mtp3.node(node.name)))
+    assert other is not None and other != key and len(other) == len(key)
+    assert variant_jit_key(None, production, launch_spec(mtp3, mtp3.node(node.name))) is None

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from spark_pipelines.core import fleet_metrics as fm
 from spark_pipelines.core import scrape_config, steps, summary
 from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
-from spark_pipelines.metrics_command import registry_for, write_scrape_config
+from spark_pipelines.cli.metrics import registry_for, write_scrape_config
 from spark_pipelines.state import records
 from tests.plugins import unavailable
 
@@ -174,7 +174,7 @@ def test_an_unreadable_instance_is_a_metric_not_a_crash():
 
 
 def test_the_metrics_command_line(tmp_path, monkeypatch, capsys):
-    from spark_pipelines.cli import main
+    from spark_pipelines.cli.main import main
 
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     seed = str(Path(SEED_FLEET).resolve())

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from spark_pipelines.cli import main
+from spark_pipelines.cli.main import main
 from spark_pipelines.core.fleet import SEED_FLEET, FleetError, load_fleet, parse_fleet
 from spark_pipelines.core.gateway_front import TRIES, nginx_site
 

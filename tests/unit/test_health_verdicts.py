@@ -375,6 +375,27 @@ def test_ssh_silent_during_graph_capture_of_a_known_launch_is_starting():
     assert v.verdict == "unreachable"
 
 
+def test_a_node_that_served_since_its_launch_and_goes_silent_is_unreachable_not_starting():
+    """Issue 37's soak: a node powered off 19 min after its redeploy read "starting" (SSH silent
+    inside the capture window of its launch) and stayed routed; it had served since that launch."""
+    v = judge(obs(ssh_ok=False, ssh_error="timed out", health_ok=False, last_started_at=NOW - 19 * 60,
+                  served_at=NOW - 30))
+    assert v.verdict == "unreachable" and any("not a boot's graph capture" in e for e in v.evidence)
+    # Served before this launch only: the new launch's graph capture may still silence SSH.
+    v = judge(obs(ssh_ok=False, ssh_error="timed out", health_ok=False, last_started_at=NOW - 12 * 60,
+                  served_at=NOW - 13 * 60))
+    assert v.verdict == "starting"
+
+
+def test_the_sweep_carries_when_health_last_answered():
+    served = health.with_earlier(obs(ssh_ok=True, health_ok=True), None)
+    later = health.with_earlier(obs(ssh_ok=False, ssh_error="timed out", health_ok=False),
+                                Observation(node=served.node, probed_at=NOW - 15, ssh_ok=True, health_ok=True))
+    assert later.served_at == NOW - 15
+    again = health.with_earlier(obs(ssh_ok=False, ssh_error="timed out", health_ok=False), later)
+    assert again.served_at == NOW - 15
+
+
 def test_ssh_refused_is_not_a_dead_node():
     v = judge(obs(ssh_ok=False, ssh_refused=True, ssh_error="HostKeyError: HOST KEY MISMATCH"))
     assert v.verdict == "unknown" and "known_hosts" in v.advice

@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 from spark_pipelines.core.fleet import SEED_FLEET, load_fleet
-from spark_pipelines.metrics_command import serve
+from spark_pipelines.cli.metrics import serve
 from tests.plugins import unavailable
 
 SEED = str(Path(SEED_FLEET).resolve())

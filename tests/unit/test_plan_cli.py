@@ -19,7 +19,9 @@ def test_plan_json_shape_and_argv():
     p = run("plan", "--fleet", "fleets/seed.yaml", "--format", "json")
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
-    assert set(plan) == {"fleet_file", "nodes", "gateway", "rollout"}
+    assert set(plan) == {"fleet_file", "nodes", "gateway", "rollout", "pairs"}
+    tp2 = plan["pairs"]["tp2"]  # Phase 4-alt: off in the seed, with the runbook's reason
+    assert tp2["enabled"] is False and tp2["reason"].startswith("not DAC-connected")
     assert plan["fleet_file"] == str(Path("fleets/seed.yaml").resolve())
     assert plan["rollout"]["waves"] == [["spark1"], ["spark2"]]  # canary alone, then max_unavailable 1
     assert plan["nodes"]["spark1"]["docker_run_argv"] == runbook_argv("/home/operator")
@@ -49,7 +51,7 @@ def test_bad_input_exit_2_one_line_no_traceback(tmp_path):
 
 
 def test_every_command_shares_the_one_parser_one_line_per_bad_input():
-    from spark_pipelines.cli import main
+    from spark_pipelines.cli.main import main
 
     cases = [
         (["bench", "--model", "m"], "spark-pipelines bench: the following arguments are required: --base-url"),
@@ -168,7 +170,7 @@ def _options(ap):
 def test_every_option_says_what_it_does_and_its_default():
     """Issue 35, item 15: `bench --suite` / `--concurrency`, `doctor --fleet` and `metrics serve`'s
     options said neither what they do nor their default."""
-    from spark_pipelines.cli import parser
+    from spark_pipelines.cli.main import parser
 
     silent, no_default = [], []
     for prog, a in _options(parser()):

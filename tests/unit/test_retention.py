@@ -55,7 +55,7 @@ def test_a_session_writing_command_output_prunes_what_earlier_runs_left(tmp_path
 
 
 def test_each_bench_chart_written_prunes_the_old_ones(tmp_path, seed_data):
-    from spark_pipelines.assets.bench import chart_metadata
+    from spark_pipelines.assets.bench_metadata import chart_metadata
 
     seed_data["retention"] = {"bench_charts": 3, "max_age_days": 7}
     fleet = parse_fleet(seed_data)

@@ -18,7 +18,7 @@ from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources import gateway
 from spark_pipelines.resources.transfer import DIGEST_TIMEOUT_S
 from spark_pipelines.runbook import bench, node_os, run_limits, transaction
-from spark_pipelines.team.instance import TEMPLATE
+from spark_pipelines.cli.team.instance import TEMPLATE
 
 INSTANCE_DEFAULT = yaml.safe_load(TEMPLATE.read_text())["run_monitoring"]["max_runtime_seconds"]
 SHORT_JOBS = {steps.GATEWAY_JOB, steps.QUARANTINE_JOB, steps.RELEASE_JOB, steps.RECONCILE_JOB,

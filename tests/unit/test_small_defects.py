@@ -76,7 +76,7 @@ def test_a_ledger_that_is_json_but_no_ledger_object_is_one_clear_error(text):
 def test_the_exporters_cache_survives_a_wall_clock_stepped_back(monkeypatch):
     """The cache's age on time.monotonic: a wall clock stepped back an hour (NTP, a VM resumed)
     froze the metrics at their last read until the clock caught up."""
-    from spark_pipelines import metrics_command
+    from spark_pipelines.cli import metrics as metrics_command
 
     clock = SimpleNamespace(wall=1_800_000_000.0, mono=100.0)
     monkeypatch.setattr(metrics_command.time, "time", lambda: clock.wall)
@@ -119,7 +119,7 @@ def test_adoption_refused_is_a_dagster_failure_not_a_traceback(monkeypatch, tmp_
 @pytest.mark.parametrize("message", ["", "\n  \n"])
 def test_a_code_location_that_fails_with_an_empty_message_is_one_line(message, tmp_path):
     """console.py named the load error by `message.strip().splitlines()[0]`: IndexError on ''."""
-    from spark_pipelines import console
+    from spark_pipelines.cli import console
 
     c = console.Console(home=tmp_path, fleet_path=SEED, startup_timeout_s=5)
     answers = {"workspaceOrError": {"locationEntries": [{

@@ -38,3 +38,25 @@ def test_only_mounted_cache_dirs_are_modelled(tmp_path):
     only_vllm = standin_jit.entries("abc", {d[0][1]}, d)
     assert [e.name for e in only_vllm] == ["vllm"]
     assert standin_jit.mount_points("/nonexistent/mountinfo") == set()
+
+
+def test_a_cache_holding_only_another_hashs_kernels_fails_the_boot_as_a_stale_cache(tmp_path, monkeypatch):
+    d = dirs(tmp_path)
+    mounted = {root for _, root, _ in d}
+    mine = standin_jit.kernel_hash("/models/q", 262144, {"method": "mtp"}, "FLASHINFER", "0.19.1")
+    theirs = standin_jit.kernel_hash("/models/q", 131072, {"method": "mtp"}, "FLASHINFER", "0.19.1")
+    for e in standin_jit.entries(theirs, mounted, d):
+        e.fill(theirs)  # a cache compiled for another max-model-len, shipped here under the wrong key
+    found = standin_jit.entries(mine, mounted, d)
+    stale = standin_jit.stale(mine, found)
+    assert stale is not None and "stale torch_compile cache" in str(stale) and theirs in str(stale)
+    import pytest
+
+    with pytest.raises(standin_jit.StaleCache):
+        boot(mine, found, monkeypatch)
+    assert not any(e.warm for e in standin_jit.entries(mine, mounted, d))  # nothing compiled or loaded
+    # The right kernels beside the other ones (a node that ran both): warm, not stale.
+    for e in found:
+        e.fill(mine)
+    again = standin_jit.entries(mine, mounted, d)
+    assert standin_jit.stale(mine, again) is None and all(e.warm for e in again)

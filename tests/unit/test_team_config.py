@@ -4,7 +4,7 @@ per-machine values, no secret value in it, the embedded demo sharing its run-que
 import yaml
 
 from spark_pipelines.core.fleet import load_fleet, parse_fleet
-from spark_pipelines.team.instance import (
+from spark_pipelines.cli.team.instance import (
     INSTANCE_ENV,
     TEAM_LABEL,
     TEMPLATE,

@@ -140,7 +140,7 @@ def swapab_diff() -> str:
 
 
 # The GB10 engine stand-in: stdlib-only files that run beside each other in /opt/sim of the image.
-ENGINE_FILES = ("vllm_standin.py", "standin_startup.py", "standin_jit.py", "standin_answers.py")
+ENGINE_FILES = ("vllm_standin.py", "standin_startup.py", "standin_jit.py", "standin_answers.py", "standin_pair.py")
 
 
 def build_repo_files() -> dict[str, str]:

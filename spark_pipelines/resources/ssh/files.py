@@ -11,6 +11,7 @@ import stat
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import paramiko
 
@@ -27,6 +28,7 @@ class NodeFiles:
 
     settings: SshSettings
     _sftp: dict[str, paramiko.SFTPClient]
+    _lock: threading.Lock
 
     # provided by FleetSession
     def target(self, node: str | SshTarget) -> tuple[str, SshTarget]: ...
@@ -61,22 +63,32 @@ class NodeFiles:
             except Exception:  # closing a dead channel must not mask the real error
                 pass
 
+    def _sftp_hold(self, key: str) -> Any:  # a threading.RLock
+        with self._lock:
+            holds = self.__dict__.setdefault("_sftp_holds", {})
+            return holds.setdefault(key, threading.RLock())
+
     @contextmanager
     def _file_op(self, node: str | SshTarget, what: str) -> Iterator[str]:
         """Map SFTP failures to errors naming the node: a timeout or dead peer -> NodeUnresponsive."""
         key, _ = self.target(node)
-        try:
-            yield key
-        except (FileNotFoundError, RemoteError):
-            raise
-        except (socket.timeout, TimeoutError):
-            self._drop_sftp(key)  # a late reply would answer the next request: start a fresh channel
-            raise NodeUnresponsive(key, self.settings.sftp_timeout_s, f"SFTP {what}") from None
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            self._drop_sftp(key)
-            if self._is_dead(key):
-                raise NodeUnresponsive(key, self.settings.dead_peer_s, f"SFTP {what}") from None
-            raise RemoteFileError(f"node {key}: SFTP {what} failed: {e or type(e).__name__}") from None
+        # One operation at a time on the node's shared SFTP channel: paramiko reads its replies
+        # without a lock, so two threads at once (adoption's, the distribution's) steal each
+        # other's packets ("Server connection dropped", a reply never seen). Re-entrant: a write
+        # removes its temp file under the same hold.
+        with self._sftp_hold(key):
+            try:
+                yield key
+            except (FileNotFoundError, RemoteError):
+                raise
+            except (socket.timeout, TimeoutError):
+                self._drop_sftp(key)  # a late reply would answer the next request: start a fresh channel
+                raise NodeUnresponsive(key, self.settings.sftp_timeout_s, f"SFTP {what}") from None
+            except (OSError, EOFError, paramiko.SSHException) as e:
+                self._drop_sftp(key)
+                if self._is_dead(key):
+                    raise NodeUnresponsive(key, self.settings.dead_peer_s, f"SFTP {what}") from None
+                raise RemoteFileError(f"node {key}: SFTP {what} failed: {e or type(e).__name__}") from None
 
     def _mkdirs(self, sftp: paramiko.SFTPClient, directory: str, mode: int = 0o755) -> None:
         parts = [p for p in directory.split("/") if p]

@@ -388,6 +388,11 @@ class FleetSession(NodeFiles):
         t.start()
         return t
 
+    def record_command(self, node: str, argv: Sequence[str], exit_status: int | None, seconds: float) -> None:
+        """A command run on a channel of its own (a relay fed while it runs), in the command log."""
+        key, _ = self.target(node)
+        self._record(CommandRecord(key, tuple(argv), exit_status, round(seconds, 3)))
+
     def _record(self, rec: CommandRecord) -> None:
         with self._lock:
             self.commands.append(rec)

@@ -94,6 +94,11 @@ class cuda:
             raise RuntimeError("CUDA error: no CUDA-capable device is detected (run with --gpus all)")
         gib = 1024 ** 3
         return int(st["free_gib"] * gib), int(st["total_gib"] * gib)
+
+    class nccl:
+        @staticmethod
+        def version():
+            return (2, 30, 4)  # the runbook's image: "NCCL 2.30.4"
 """
 
 

@@ -17,17 +17,17 @@ import os
 import sys
 from pathlib import Path
 
-from spark_pipelines.console import ConsoleError
-from spark_pipelines.team.engine import EngineError
-from spark_pipelines.team.instance import WEB_PORT, Team, default_root
-from spark_pipelines.team.postgres import PostgresError
-from spark_pipelines.team.rootfs import RootfsError
+from spark_pipelines.cli.console import ConsoleError
+from spark_pipelines.cli.team.engine import EngineError
+from spark_pipelines.cli.team.instance import WEB_PORT, Team, default_root
+from spark_pipelines.cli.team.postgres import PostgresError
+from spark_pipelines.resources.rootfs import RootfsError
 
 
 def default_fleet() -> str:
-    """The fleet file every command finds (spark_pipelines.demo.find_fleet): $SPARK_FLEET, the
+    """The fleet file every command finds (spark_pipelines.cli.demo.find_fleet): $SPARK_FLEET, the
     demo's, a simulated fleet's file here, the runbook's."""
-    from spark_pipelines.console import find_fleet
+    from spark_pipelines.cli.console import find_fleet
 
     choice = find_fleet(None)
     print(f"spark-pipelines team: fleet file {choice.named()}", file=sys.stderr)

@@ -24,12 +24,12 @@ from pathlib import Path
 import httpx
 import yaml
 
-from spark_pipelines.console import HOST, Console, code_server_args, stop_leftovers
+from spark_pipelines.cli.console import HOST, Console, code_server_args, stop_leftovers
 from spark_pipelines.core.fleet import Fleet, load_fleet
 from spark_pipelines.resources.hub import TOKEN_ENV
-from spark_pipelines.team import image as team_image
-from spark_pipelines.team.engine import EngineError, TeamEngine
-from spark_pipelines.team.postgres import Postgres
+from spark_pipelines.cli.team import image as team_image
+from spark_pipelines.cli.team.engine import EngineError, TeamEngine
+from spark_pipelines.cli.team.postgres import Postgres
 
 ROOT_ENV = "SPARK_TEAM_ROOT"
 DEFAULT_ROOT = "/var/lib/spark-pipelines/team"
@@ -80,7 +80,7 @@ def render_instance_config(template: str, image_ref: str, env_names: Iterable[st
     kwargs = launcher.setdefault("container_kwargs", {})
     kwargs["volumes"] = {m.path: {"bind": m.path, "mode": "rw" if m.writable else "ro"} for m in mounts}
     kwargs["labels"] = {TEAM_LABEL: label}
-    header = ("# Written by `spark-pipelines team up` from spark_pipelines/team/dagster.yaml; edit the template.\n")
+    header = ("# Written by `spark-pipelines team up` from spark_pipelines/cli/team/dagster.yaml; edit the template.\n")
     return header + yaml.safe_dump(cfg, sort_keys=False)
 
 

@@ -1,7 +1,7 @@
 """`spark-pipelines demo`: the simulated fleet, the whole chain through Dagster, a bench table.
 
 Runs on the instance in DAGSTER_HOME (the Makefile sets .dagster-home) through the code location
-(spark_pipelines/console.py: code server, webserver, daemon, stopped at the end), so `make ui`
+(spark_pipelines/cli/console.py: code server, webserver, daemon, stopped at the end), so `make ui`
 shows every run under its job, materialization, check and bench chart afterwards. The fleet
 stays up for the UI; `spark-pipelines sim down` removes it.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from spark_pipelines import metrics_command
-from spark_pipelines.console import (  # noqa: F401  (the demo's records, re-exported for its callers)
+from spark_pipelines.cli import metrics as metrics_command
+from spark_pipelines.cli.console import (  # noqa: F401  (the demo's records, re-exported for its callers)
     DEMO_FLEET_RECORD,
     DEMO_KEY_RECORD,
     FLEET_HELP,
@@ -117,7 +117,10 @@ def run_chain(fleet_path: str, instance: Any, log: Any = print, log_level: str =
 
 
 # The first line of the dagster.yaml the demo writes: such a file is the demo's to rewrite.
-WRITTEN_BY = "# written by spark-pipelines demo (spark_pipelines/demo.py); edit it and it is left as it is"
+WRITTEN_BY = "# written by spark-pipelines demo (spark_pipelines/cli/demo.py); edit it and it is left as it is"
+# The same line before the commands moved into cli/: a home an older demo wrote is still its own
+# (brought up to date, its launcher module path with it).
+WRITTEN_BEFORE = ("# written by spark-pipelines demo (spark_pipelines/demo.py); edit it and it is left as it is",)
 MONITOR_POLL_S = 15  # a dead run is failed within about this long (plus the daemon's own tick)
 
 
@@ -125,13 +128,13 @@ def instance_config() -> str:
     """The embedded instance's dagster.yaml: the team template's telemetry, concurrency (one run per
     node; one slot in each pool: one drain, one image build at a time) and run monitoring, on the
     default SQLite storage and the local launcher that tells the monitoring whether a run's process
-    still lives (spark_pipelines/console_launcher.py): a run whose process died is failed within
+    still lives (spark_pipelines/cli/console_launcher.py): a run whose process died is failed within
     about MONITOR_POLL_S, the node's next run leaves the queue, and a pool slot it held is freed."""
-    from spark_pipelines.team.instance import TEMPLATE  # imports dagster: not for every command's --help
+    from spark_pipelines.cli.team.instance import TEMPLATE  # imports dagster: not for every command's --help
 
     cfg = yaml.safe_load(TEMPLATE.read_text())
     out = {k: cfg[k] for k in ("telemetry", "concurrency")}
-    out["run_launcher"] = {"module": "spark_pipelines.console_launcher", "class": "LocalRunLauncher"}
+    out["run_launcher"] = {"module": "spark_pipelines.cli.console_launcher", "class": "LocalRunLauncher"}
     out["run_monitoring"] = {**cfg["run_monitoring"], "poll_interval_seconds": MONITOR_POLL_S,
                              "free_slots_after_run_end_seconds": MONITOR_POLL_S,
                              "max_resume_run_attempts": 0}  # a dead run is never resumed: its undo ran or the next run finishes it
@@ -140,7 +143,7 @@ def instance_config() -> str:
 
 def _ours(text: str) -> bool:
     """Written by the demo: now (its first line) or by an older version (telemetry and run queue only)."""
-    if text.startswith(WRITTEN_BY):
+    if text.startswith((WRITTEN_BY, *WRITTEN_BEFORE)):
         return True
     try:
         old = yaml.safe_load(text)
@@ -172,7 +175,7 @@ def ui_fleet(home: Path, environ: dict[str, str] | None = None) -> tuple[str, st
 def ui_command(port: str | None = None) -> int:
     """`make ui [PORT=3000]`: `dg dev` on the demo's instance and fleet file, with the simulator's
     gateway key when the fleet is the demo's (a bench launched from the UI drains through it)."""
-    from spark_pipelines.console import stop_leftovers
+    from spark_pipelines.cli.console import stop_leftovers
 
     port = port or os.environ.get("PORT") or str(UI_PORT)
     if not port.isdigit() or not 1 <= int(port) <= 65535:

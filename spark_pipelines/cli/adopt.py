@@ -31,7 +31,7 @@ READ_FAILED = 3  # exit status: the live fleet could not be read (not "the chain
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     p.add_argument("--fleet", default=None, help=FLEET_HELP)
     p.add_argument("--node", action="append", default=[], metavar="NAME",
@@ -77,7 +77,7 @@ def adopt(fleet_path: str, nodes: list[str] | None = None) -> tuple[bool, list[c
 
     from spark_pipelines.core import steps
     from spark_pipelines.definitions import build_definitions
-    from spark_pipelines.demo import prepare_instance_home
+    from spark_pipelines.cli.demo import prepare_instance_home
 
     prepare_instance_home()
     with dg.DagsterInstance.get() as instance:
@@ -103,7 +103,7 @@ def needs_action(findings: list[core.Finding]) -> bool:
 
 
 def adopt_run(args: argparse.Namespace) -> int:
-    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
+    from spark_pipelines.cli.console import demo_gateway_key, find_fleet, read_hint
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     choice = find_fleet(args.fleet)

@@ -34,7 +34,9 @@ from spark_pipelines.core import rollout as rollout_core
 from spark_pipelines.core import preflight
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.memory import memory_gate
-from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
+from spark_pipelines.core.fleet import Fleet, FleetError, NodePair, load_fleet
+from spark_pipelines.core import pair as pair_core
+from spark_pipelines.core.pair_launch import pair_launch
 
 
 
@@ -156,6 +158,40 @@ def node_plan(fleet: Fleet, name: str) -> dict[str, Any]:
     }
 
 
+def pair_plan(fleet: Fleet, pair: NodePair) -> dict[str, Any]:
+    """A node pair (Phase 4-alt): on or off and why, and its two launches in launch order."""
+    out: dict[str, Any] = {"head": pair.head, "worker": pair.worker, "enabled": pair.enabled, "reason": pair.reason,
+                           "link": pair.link.model_dump() if pair.link else None, "master_port": pair.master_port,
+                           "preflight": [what for _, what in pair_core.CHECKS]}
+    if {pair.head, pair.worker} <= set(fleet.node_names):  # an off pair may name nodes this fleet left out
+        launch = pair_launch(fleet, pair)
+        out["launch"] = [{"node": spec.node, "rank": 1 if spec is launch.worker else 0,
+                          "docker_run_argv": spec.docker_run_argv(), "docker_run": shlex.join(spec.docker_run_argv())}
+                         for spec in launch.specs]
+    return out
+
+
+def render_pair_text(name: str, p: dict[str, Any]) -> list[str]:
+    state = "ON" if p["enabled"] else f"OFF: {p['reason'] or 'enabled: false'}"
+    out = [f"== node pair {name} (Phase 4-alt, TP=2): {p['head']} head (rank 0) + {p['worker']} worker (rank 1): {state}"]
+    link = p["link"]
+    if link:
+        out.append(f"link: {link['head_address']} ({p['head']}) <-> {link['worker_address']} ({p['worker']}), "
+                   f"MTU {link['mtu']}, master port {p['master_port']}")
+    else:
+        out.append("link: none; to turn it on, add link: {head_address, worker_address, mtu} and enabled: true")
+    if p["enabled"]:
+        out.append(f"gateway: one backend, {p['head']}; {p['worker']} runs headless, out of the rotation")
+    out.append("preflight of the pair:")
+    out += [f"  {what}" for what in p["preflight"]]
+    if "launch" in p:
+        out.append("launch" + (" once on" if not p["enabled"] else "") + " (worker first, the head after its "
+                   "headless milestone):")
+        out += [f"  {x['node']} (rank {x['rank']}): {x['docker_run']}" for x in p["launch"]]
+    out.append("")
+    return out
+
+
 def build_plan(fleet: Fleet, only: str | None) -> dict[str, Any]:
     names = [only] if only else [n.name for n in fleet.serve_nodes]
     for n in names:
@@ -170,6 +206,7 @@ def build_plan(fleet: Fleet, only: str | None) -> dict[str, Any]:
         rollout = {"waves": [], "text": f"refused: {e}"}
     return {
         "nodes": {n: node_plan(fleet, n) for n in names},
+        "pairs": {p.name: pair_plan(fleet, p) for p in fleet.pairs if not only or only in (p.head, p.worker)},
         "rollout": rollout,
         "gateway": {
             "host": fleet.gateway.host,
@@ -197,6 +234,8 @@ def render_plan_text(plan: dict[str, Any]) -> str:
         out.append("launch:")
         out.append("  " + p["docker_run"])
         out.append("")
+    for name, p in plan.get("pairs", {}).items():
+        out += render_pair_text(name, p)
     out.append("== rollout of a new image, checkpoint or launch profile (rollout_job)")
     out += ["  " + line for line in plan["rollout"]["text"].splitlines()]
     out.append("  each node: deploy (previous version kept) -> health -> bench vs floors and the fleet's baseline; "
@@ -218,7 +257,7 @@ PLAN_DESCRIPTION = ("Render what a deploy of the fleet file would do, touching n
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     ap.add_argument("--fleet", default=None, help=FLEET_HELP)
     ap.add_argument("--node", metavar="NAME", help="one serve node (default: every serve node)")
@@ -230,7 +269,7 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from spark_pipelines.console import demo_gateway_key, find_fleet, read_hint
+    from spark_pipelines.cli.console import demo_gateway_key, find_fleet, read_hint
 
     choice = find_fleet(args.fleet)
     if choice.warning:
@@ -240,7 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     live = phase0 = None
     key = None
     if args.live:
-        from spark_pipelines import adopt_command, node_os_command
+        from spark_pipelines.cli import adopt as adopt_command, node_os as node_os_command
 
         key = demo_gateway_key(choice.path, fleet.gateway.master_key_env)
         try:
@@ -267,7 +306,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print("\n== live: what the chain would do to the fleet as it runs now (nothing was changed)")
             print(render_text(live))
         if phase0 is not None:
-            from spark_pipelines.node_os_command import render_text as phase0_text
+            from spark_pipelines.cli.node_os import render_text as phase0_text
 
             print("\n== Phase 0 (node_os_job): what it would change on each node (nothing was changed)")
             print(phase0_text(phase0))
@@ -277,8 +316,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_metrics(args: argparse.Namespace) -> int:
     """`metrics`: the fleet file and the instance found as every command finds them, named on stderr
     (stdout is the metrics themselves)."""
-    from spark_pipelines import metrics_command
-    from spark_pipelines.console import find_fleet, instance_home
+    from spark_pipelines.cli import metrics as metrics_command
+    from spark_pipelines.cli.console import find_fleet, instance_home
 
     choice = find_fleet(args.fleet)
     args.fleet = choice.path
@@ -320,8 +359,8 @@ DELEGATED = {
 
 def parser() -> Parser:
     """The one argument parser: a subparser per command, each module adding its own arguments."""
-    from spark_pipelines import adopt_command, bench_command, demo, doctor, metrics_command, node_os_command
-    from spark_pipelines.team import command as team_command
+    from spark_pipelines.cli import adopt as adopt_command, bench as bench_command, demo, doctor, metrics as metrics_command, node_os as node_os_command
+    from spark_pipelines.cli.team import command as team_command
 
     ap = Parser(prog="spark-pipelines", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
@@ -350,7 +389,7 @@ def parser() -> Parser:
                            description="Print the nginx site of the gateway's front: clients on gateway.proxy_port, "
                                        "LiteLLM behind it on 127.0.0.1:gateway.front.litellm_port (put it in "
                                        "/etc/nginx/conf.d/ on the gateway host; core/gateway_front.py says why).")
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     front.add_argument("--fleet", default=None, help=FLEET_HELP)
     front.set_defaults(run=cmd_gateway_front)
@@ -370,7 +409,7 @@ def parser() -> Parser:
 def cmd_gateway_front(args: argparse.Namespace) -> int:
     from spark_pipelines.core.gateway_front import nginx_site
 
-    from spark_pipelines.console import find_fleet
+    from spark_pipelines.cli.console import find_fleet
 
     args.fleet = find_fleet(args.fleet).path
     fleet = load_fleet(args.fleet)
@@ -411,6 +450,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

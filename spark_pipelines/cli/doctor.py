@@ -38,7 +38,7 @@ class DoctorUsageError(Exception):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The doctor's arguments, on its subparser of `spark_pipelines.cli`'s one parser."""
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     p.add_argument("--fleet", default=None, help=FLEET_HELP)
     p.add_argument("--node", metavar="NAME", help="probe only this serve node (default: every serve node)")
@@ -123,7 +123,7 @@ def run(fleet: Fleet, only: str | None = None, instance: Any = None) -> dict[str
     from spark_pipelines.state.records import bench_histories  # the instance in DAGSTER_HOME, when set
 
     history = bench_histories([n.name for n in targets], instance)
-    quiet = logging.getLogger("spark_pipelines.doctor")
+    quiet = logging.getLogger("spark_pipelines.cli.doctor")
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
     with sweep.open_session(fleet, logger=quiet) as s:
@@ -140,7 +140,7 @@ def run(fleet: Fleet, only: str | None = None, instance: Any = None) -> dict[str
 
 def doctor_run(args: argparse.Namespace) -> int:
     """The doctor on parsed arguments (spark_pipelines.cli parses them)."""
-    from spark_pipelines.console import find_fleet, instance_home, read_hint
+    from spark_pipelines.cli.console import find_fleet, instance_home, read_hint
 
     # paramiko reports every failed connect on stderr; the verdict already says it.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)

@@ -30,7 +30,7 @@ def check(fleet_path: str, nodes: list[str] | None = None) -> list[NodePlan]:
     fleet = load_fleet(fleet_path)
     choices = node_os.choices(fleet)
     out = []
-    from spark_pipelines.adopt_command import quiet_log
+    from spark_pipelines.cli.adopt import quiet_log
 
     with FleetSession(fleet, logger=quiet_log()) as s:
         for node in fleet.serve_nodes:
@@ -60,7 +60,7 @@ def render_text(plans: list[NodePlan]) -> str:
 
 
 def add_sudoers_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     ap.add_argument("--fleet", default=None, help=FLEET_HELP)
 
@@ -68,7 +68,7 @@ def add_sudoers_arguments(ap: argparse.ArgumentParser) -> None:
 def sudoers_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from spark_pipelines.console import find_fleet
+    from spark_pipelines.cli.console import find_fleet
     from spark_pipelines.runbook.node_os import choices
 
     choice = find_fleet(args.fleet)

@@ -41,7 +41,7 @@ from spark_pipelines.core.fleet import Fleet, FleetError, load_fleet
 
 DEFAULT_PORT = 9464
 CACHE_S = 5.0  # Prometheus and a person's curl at once read the instance once
-RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / scrape_config.RULES_FILE
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / scrape_config.RULES_FILE
 
 
 class FleetCollector(Collector):
@@ -183,7 +183,7 @@ def write_scrape_config(fleet: Fleet, out: Path, exporter: str, alertmanager: st
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    from spark_pipelines.console import FLEET_HELP
+    from spark_pipelines.cli.console import FLEET_HELP
 
     sub = ap.add_subparsers(dest="what", required=True, metavar="serve|show|scrape-config")
     s = sub.add_parser("serve", help="the fleet exporter on HOST:PORT/metrics",

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spark_pipelines.team import rootfs
+from spark_pipelines.resources import rootfs
 
 # What the wheels' native parts link against beyond the Python closure: grpcio, numpy and
 # matplotlib need libstdc++; zoneinfo reads tzdata.
@@ -43,7 +43,7 @@ class TeamImage:
 
 def project_root() -> Path:
     """The clone the image is built from (an editable install's package sits in it)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / "pyproject.toml").exists() or not (root / "deploy" / "Dockerfile").exists():
         raise ImageError(f"{root} is not a spark-pipelines clone (no pyproject.toml or deploy/Dockerfile): "
                          "build the team image from a clone")

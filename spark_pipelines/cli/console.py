@@ -47,7 +47,7 @@ TERMINATE_WAIT_S = 600.0
 # ---------------------------------------------------------------------------------------------
 # Which fleet file, gateway key and instance a command reads. Every command (plan, doctor, adopt,
 # metrics, sudoers, team, `make ui`) finds them one way and names what it read; the demo records
-# its own on its instance for the commands after it (spark_pipelines/demo.py writes the records).
+# its own on its instance for the commands after it (spark_pipelines/cli/demo.py writes the records).
 
 # What the demo leaves on its instance for the commands after it (plan, doctor, adopt, metrics,
 # `make ui`): the fleet file its runs were made with, and where the simulator keeps the gateway's
