@@ -187,8 +187,10 @@ def revert(session: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why
             # adopted hand deploy) reads it through the runbook's path when it starts again.
             checkpoint = (versions.point_back(session, node, point.checkpoint_link, log)
                           if point.checkpoint_now and point.checkpoint_link != point.checkpoint_now else "")
-            restored = docker.restore_previous(n, spec.container_name, spec.image, prev)
+            # The cache mounts before the container: a bind mount resolves its symlink when the
+            # container starts, and the previous version fails on the new one's kernels (stale).
             _relink_cache(session, node, point, log)
+            restored = docker.restore_previous(n, spec.container_name, spec.image, prev)
             restore_deploy_marker(session, node, point.deploy_marker, restored)
             limit = min(ROLLBACK_HEALTH_S, session.fleet.launch_for(node).health_timeout_s)
             if not poll_until(lambda: engine.healthy(session.fleet, node), bool, timeout_s=limit, every_s=2.0).done:
