@@ -12,7 +12,7 @@ import pytest
 
 from spark_sim import soak_report
 from spark_sim.soak import Soak, SoakConfig
-from spark_sim.traffic import FRESH, OPENAI, POOLED
+from spark_sim.traffic import FRESH, OPENAI, POOLED, WHOLE
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, tmp_path):
     path = tmp_path / "soak-fleet.yaml"  # the soak edits its fleet file (the rollout, the reload wrapper)
     shutil.copy(fleet.fleet, path)
-    clients = {POOLED: 1, FRESH: 1}
+    clients = {POOLED: 1, FRESH: 1, WHOLE: 1}
     try:
         import openai  # noqa: F401 - the test extra
 
