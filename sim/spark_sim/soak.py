@@ -6,7 +6,8 @@ between them, and a checker that reads the real parts, not the pipeline's record
   on the soak's Dagster instance with the fleet file's budgets (as the daemon would, at a faster
   cadence), and the runs they request are executed (one worker per run, leases keep one run per
   node), deduplicated by run key as the daemon does.
-- Traffic: spark_sim.traffic's clients (pooled, fresh connection, OpenAI SDK), streaming.
+- Traffic: spark_sim.traffic's clients (pooled, fresh connection, OpenAI SDK) streaming, and a
+  pooled one asking for non-streaming answers.
 - Faults (soak_faults.FAULTS, spark_sim.faults' injectors and the simulator's own switches): each held for a
   seeded time, then undone as the world would (SIGCONT, link up, power back); what stays broken
   is the pipeline's to heal or quarantine. An operator releases a quarantine once its cause is gone.
@@ -38,7 +39,7 @@ import yaml
 from spark_sim import faults as fx
 from spark_sim.fleet import SimFleet
 from spark_sim.soak_faults import FAULTS, prepare
-from spark_sim.traffic import FRESH, OPENAI, POOLED, Traffic
+from spark_sim.traffic import FRESH, OPENAI, POOLED, WHOLE, Traffic
 
 HEALTH, WEDGE, PINS = "node_health", "wedge_watch", "pins_changed"
 LEVELS = ("INFO", "DEBUG", "WARNING", "ERROR")
@@ -78,7 +79,7 @@ class SoakConfig:
     actions: tuple[str, ...] = ("rollout", "bench", "reload", "bench")
     faults: tuple[str, ...] = ()  # empty: the whole catalogue
     settle_s: float = 300.0
-    clients: dict[str, int] = field(default_factory=lambda: {POOLED: 1, FRESH: 1, OPENAI: 1})
+    clients: dict[str, int] = field(default_factory=lambda: {POOLED: 1, FRESH: 1, OPENAI: 1, WHOLE: 1})
     max_tokens: int = 24
     pause_s: float = 0.3
     # A planned (fault, node, at_s) list instead of the seeded draw: the CI soak's overlap.

@@ -232,9 +232,28 @@ def running(engine: Served) -> float:
                if line.startswith("vllm:num_requests_running"))
 
 
-POOLED, FRESH, OPENAI = "pooled", "fresh", "openai"
-KINDS = (POOLED, FRESH, OPENAI)
+POOLED, FRESH, OPENAI, WHOLE = "pooled", "fresh", "openai", "whole"
+KINDS = (POOLED, FRESH, OPENAI, WHOLE)
 _BODY_TEXT = "Count slowly, one word per line."
+
+
+def _read_whole(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None:
+    """A non-streaming answer: served when it is one JSON body with a finish_reason."""
+    out.head_at = time.time()
+    base = r.headers.get(API_BASE_HEADER, "")
+    out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+    if r.status_code != 200:
+        out.error = f"HTTP {r.status_code}: {r.text[:120]}"
+        return
+    try:
+        choices = r.json().get("choices") or []
+    except ValueError:
+        out.error = f"not a JSON answer: {r.text[:120]}"
+        return
+    out.chunks = 1 if choices else 0
+    out.finished = bool(choices) and choices[0].get("finish_reason") is not None
+    if not out.finished:
+        out.error = "the answer has no choice with a finish_reason"
 
 
 def _read_stream(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None:
@@ -277,9 +296,10 @@ class _SdkRetries(logging.Handler):
 
 
 class ClientLoop:
-    """One client sending streaming requests through the gateway back to back until stopped.
-    `pooled`: one httpx client (keep-alive pool) for every request, never resending: what a
-    program holding a connection does. `fresh`: a new connection for each request. `openai`: the
+    """One client sending requests through the gateway back to back until stopped, streaming
+    but for `whole`. `pooled`: one httpx client (keep-alive pool) for every request, never
+    resending: what a program holding a connection does. `whole`: the same pooled client asking
+    for non-streaming answers (one JSON body, the whole answer at its end). `fresh`: a new connection for each request. `openai`: the
     OpenAI SDK's default client (its own keep-alive pool; it resends a request whose connection
     failed, twice, and says so on its logger: counted in each Stream's `resent`)."""
 
@@ -296,12 +316,12 @@ class ClientLoop:
         self._thread = threading.Thread(target=self._loop, name=f"client-{kind}", daemon=True)
 
     def _body(self) -> dict:
-        return {"model": self.pool, "stream": True, "max_tokens": self.max_tokens,
+        return {"model": self.pool, "stream": self.kind != WHOLE, "max_tokens": self.max_tokens,
                 "messages": [{"role": "user", "content": _BODY_TEXT}]}
 
     def _loop(self) -> None:
         headers = {"Authorization": f"Bearer {self.key}"}
-        pooled = httpx.Client(timeout=self.timeout_s, headers=headers) if self.kind == POOLED else None
+        pooled = httpx.Client(timeout=self.timeout_s, headers=headers) if self.kind in (POOLED, WHOLE) else None
         sdk = None
         if self.kind == OPENAI:
             import openai  # the test extra; only this client kind needs it
@@ -314,6 +334,9 @@ class ClientLoop:
                 try:
                     if sdk is not None:
                         self._sdk_one(sdk, out)
+                    elif self.kind == WHOLE:
+                        _read_whole(pooled.post(f"{self.url}/v1/chat/completions", json=self._body()), out,
+                                    self.node_of)
                     elif pooled is not None:
                         with pooled.stream("POST", f"{self.url}/v1/chat/completions", json=self._body()) as r:
                             _read_stream(r, out, self.node_of)
