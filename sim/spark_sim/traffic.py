@@ -39,6 +39,12 @@ from spark_sim.servers import (
 API_BASE_HEADER = "x-litellm-model-api-base"
 
 
+def answered_by(headers: httpx.Headers, node_of: dict[str, str]) -> str | None:
+    """The node LiteLLM sent the request to, from its api-base response header (None: not said)."""
+    base = headers.get(API_BASE_HEADER, "")
+    return next((n for b, n in node_of.items() if base.startswith(b)), None)
+
+
 @contextmanager
 def engines_on(sim: SimFleet, port: int, model: str, work: Path, tokens_per_second: float = 52.0
                ) -> Iterator[dict[str, Served]]:
@@ -106,8 +112,7 @@ def _one(url: str, key: str, pool: str, max_tokens: int, node_of: dict[str, str]
                     out.resent.append(f"{time.monotonic() - out.started:.2f}s {type(e).__name__}: {e}"[:200])
                     time.sleep(0.2 * len(out.resent))
             try:
-                base = r.headers.get(API_BASE_HEADER, "")
-                out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+                out.node = answered_by(r.headers, node_of)
                 if r.status_code != 200:
                     out.error = f"HTTP {r.status_code}"
                     return
@@ -240,8 +245,7 @@ _BODY_TEXT = "Count slowly, one word per line."
 def _read_whole(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None:
     """A non-streaming answer: served when it is one JSON body with a finish_reason."""
     out.head_at = time.time()
-    base = r.headers.get(API_BASE_HEADER, "")
-    out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+    out.node = answered_by(r.headers, node_of)
     if r.status_code != 200:
         out.error = f"HTTP {r.status_code}: {r.text[:120]}"
         return
@@ -258,8 +262,7 @@ def _read_whole(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None
 
 def _read_stream(r: httpx.Response, out: Stream, node_of: dict[str, str]) -> None:
     out.head_at = time.time()
-    base = r.headers.get(API_BASE_HEADER, "")
-    out.node = next((n for b, n in node_of.items() if base.startswith(b)), None)
+    out.node = answered_by(r.headers, node_of)
     if r.status_code != 200:
         r.read()
         out.error = f"HTTP {r.status_code}: {r.text[:120]}"
@@ -299,9 +302,10 @@ class ClientLoop:
     """One client sending requests through the gateway back to back until stopped, streaming
     but for `whole`. `pooled`: one httpx client (keep-alive pool) for every request, never
     resending: what a program holding a connection does. `whole`: the same pooled client asking
-    for non-streaming answers (one JSON body, the whole answer at its end). `fresh`: a new connection for each request. `openai`: the
-    OpenAI SDK's default client (its own keep-alive pool; it resends a request whose connection
-    failed, twice, and says so on its logger: counted in each Stream's `resent`)."""
+    for non-streaming answers (one JSON body, the whole answer at its end). `fresh`: a new
+    connection for each request. `openai`: the OpenAI SDK's default client (its own keep-alive
+    pool; it resends a request whose connection failed, twice, and says so on its logger:
+    counted in each Stream's `resent`)."""
 
     def __init__(self, kind: str, url: str, key: str, node_of: dict[str, str], *, max_tokens: int,
                  pool: str = "fast", pause_s: float = 0.0, timeout_s: float = 120.0,
@@ -363,8 +367,7 @@ class ClientLoop:
                 model=self.pool, stream=True, max_tokens=self.max_tokens,
                 messages=[{"role": "user", "content": _BODY_TEXT}])
             out.head_at = time.time()
-            base = raw.headers.get(API_BASE_HEADER, "")
-            out.node = next((n for b, n in self.node_of.items() if base.startswith(b)), None)
+            out.node = answered_by(raw.headers, self.node_of)
             finish = None
             for chunk in raw.parse():
                 if chunk.choices:
