@@ -239,6 +239,12 @@ class NodeHost:
             f"cfg={cfg}; pidfile={pidfile}; log={log}\n"
             f"[ -x {LITELLM_BIN} ] || {{ echo \"litellm-proxy: {LITELLM_BIN} is missing; install litellm[proxy] there\" >&2; exit 1; }}\n"
             "[ -f \"$cfg\" ] || { echo \"litellm-proxy: $cfg does not exist; write the gateway config first\" >&2; exit 1; }\n"
+            # One start or stop at a time, as docker serialises a service's restarts: two
+            # overlapping restarts each started a proxy, the pid file named the one that lost the
+            # port, and the winner kept serving a stale config that no reload or restart reached.
+            # The lock's descriptor is closed for the proxy itself (9>&- below).
+            f"exec 9>{m.dir / 'litellm.lock'}\n"
+            "flock -w 150 9 || { echo \"litellm-proxy: another start or stop of the proxy did not end in 150 s\" >&2; exit 1; }\n"
             "old=; [ -f \"$pidfile\" ] && old=$(cat \"$pidfile\")\n"
             "alive() { [ -n \"$1\" ] && grep -q litellm \"/proc/$1/cmdline\" 2>/dev/null; }\n"
             "if [ \"${1:-}\" = reload ] && alive \"$old\"; then\n"
@@ -252,6 +258,10 @@ class NodeHost:
             "  i=0; while kill -0 -\"$old\" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done\n"
             "  kill -KILL -\"$old\" 2>/dev/null\n"
             "fi\n"
+            # Anything else still running this config (a proxy started outside the pid file) goes
+            # too: the container a restart replaces holds every process of the service.
+            "pkill -KILL -f \"config $cfg\" 2>/dev/null; i=0\n"
+            "while pgrep -f \"config $cfg\" >/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done\n"
             "rm -f \"$pidfile\"\n"
             "[ \"${1:-}\" = stop ] && { echo stopped; exit 0; }\n"
             f"LITELLM_MASTER_KEY=$(cat {key_file})\n"
@@ -266,7 +276,7 @@ class NodeHost:
             # first /proc read imports encodings.ascii, and a fork in that moment leaves the worker
             # waiting forever on that module's lock (apscheduler -> tzlocal at startup).
             f"setsid {LITELLM_BIN.parent / 'python3'} -c '{LITELLM_MAIN}' --config \"$cfg\" {where} "
-            "--run_gunicorn --num_workers 1 >\"$log\" 2>&1 </dev/null &\n"
+            "--run_gunicorn --num_workers 1 >\"$log\" 2>&1 </dev/null 9>&- &\n"
             "echo $! > \"$pidfile\"\n"
             "chmod 644 \"$log\"\n"
             "echo $!\n"

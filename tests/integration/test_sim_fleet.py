@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import time
 import urllib.error
+from concurrent.futures import ThreadPoolExecutor
 import urllib.request
 from pathlib import Path
 
@@ -382,6 +383,52 @@ def test_gateway_reload_is_graceful_and_restart_replaces_the_real_litellm_proxy(
         urllib.request.urlopen(urllib.request.Request(f"http://{gw.ip}:4000/v1/models",
                                                       headers={"Authorization": "Bearer wrong"}), timeout=10)
     assert refused.value.code in (400, 401, 403)
+
+
+def test_two_restarts_at_once_leave_one_proxy_the_next_reload_reaches(sim_fleet: SimFleet) -> None:
+    """Found by the 60-minute soak: the soak's undo of a killed proxy and the pipeline's restart
+    overlapped, each started a proxy, and the pid file named the one that lost the port. The winner
+    served a stale config from then on: every reload and restart after it missed it. As docker
+    serialises a service's restarts, the sim's do too, and a restart stops every process of it."""
+    gw, spark1 = sim_fleet.gateway, sim_fleet.node("spark1")
+    config = gw.home / "litellm" / "config.yaml"
+    if not config.exists():  # this test run alone: the proxy needs a config to start
+        config.write_text(yaml.safe_dump({"model_list": [{"model_name": "fast", "litellm_params": {
+            "model": "openai/m", "api_base": f"http://{spark1.ip}:8000/v1", "api_key": "dummy"}}]}))
+        os.chown(config, *_owner(gw.home))
+
+    def restart() -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", gw.netns, "runuser", "-u", gw.user, "--",
+                               str(gw.bin / "litellm-restart")], capture_output=True, text=True, timeout=300,
+                              cwd=str(gw.home / "litellm"))
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [f.result() for f in [pool.submit(restart) for _ in range(2)]]
+    assert done[0].returncode == 0 or done[1].returncode == 0, [d.stderr for d in done]
+    masters = [p for p in _litellm_pids(gw) if os.getpgid(p) == p]
+    pid = int((gw.dir / "litellm.pid").read_text())
+    assert masters == [pid], f"proxies running {masters}, pid file names {pid}"
+    # The one that runs is the one a reload reaches: the reload signals it, and it stays up.
+    out = ok(sim_fleet, gw, ["sh", "-c", f"cd {shlex.quote(str(gw.home / 'litellm'))} && {gw.bin / 'litellm-reload'}"])
+    assert f"(pid {pid})" in out and _running(pid)
+
+
+def _owner(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_uid, st.st_gid
+
+
+def _litellm_pids(gw: Member) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", gw.netns], capture_output=True, text=True, timeout=10).stdout.split()
+    found = []
+    for p in pids:
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"litellm" in a for a in argv[:3]) and b"--config" in argv:
+            found.append(int(p))
+    return sorted(found)
 
 
 def test_nodes_download_models_from_the_local_model_source(sim_fleet: SimFleet) -> None:
