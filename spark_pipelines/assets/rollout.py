@@ -27,13 +27,10 @@ from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import baseline
 from spark_pipelines.core import rollout as core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint
-from spark_pipelines.core.fleet import Fleet
-from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import rollout as node_rollout
-from spark_pipelines.runbook.adoption import deploy_signature
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import records
@@ -46,6 +43,7 @@ class RolloutConfig(dg.Config):
 
 
 def rollout_definitions(fleet) -> dg.Definitions:
+    retrying = retry_unreachable(fleet.ssh)
     cv = code_versions(fleet)
 
     @dg.asset(
@@ -60,7 +58,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
                     "the fleet's baseline. A failed gate stops the rollout and puts that node back on its "
                     "previous version. Progress: this asset's observations (Events tab).",
     )
-    @retry_unreachable(fleet.ssh)
+    @retrying
     def fleet_rollout(context: dg.AssetExecutionContext, config: RolloutConfig, ssh: FleetSSH,
                       litellm: LiteLLMGateway, mtp_weights: Checkpoint, serving_image: BuiltImage):
         s = step_session(context, ssh, litellm)
@@ -68,6 +66,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
         log = context.log
         run_id = context.run.run_id
         gw = litellm.host()
+        recorded = _Records(context, gw, cv)
 
         # 0. What a dead run (a killed rollout's deploy or bench) left on a node, finished first.
         for line in node_rollout.finish_dead_runs(s, log, run_id=run_id):
@@ -80,7 +79,8 @@ def rollout_definitions(fleet) -> dg.Definitions:
         if sv.unjudged:
             log.warning(f"rollout: {', '.join(sv.unjudged)} already run(s) the new version a dead run deployed and "
                         "never judged: gated now, not deployed again")
-        _record_serving(context, f, cv, sv, mtp_weights, serving_image)
+        records.record_as_serving(context, f, sv.already_serving, sv.new, cv[steps.NODE_DEPLOYMENT],
+                                  serving_image.image_id, mtp_weights.index, run_id)
         if sv.nothing_to_do:
             log.info("no serve node to roll out to: " + "; ".join(f"{n}: {why}" for n, why in sv.skip.items()))
             return dg.MaterializeResult(metadata={"completed": True, "outcome": "nothing to roll out",
@@ -105,7 +105,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
                 "plan": dg.MetadataValue.md("\n".join(f"- {ln}" for ln in plan.text().splitlines()))})
 
         steps_on_fleet = waves.WaveSteps(
-            s, gw, _Records(context, gw, cv), mtp_weights, serving_image, cv[steps.NODE_DEPLOYMENT],
+            s, gw, recorded, mtp_weights, serving_image, cv[steps.NODE_DEPLOYMENT],
             bench_gate=config.bench_gate, against=base, new=sv.new, run_id=run_id, log=log,
             deployed=set(sv.unjudged), passed=set(sv.passed))
         outcome = core.execute(plan, steps_on_fleet, sv.before, on_progress, passed_before=sv.passed)
@@ -131,30 +131,6 @@ def rollout_definitions(fleet) -> dg.Definitions:
                     "gated by health and bench; a failed gate stops it and puts the node back "
                     "(`spark-pipelines plan` shows the waves first).")
     return dg.Definitions(assets=[fleet_rollout], jobs=[rollout_job])
-
-
-def _record_serving(context: dg.AssetExecutionContext, f: Fleet, cv: dict[str, str], sv: node_rollout.Survey,
-                    mtp_weights: Checkpoint, serving_image: BuiltImage) -> None:
-    """Each node the rollout leaves as it is because it serves the new version already, recorded on
-    node_deployment at the loaded code version and launch when its record says otherwise (a record
-    from before node_launch existed, or a procedure revision): recorded nothing, it would stay stale
-    in the UI and the pins sensor would ask again for a rollout that changes nothing."""
-    nd = steps.NODE_DEPLOYMENT
-    for name in [n for n, why in sv.skip.items() if why == node_rollout.ALREADY_SERVES]:
-        spec = launch_spec(f, f.node(name))
-        if (records.recorded_code_version(context.instance, nd, name) == cv[nd]
-                and records.recorded_launch(context.instance, name) == spec.fingerprint):
-            continue
-        # What the deploy that made it recorded (its KV cache, startup, preflight figures) stays.
-        prev = records.latest(context.instance, nd, name)
-        made = dict(prev.asset_materialization.metadata) if prev and prev.asset_materialization else {}
-        records.record_deploy(
-            context, name, cv[nd], deploy_signature(cv[nd], spec.fingerprint, serving_image.image_id, mtp_weights.index),
-            {**made, "skipped": True, keys.IMAGE_ID: serving_image.image_id, "container": spec.container_name,
-             keys.ROLLOUT_RUN: context.run.run_id},
-            description=f"{name} serves this version already ({sv.new[name]}), healthy: recorded by the rollout "
-                        "at the loaded code version and launch, not redeployed",
-            launch=spec.fingerprint)
 
 
 def _rows(before: dict[str, str], skipped: dict[str, str]) -> list[dict[str, str]]:

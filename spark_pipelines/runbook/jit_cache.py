@@ -308,30 +308,47 @@ def prune_slots(session: FleetSession, n: str, spec: LaunchSpec, keep: list[str]
     return wiped
 
 
+# One POSIX sh program, constant text: $1 the staging folder, $2 the seal file's name, then pairs of
+# (entry, slot). Each entry is renamed into its (empty) slot and sealed; the staging folder goes.
+_PLACE = ('set -e; s=$1; seal=$2; shift 2; while [ $# -gt 1 ]; do rmdir -- "$2" 2>/dev/null || true; '
+          'mv -T -- "$s/$1" "$2"; touch -- "$2/$seal"; shift 2; done; rm -rf -- "$s"')
+
+
 def restore(session: FleetSession, node: Node, key: str, mounts: list[str], slots: list[str]) -> dict[str, Any]:
     """Ship the archived cache of `key` from the build host into the node's slots, each file
     hashed there against the archive's manifest before anything mounts it. Raises ShipRefused
     (before a byte is copied) when the archive is another key's, RunbookError when the copy does not
-    verify. Returns {source, bytes, seconds}."""
+    verify. Returns {source, bytes, seconds}.
+
+    The archive goes in one rsync to a staging folder beside the first slot (a `.jit-` name, so
+    `prune` wipes one a dead run left), is hashed there in one pass, and is renamed into the slots
+    in one command: a handful of round trips whatever the number of mounts, since on a newcomer
+    these seconds are the shipped boot's overhead."""
     build = session.fleet.build_node.name
     started = time.monotonic()
     manifest = read_archive_manifest(session, key)
-    src = archived_dir(session, key)
-    copied = 0
-    for i, (m, slot) in enumerate(zip(mounts, slots)):
-        entry = _entry(i, m)
-        want = manifest["entries"].get(entry)
-        if want is None:
-            raise RunbookError(f"the archive of key {key} has no {entry} (made for other cache mounts)")
-        _copy(session, build, posixpath.join(src, entry), node.name, slot)
-        got = digests_on_node(session, node.name, slot)
-        if got != want:
-            differ = sorted(p for p in set(got) | set(want) if got.get(p) != want.get(p))
-            raise RunbookError(f"the shipped cache of key {key} does not hash to its manifest on {node.name} "
-                               f"({len(differ)} file(s), e.g. {differ[0]}): not mounted")
-        copied += sum(int(e["size"]) for e in want.values())
-    for slot in slots:  # the archive was made from a healthy boot
-        session.run(node.name, ["touch", posixpath.join(slot, core.SEALED)], log=False, timeout=_T)
+    entries = [_entry(i, m) for i, m in enumerate(mounts)]
+    missing = [e for e in entries if e not in manifest["entries"]]
+    if missing:
+        raise RunbookError(f"the archive of key {key} has no {missing[0]} (made for other cache mounts)")
+    staging = f"{slots[0]}.incoming"
+    try:
+        session.run(node.name, ["rm", "-rf", "--", staging], log=False, timeout=WIPE_TIMEOUT_S)
+        NodeStreams(session).copy_tree(build, node.name, archived_dir(session, key), staging, verify=False)
+        got = digests_on_node(session, node.name, staging)
+        for entry in entries:
+            want = manifest["entries"][entry]
+            mine = {p[len(entry) + 1:]: d for p, d in got.items() if p.startswith(entry + "/")}
+            if mine != want:
+                differ = sorted(p for p in set(mine) | set(want) if mine.get(p) != want.get(p))
+                raise RunbookError(f"the shipped cache of key {key} does not hash to its manifest on {node.name} "
+                                   f"({len(differ)} file(s), e.g. {entry}/{differ[0]}): not mounted")
+        pairs = [part for entry, slot in zip(entries, slots) for part in (entry, slot)]
+        session.run(node.name, ["sh", "-c", _PLACE, "jit-ship", staging, core.SEALED, *pairs], log=False,
+                    timeout=_T)
+    finally:  # gone on success already; after a failure nothing of it is mounted
+        session.run(node.name, ["rm", "-rf", "--", staging], check=False, log=False, timeout=WIPE_TIMEOUT_S)
+    copied = sum(int(f["size"]) for e in entries for f in manifest["entries"][e].values())
     return {"source": manifest.get("source") or build, "bytes": copied,
             "seconds": round(time.monotonic() - started, 2)}
 

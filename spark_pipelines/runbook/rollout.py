@@ -69,6 +69,11 @@ class Survey:
     unjudged: list[str] = field(default_factory=list)
 
     @property
+    def already_serving(self) -> list[str]:
+        """The nodes left as they are because they serve the new version, healthy, already."""
+        return [n for n, why in self.skip.items() if why == ALREADY_SERVES]
+
+    @property
     def nothing_to_do(self) -> bool:
         """Every node skipped, and none for want of a copy (that is a failure, not nothing to do)."""
         return len(self.skip) == len(self.new) and not any(why.startswith(NO_COPY) for why in self.skip.values())

@@ -39,6 +39,8 @@ from dagster._core.definitions.data_version import (  # the tags Dagster itself 
 from spark_pipelines.core import baseline, fleet_metrics, health, steps, summary
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
+from spark_pipelines.core.launch import launch_spec
+from spark_pipelines.state import markers
 
 Where = dg.AssetExecutionContext | dg.OpExecutionContext | dg.DagsterInstance
 Record = dg.EventLogRecord
@@ -149,6 +151,32 @@ def record_deploy(where: Where, node: str, code_version: str, data_version: str,
     observe_launch(where, node, launch)
     return record_step(where, steps.NODE_DEPLOYMENT, node, code_version, data_version, metadata, description,
                        inputs=_inputs(DEPLOY_INPUTS, node))
+
+
+def record_as_serving(where: Where, fleet: Fleet, nodes: list[str], new: Mapping[str, str], code_version: str,
+                      image_id: str, index: str, run_id: str) -> list[str]:
+    """Each of `nodes` a rollout leaves as it is because it serves the new version already,
+    recorded on node_deployment at the loaded code version and launch when its record says
+    otherwise (a record from before node_launch existed, or a procedure revision): recorded
+    nothing, it would stay stale in the UI and the pins sensor would ask again for a rollout that
+    changes nothing. What the deploy that made it recorded (KV cache, startup, preflight) stays.
+    Returns the nodes recorded."""
+    instance, done = _instance(where), []
+    for name in nodes:
+        spec = launch_spec(fleet, fleet.node(name))
+        if (recorded_code_version(instance, steps.NODE_DEPLOYMENT, name) == code_version
+                and recorded_launch(instance, name) == spec.fingerprint):
+            continue
+        prev = latest(instance, steps.NODE_DEPLOYMENT, name)
+        made = dict(prev.asset_materialization.metadata) if prev and prev.asset_materialization else {}
+        record_deploy(where, name, code_version, markers.signature(code_version, spec.fingerprint, image_id, index),
+                      {**made, "skipped": True, keys.IMAGE_ID: image_id, "container": spec.container_name,
+                       keys.ROLLOUT_RUN: run_id},
+                      description=f"{name} serves this version already ({new[name]}), healthy: recorded by the "
+                                  "rollout at the loaded code version and launch, not redeployed",
+                      launch=spec.fingerprint)
+        done.append(name)
+    return done
 
 
 def record_bench(where: Where, node: str, code_version: str, metadata: Mapping[str, Any],

@@ -201,7 +201,7 @@ def test_a_deploy_points_at_its_own_launch_not_the_newest_observation(tmp_path, 
 def test_a_deployment_that_names_no_launch_is_asked_for_again(tmp_path, seed_data):
     """A deployment recorded without provenance (what the rollout logged once; or before node_launch
     existed) names no launch: the sensor asks a rollout for it, which records a node that serves
-    its launch already without redeploying it (assets/rollout.py _record_serving)."""
+    its launch already without redeploying it (state/records.py record_as_serving)."""
     path = write(tmp_path, seed_data)
     loaded = build_definitions(path)
     cv = code_versions(load_fleet(path))
@@ -244,7 +244,6 @@ def test_the_rollout_records_a_node_that_serves_its_launch_already(tmp_path, see
     but whose record names another launch or none (recorded before node_launch existed) is
     recorded current, without a deploy: it neither stays stale for ever nor makes the sensor ask
     again. A node whose record is current is not recorded again."""
-    from spark_pipelines.assets.rollout import _record_serving
     from spark_pipelines.core.artifacts import BuiltImage, Checkpoint
     from spark_pipelines.runbook.adoption import deploy_signature
     from spark_pipelines.runbook.rollout import ALREADY_SERVES, Survey
@@ -272,7 +271,9 @@ def test_the_rollout_records_a_node_that_serves_its_launch_already(tmp_path, see
 
         @dg.asset(name=steps.FLEET_ROLLOUT)
         def fleet_rollout(context: dg.AssetExecutionContext) -> None:
-            _record_serving(context, fleet, cv, survey, mtp, image)
+            done = records.record_as_serving(context, fleet, survey.already_serving, survey.new, cv[nd],
+                                             image.image_id, mtp.index, context.run.run_id)
+            assert done == ["spark1"]
 
         assert dg.materialize([fleet_rollout], instance=instance).success
         rec = records.latest(instance, nd, "spark1")
