@@ -10,7 +10,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 
 from spark_pipelines.core import names
 from spark_pipelines.core.bench import REFERENCE_MEAN_TOK_S
-from spark_pipelines.core.fleet_types import Float, Host, Int, NodeName, Port, Strict, Text, _shape
+from spark_pipelines.core.fleet_types import Float, Host, Int, NodeName, Port, Strict, Text, shaped
 from spark_pipelines.core.wedge import COLD_DRAIN_MIN_OFF_S
 
 
@@ -84,7 +84,7 @@ class NodeOsSettings(Strict):
 
     # "Disable tailscale if not needed": kept by default, SSH to a node often rides on it.
     disable_tailscale: bool = False
-    keep_services: tuple[Annotated[str, _shape(names.UNIT_NAME, "service name")], ...] = Field(
+    keep_services: tuple[Annotated[str, shaped(names.UNIT_NAME, "service name")], ...] = Field(
         default=(), description="units of the runbook's lists this fleet keeps (e.g. dgx-dashboard-admin)")
     # "Hard reset > waiting when SSH locks up for >10 min" (lesson 5).
     reboot_ssh_timeout_s: Int = Field(default=600, ge=30, le=3600, description="after `sudo reboot`, until SSH answers")
@@ -217,7 +217,7 @@ class NodePair(Strict):
     worker_ready_s: Int = Field(default=300, ge=5, le=3600,
                                 description="the worker's headless milestone within this, or the head is not "
                                             "launched (the runbook sleeps ~15 s, then reads its log)")
-    nccl: Annotated[str, _shape(names.GIT_REF, "NCCL version")] = Field(
+    nccl: Annotated[str, shaped(names.GIT_REF, "NCCL version")] = Field(
         default=VALIDATED_NCCL, description="the NCCL the image must load (the runbook's validated build)")
 
     @field_validator("link")

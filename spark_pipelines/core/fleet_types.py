@@ -12,15 +12,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from spark_pipelines.core import names
 
 
-def _shape(pattern: re.Pattern[str], what: str):
+def shaped(pattern: re.Pattern[str], what: str):
     return AfterValidator(lambda v: names.check(pattern, v, what))
 
 
-NodeName = Annotated[str, _shape(names.NODE_NAME, "node name (lower-case letters, digits, '-')")]
-UserName = Annotated[str, _shape(names.USER_NAME, "user name")]
+NodeName = Annotated[str, shaped(names.NODE_NAME, "node name (lower-case letters, digits, '-')")]
+UserName = Annotated[str, shaped(names.USER_NAME, "user name")]
 Host = Annotated[str, AfterValidator(lambda v: names.check_host(v))]
-ContainerName = Annotated[str, _shape(names.CONTAINER_NAME, "container name")]
-ImageRef = Annotated[str, _shape(names.IMAGE_REF, "image reference (repo[:tag], lower-case)")]
+ContainerName = Annotated[str, shaped(names.CONTAINER_NAME, "container name")]
+ImageRef = Annotated[str, shaped(names.IMAGE_REF, "image reference (repo[:tag], lower-case)")]
 def _path(what: str, form: str = "node"):
     return AfterValidator(lambda v: names.check_path(v, what, form=form))
 
@@ -30,9 +30,9 @@ NodePath = Annotated[str, _path("path (absolute or ~/..., no spaces or shell cha
 CacheDir = Annotated[NodePath, AfterValidator(lambda v: names.check_cache_dir(v))]
 AbsPath = Annotated[str, _path("absolute path (no spaces or shell characters)", "absolute")]
 RepoPath = Annotated[str, _path("path inside a repository", "relative")]
-GitRef = Annotated[str, _shape(names.GIT_REF, "git revision")]
-HfRepo = Annotated[str, _shape(names.HF_REPO, "Hugging Face repo id (owner/name)")]
-Url = Annotated[str, _shape(names.URL, "https:// or file:/// URL")]
+GitRef = Annotated[str, shaped(names.GIT_REF, "git revision")]
+HfRepo = Annotated[str, shaped(names.HF_REPO, "Hugging Face repo id (owner/name)")]
+Url = Annotated[str, shaped(names.URL, "https:// or file:/// URL")]
 # Numbers are strict: YAML already types them, so `true` or "8" where a number belongs is a typo
 # (pydantic's lax mode would read true as 1). Floats also refuse .nan/.inf (Strict.model_config).
 Int = Annotated[int, Field(strict=True)]

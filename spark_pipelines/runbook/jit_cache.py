@@ -290,21 +290,21 @@ def prune(session: FleetSession, sw: Switch, spec: LaunchSpec) -> list[str]:
     return prune_slots(session, sw.node, spec, [*sw.slots, *(st.target for st in sw.before if st.kind == "link" and st.target)])
 
 
-def prune_slots(session: FleetSession, n: str, spec: LaunchSpec, keep: list[str]) -> list[str]:
-    """Wipe every slot of the cache mounts on node `n` but those named in `keep` (see `prune`)."""
+def prune_slots(session: FleetSession, node: str, spec: LaunchSpec, keep: list[str]) -> list[str]:
+    """Wipe every slot of the cache mounts on `node` but those named in `keep` (see `prune`)."""
     by_parent: dict[str, list[str]] = {}
     for m in cache_mounts(spec):
         parent = posixpath.dirname(m.rstrip("/"))
-        entries = session.run(n, ["ls", "-A", "--", parent], log=False, timeout=_T).stdout.split()
+        entries = session.run(node, ["ls", "-A", "--", parent], log=False, timeout=_T).stdout.split()
         by_parent.setdefault(parent, []).extend(core.stale_slots(m, entries, keep))
     wiped = []
     for parent, stale in by_parent.items():
         if not stale:
             continue
-        session.run(n, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "rm", "-v", f"{parent}:/jit",
+        session.run(node, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "rm", "-v", f"{parent}:/jit",
                   spec.image, "-rf", "--", *(posixpath.join("/jit", e) for e in stale)],
               log=False, timeout=WIPE_TIMEOUT_S)
-        wiped += [f"{n}:{posixpath.join(parent, e)}" for e in stale]
+        wiped += [f"{node}:{posixpath.join(parent, e)}" for e in stale]
     return wiped
 
 

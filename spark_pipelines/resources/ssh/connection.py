@@ -224,13 +224,13 @@ def key_path_problem(kp: Path) -> str | None:
     return None
 
 
-def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
+def connect(key: str, target: SshTarget, settings: SshSettings, log: Any) -> Connection:
     """Open and verify one connection to target t (called `key` in messages), with retries on
     connection-level failures only; host-key and auth failures are never retried."""
-    known_hosts = local_path(t.known_hosts)
+    known_hosts = local_path(target.known_hosts)
     key_file: str | None = None
-    if t.key_path is not None:
-        kp = local_path(t.key_path)
+    if target.key_path is not None:
+        kp = local_path(target.key_path)
         problem = key_path_problem(kp)
         if problem:
             raise NodeConnectError(f"node {key}: {problem}")
@@ -242,35 +242,35 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
         )
     last: Exception | None = None
     tcp_up = False  # the last attempt got a TCP connection, yet no SSH answer: a frozen sshd
-    for attempt in range(s.connect_retries + 1):
+    for attempt in range(settings.connect_retries + 1):
         client = paramiko.SSHClient()
         if known_hosts.is_file():
             _load_known_hosts(client, known_hosts)
-        elif not s.trust_unknown_host_keys:
+        elif not settings.trust_unknown_host_keys:
             raise HostKeyError(
                 f"node {key}: known_hosts file {known_hosts} does not exist; add the node's verified "
-                f"host key there (ssh-keyscan -p {t.port} {t.host}, compare the fingerprint on the node)"
+                f"host key there (ssh-keyscan -p {target.port} {target.host}, compare the fingerprint on the node)"
             )
-        if s.trust_unknown_host_keys:
-            client.set_missing_host_key_policy(_TrustOnFirstUse(key, known_hosts, t.port, log.warning))
+        if settings.trust_unknown_host_keys:
+            client.set_missing_host_key_policy(_TrustOnFirstUse(key, known_hosts, target.port, log.warning))
         else:
             client.set_missing_host_key_policy(_RefuseUnknownHost(key, known_hosts))
         sock: _WatchedSocket | None = None
         try:
             tcp_up = False
-            sock = _open_socket(t, s.connect_timeout_s)
+            sock = _open_socket(target, settings.connect_timeout_s)
             tcp_up = True
             client.connect(
-                t.host,
-                port=t.port,
-                username=t.user,
+                target.host,
+                port=target.port,
+                username=target.user,
                 key_filename=key_file,
                 allow_agent=key_file is None,
                 look_for_keys=False,
-                timeout=s.connect_timeout_s,
-                banner_timeout=s.connect_timeout_s,
-                auth_timeout=s.connect_timeout_s,
-                channel_timeout=s.connect_timeout_s,
+                timeout=settings.connect_timeout_s,
+                banner_timeout=settings.connect_timeout_s,
+                auth_timeout=settings.connect_timeout_s,
+                channel_timeout=settings.connect_timeout_s,
                 sock=sock,
             )
         except HostKeyError:
@@ -278,7 +278,7 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
             raise
         except paramiko.BadHostKeyException as e:
             client.close()
-            name = remote.known_hosts_name(t.host, t.port)
+            name = remote.known_hosts_name(target.host, target.port)
             raise HostKeyError(
                 f"node {key}: HOST KEY MISMATCH for {name}: it offered {fingerprint(e.key)} but "
                 f"{known_hosts} holds {fingerprint(e.expected_key)}. Refusing to connect: the node was "
@@ -290,14 +290,14 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
             client.close()
             how = f"key {key_file}" if key_file else "ssh-agent keys"
             raise NodeConnectError(
-                f"node {key}: {t.user}@{t.host}:{t.port} refused {how} ({e}); add the public key to "
-                f"~{t.user}/.ssh/authorized_keys on the node, or fix user/key_path in the fleet file"
+                f"node {key}: {target.user}@{target.host}:{target.port} refused {how} ({e}); add the public key to "
+                f"~{target.user}/.ssh/authorized_keys on the node, or fix user/key_path in the fleet file"
             ) from None
         except socket.gaierror as e:
             # The name does not resolve: the fleet file's host, not the node (no retry, no reset advice).
             client.close()
             raise NodeConnectError(
-                f"node {key}: host {t.host!r} does not resolve ({e.strerror or e}); fix host in the fleet "
+                f"node {key}: host {target.host!r} does not resolve ({e.strerror or e}); fix host in the fleet "
                 f"file: an address, or a name DNS or /etc/hosts knows (paramiko does not read ~/.ssh/config)"
             ) from None
         except (OSError, socket.timeout, paramiko.SSHException, EOFError) as e:
@@ -306,23 +306,23 @@ def connect(key: str, t: SshTarget, s: SshSettings, log: Any) -> Connection:
             if sock is not None:
                 sock.close()
             last = e
-            if attempt < s.connect_retries:
-                delay = s.retry_backoff_s * (2**attempt)
+            if attempt < settings.connect_retries:
+                delay = settings.retry_backoff_s * (2**attempt)
                 log.warning(
-                    f"node {key}: connecting to {t.host}:{t.port} failed ({e}); retry "
-                    f"{attempt + 1}/{s.connect_retries} in {delay:.1f}s"
+                    f"node {key}: connecting to {target.host}:{target.port} failed ({e}); retry "
+                    f"{attempt + 1}/{settings.connect_retries} in {delay:.1f}s"
                 )
                 time.sleep(delay)
             continue
         transport = client.get_transport()
         assert transport is not None and sock is not None
-        return Connection(client, Liveness(key, transport, sock, s.keepalive_s, s.dead_peer_s, log))
+        return Connection(client, Liveness(key, transport, sock, settings.keepalive_s, settings.dead_peer_s, log))
     if tcp_up:
         raise NodeUnreachable(
-            f"node {key}: sshd at {t.host}:{t.port} accepted the connection but did not answer within "
-            f"{s.connect_timeout_s:.0f} s ({s.connect_retries + 1} attempts, last: {last}); {UNREACHABLE_ADVICE}"
+            f"node {key}: sshd at {target.host}:{target.port} accepted the connection but did not answer within "
+            f"{settings.connect_timeout_s:.0f} s ({settings.connect_retries + 1} attempts, last: {last}); {UNREACHABLE_ADVICE}"
         )
     raise NodeUnreachable(
-        f"node {key}: cannot reach {t.user}@{t.host}:{t.port} after {s.connect_retries + 1} attempts "
-        f"({last}); check that the node is up and sshd listens on port {t.port}"
+        f"node {key}: cannot reach {target.user}@{target.host}:{target.port} after {settings.connect_retries + 1} attempts "
+        f"({last}); check that the node is up and sshd listens on port {target.port}"
     )
