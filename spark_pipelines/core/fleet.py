@@ -62,7 +62,7 @@ from spark_pipelines.core.fleet_types import (
     UserName,
     _check_text,
     _path,
-    _shape,
+    shaped,
 )
 
 
@@ -88,7 +88,7 @@ MIN_GMU = 0.80
 
 
 class HardwareProfile(Strict):
-    name: Annotated[str, _shape(names.NODE_NAME, "hardware profile name")]
+    name: Annotated[str, shaped(names.NODE_NAME, "hardware profile name")]
     description: Text = ""
     cuda_total_gib: Float = Field(gt=0, le=4096, description="CUDA-visible total reported by vLLM / mem_get_info")
     max_gmu: Float = Field(gt=0, le=1)
@@ -188,7 +188,7 @@ class TorchPins(Strict):
 class PatchPin(Strict):
     """A PR diff from the recipe repository, compiled into the base image."""
 
-    name: Annotated[str, _shape(names.NODE_NAME, "patch name")]
+    name: Annotated[str, shaped(names.NODE_NAME, "patch name")]
     path: RepoPath
 
 
@@ -306,11 +306,11 @@ class LaunchProfile(Strict):
     container_name: ContainerName
     models_dir: CacheDir = "~/models"
     model_dir: Annotated[str, _path("model directory name (relative to models_dir)", "relative")]
-    served_model_name: Annotated[str, _shape(names.CONTAINER_NAME, "served model name")]
+    served_model_name: Annotated[str, shaped(names.CONTAINER_NAME, "served model name")]
     port: Port = 8000
     max_model_len: Int = Field(ge=256, le=MAX_MODEL_LEN)
     gpu_memory_utilization: Float
-    reasoning_parser: Annotated[str, _shape(names.NODE_NAME, "reasoning parser")] | None = "qwen3"
+    reasoning_parser: Annotated[str, shaped(names.NODE_NAME, "reasoning parser")] | None = "qwen3"
     attention_backend: Literal["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "TORCH_SDPA"] | None = "FLASHINFER"
     speculative: Speculative | None = Speculative()
     env: EnvVars = {}
@@ -415,13 +415,13 @@ class Gateway(SshTarget):
                                     description="a graceful reload not ready by then is followed by restart_command")
     restart_command: tuple[str, ...] = Field(default=RELOAD_COMMANDS["restart"],
                                              description="argv run in reload_dir when a graceful reload is not confirmed")
-    pools: tuple[Annotated[str, _shape(names.NODE_NAME, "pool name")], ...] = ("fast", "reasoning", "code")
+    pools: tuple[Annotated[str, shaped(names.NODE_NAME, "pool name")], ...] = ("fast", "reasoning", "code")
     routing_strategy: Literal[
         "latency-based-routing", "simple-shuffle", "least-busy", "usage-based-routing"
     ] = "latency-based-routing"
-    backend_api_key: Annotated[str, _shape(names.ENV_VALUE, "backend api key")] = "dummy"
-    model_id_stem: Annotated[str, _shape(names.NODE_NAME, "model id stem")] = "qwen35-122b"
-    master_key_env: Annotated[str, _shape(names.ENV_NAME, "environment variable name")] = "LITELLM_MASTER_KEY"
+    backend_api_key: Annotated[str, shaped(names.ENV_VALUE, "backend api key")] = "dummy"
+    model_id_stem: Annotated[str, shaped(names.NODE_NAME, "model id stem")] = "qwen35-122b"
+    master_key_env: Annotated[str, shaped(names.ENV_NAME, "environment variable name")] = "LITELLM_MASTER_KEY"
     # The node address the gateway uses to reach a node's vLLM; default: the node's SSH host.
     api_host_overrides: dict[str, Host] = {}
     # A drain (bench, experiment) or gateway step that would leave fewer nodes in the rotation
@@ -463,7 +463,7 @@ class Gateway(SshTarget):
 
 class Fleet(Strict):
     nodes: tuple[Node, ...]
-    hardware_profiles: dict[Annotated[str, _shape(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
+    hardware_profiles: dict[Annotated[str, shaped(names.NODE_NAME, "hardware profile name")], HardwareProfile] = {}
     pins: Pins
     launch: LaunchProfile
     gateway: Gateway
