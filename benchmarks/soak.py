@@ -76,6 +76,8 @@ def main() -> int:
     print(f"sim up: {args.nodes} nodes + gateway in {time.monotonic() - t0:.0f} s", flush=True)
     name = f"soak-{args.nodes}n-{args.minutes:g}m-seed{args.seed}"
     command = " ".join(["benchmarks/soak.py", *sys.argv[1:]])
+    soak: Soak | None = None
+    interrupted = False
     try:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "dagster").mkdir()
@@ -93,9 +95,19 @@ def main() -> int:
                 md = soak_report.write(soak, result, Path(args.out), name, command)
             finally:
                 instance.dispose()
+    except KeyboardInterrupt:
+        interrupted = True
+        if soak is not None:
+            soak.stop.set()  # the sensors' and samplers' loops end
+        print("soak: interrupted: tearing the simulated fleet down (no report)", flush=True)
     finally:
         if not args.keep:
             sim.down()
+    if interrupted:
+        # The Dagster runs in flight run in the soak's thread pool, which the interpreter would join
+        # at exit: with the fleet gone each would wait out its SSH timeouts. Nothing is left to undo.
+        sys.stdout.flush()
+        os._exit(130)
     print(md.read_text())
     return 0 if result["verdict"] == "PASS" else 1
 

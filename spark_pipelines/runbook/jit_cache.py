@@ -334,7 +334,7 @@ def restore(session: FleetSession, node: Node, key: str, mounts: list[str], slot
     staging = f"{slots[0]}.incoming"
     try:
         session.run(node.name, ["rm", "-rf", "--", staging], log=False, timeout=WIPE_TIMEOUT_S)
-        NodeStreams(session).copy_tree(build, node.name, archived_dir(session, key), staging, verify=False)
+        _copy(session, build, archived_dir(session, key), node.name, staging)  # the build host itself: a local copy
         got = digests_on_node(session, node.name, staging)
         for entry in entries:
             want = manifest["entries"][entry]
