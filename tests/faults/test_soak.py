@@ -33,11 +33,11 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
     # client request failing on the pipeline's account. (Killing spark2 instead leaves nothing to
     # serve on two nodes: its loss while the canary is out is an outage no pipeline can avoid.)
     # Once the rollout has ended, spark2, serving on the launch it just got, is powered off for
-    # 100 s: the sweep must take it out of the gateway within its detection time, though its
+    # 80 s: the sweep must take it out of the gateway within its detection time (60 s), though its
     # launch is minutes old (the 32-minute soak's finding: it read as a boot and stayed routed).
     cfg = SoakConfig(seed=37, duration_s=60, tick_s=5, actions=("rollout",), first_action_s=3, action_every_s=600,
                      plan=(Planned("engine-killed", "spark1", 25.0),
-                           Planned("node-powered-off", "spark2", 40.0, hold_s=100.0, when_idle=True)),
+                           Planned("node-powered-off", "spark2", 40.0, hold_s=80.0, when_idle=True)),
                      settle_s=150, clients=clients, max_tokens=96, pause_s=0.1)  # back to back: one is in flight at every drain
     # Short answers: long ones (4000-5000 tokens) also meet a window the pipeline does not close yet
     # (a request the proxy's old worker took just before a graceful reload, forwarded after the
