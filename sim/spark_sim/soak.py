@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ import yaml
 
 from spark_sim import faults as fx
 from spark_sim.fleet import SimFleet
+from spark_sim.soak_end import end_state, engine_healthy
 from spark_sim.soak_faults import FAULTS, prepare
 from spark_sim.traffic import FRESH, OPENAI, POOLED, WHOLE, Traffic
 
@@ -603,13 +603,6 @@ def stale_routes(soak: Soak) -> list[str]:
     return out
 
 
-def engine_healthy(m: Any, timeout: float = 5) -> bool:
-    try:
-        return httpx.get(f"http://{m.ip}:{fx.ENGINE_PORT}/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def request_row(s: Any) -> dict[str, Any]:
     end = s.at + max(0.0, s.ended - s.started)
     return {"kind": s.kind, "node": s.node, "at": s.at, "end": end, "ok": not s.dropped, "error": s.error[:200],
@@ -643,46 +636,6 @@ def classify(r: dict[str, Any], faults: list[Mark], runs: list[Mark],
     if active:
         return f"pipeline:{active[0].name}"
     return "unexplained"
-
-
-def end_state(soak: Soak) -> dict[str, Any]:
-    from dagster import DagsterRunStatus, RunsFilter
-
-    problems: list[str] = []
-    routes = soak.proxy_routes() or []
-    try:
-        held = soak.held_out()
-    except Exception as e:
-        held, problems = {}, [f"the ledger was not read: {e}"]
-    nodes = {}
-    for n in soak.nodes:
-        m = soak.sim.node(n)
-        serving = engine_healthy(m)
-        names = [line.split()[0] for line in soak.sim.containers(m)]
-        stray = [c for c in names if c.endswith("-previous")]
-        lock = m.home / ".cache/spark-pipelines/locks/run.lock"  # core.layout.STATE_DIR
-        held_lock = lease_held_here(lock)
-        state = ("serving+routed" if serving and n in routes else f"out: {held[n]}" if n in held
-                 else f"neither (engine {'up' if serving else 'down'}, {'routed' if n in routes else 'not routed'})")
-        nodes[n] = {"state": state, "containers": names, "lease_held": held_lock}
-        if state.startswith("neither"):
-            problems.append(f"{n}: {state}")
-        if stray:
-            problems.append(f"{n}: stray container(s) {stray}")
-        if held_lock:
-            problems.append(f"{n}: its run lease is still held")
-    started = soak.instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.STARTED]))
-    if started:
-        problems.append(f"{len(started)} run(s) left STARTED: {[r.job_name for r in started]}")
-    return {"nodes": nodes, "routes": routes, "quarantined": held, "started_runs": len(started), "problems": problems}
-
-
-def lease_held_here(lock: Path) -> bool | None:
-    """The node's run lease, from this machine (a simulated node's home is a local directory)."""
-    if not lock.exists():
-        return False
-    r = subprocess.run(["flock", "-n", "-E", "75", str(lock), "true"], capture_output=True, timeout=10)
-    return r.returncode == 75
 
 
 def _failure(res: Any) -> str:
