@@ -68,17 +68,6 @@ class Mark:
     outcome: str = ""  # fault: healed | quarantined | unsettled
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A fault injected at a set time instead of a seeded draw (the CI soak's overlaps)."""
-
-    kind: str
-    node: str
-    at_s: float
-    hold_s: float | None = None  # None: drawn from the kind's range
-    when_idle: bool = False  # first waits until no pipeline run is in flight (a fault after a rollout)
-
-
 @dataclass
 class SoakConfig:
     seed: int = 1
@@ -93,8 +82,8 @@ class SoakConfig:
     clients: dict[str, int] = field(default_factory=lambda: {POOLED: 1, FRESH: 1, OPENAI: 1, WHOLE: 1})
     max_tokens: int = 24
     pause_s: float = 0.3
-    # Planned faults instead of the seeded draw: the CI soak's overlaps.
-    plan: tuple[Planned, ...] = ()
+    # A planned (fault, node, at_s) list instead of the seeded draw: the CI soak's overlap.
+    plan: tuple[tuple[str, str, float], ...] = ()
 
 
 class Soak:
@@ -274,13 +263,8 @@ class Soak:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def _fault_when_free(self, kind: str, node: str | None, planned: Planned | None = None) -> None:
-        """A fault whose every candidate is busy with an earlier one waits (up to the largest gap);
-        a planned one `when_idle` waits for the pipeline's runs in flight to end (up to settle_s)."""
-        if planned is not None and planned.when_idle:
-            until = time.time() + self.cfg.settle_s
-            while time.time() < until and any(m.kind == "run" and m.end is None for m in list(self.marks)):
-                time.sleep(1)
+    def _fault_when_free(self, kind: str, node: str | None) -> None:
+        """A fault whose every candidate is busy with an earlier one waits (up to the largest gap)."""
         deadline = time.time() + self.cfg.fault_gap_s[1]
         with self.lock:
             node = node or self.pick(kind)
@@ -291,16 +275,16 @@ class Soak:
         if node is None:
             self.log(f"  [{self.rel(time.time()):6.0f}] fault {kind}: no node free for it, skipped")
             return
-        self._fault(kind, node, planned.hold_s if planned else None)
+        self._fault(kind, node)
 
-    def _fault(self, kind: str, node: str, hold_s: float | None = None) -> None:
+    def _fault(self, kind: str, node: str) -> None:
         """Inject, hold, undo, then follow the node until it serves and is routed, or is quarantined."""
         spec = FAULTS[kind]
         m = Mark("fault", kind, node if spec.scope == "node" else "gateway", time.time())
         with self.lock:
             self.marks.append(m)
             self.reserved.discard(m.node)
-        hold = self.rng.uniform(*spec.hold_s) if hold_s is None else hold_s
+        hold = self.rng.uniform(*spec.hold_s)
         self.log(f"  [{self.rel(m.start):6.0f}] fault {kind} on {m.node} for {hold:.0f} s")
         try:
             undo = spec.inject(self, node)
@@ -436,7 +420,7 @@ class Soak:
         """(seconds from the start, 'fault:<kind>' | 'action:<what>', node) sorted; from the seed."""
         out: list[tuple[float, str, str | None]] = []
         if self.cfg.plan:
-            out += [(p.at_s, f"fault:{p.kind}", p.node) for p in self.cfg.plan]
+            out += [(at, f"fault:{kind}", node) for kind, node, at in self.cfg.plan]
         else:
             kinds = list(self.cfg.faults or FAULTS)
             t = self.rng.uniform(*self.cfg.fault_gap_s) / 2
@@ -480,8 +464,7 @@ class Soak:
                     th = threading.Thread(target=self.action, args=(name, actions), daemon=True, name=f"soak-{name}")
                     actions += 1
                 else:
-                    planned = next((p for p in self.cfg.plan if (p.at_s, p.kind, p.node) == (at, name, node)), None)
-                    th = threading.Thread(target=self._fault_when_free, args=(name, node, planned), daemon=True,
+                    th = threading.Thread(target=self._fault_when_free, args=(name, node), daemon=True,
                                           name=f"soak-{name}")
                 th.start()
                 workers.append(th)

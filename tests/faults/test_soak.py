@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from spark_sim import soak_report
-from spark_sim.soak import Planned, Soak, SoakConfig, detect_budget
+from spark_sim.soak import Soak, SoakConfig
 from spark_sim.traffic import FRESH, OPENAI, POOLED, WHOLE
 
 pytestmark = pytest.mark.slow
@@ -32,13 +32,9 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
     # relaunches and benches it: the rollout and the sweep (every 5 s) must bring it back without a
     # client request failing on the pipeline's account. (Killing spark2 instead leaves nothing to
     # serve on two nodes: its loss while the canary is out is an outage no pipeline can avoid.)
-    # Once the rollout has ended, spark2, serving on the launch it just got, is powered off for
-    # 80 s: the sweep must take it out of the gateway within its detection time (60 s), though its
-    # launch is minutes old (the 32-minute soak's finding: it read as a boot and stayed routed).
     cfg = SoakConfig(seed=37, duration_s=60, tick_s=5, actions=("rollout",), first_action_s=3, action_every_s=600,
-                     plan=(Planned("engine-killed", "spark1", 25.0),
-                           Planned("node-powered-off", "spark2", 40.0, hold_s=80.0, when_idle=True)),
-                     settle_s=150, clients=clients, max_tokens=96, pause_s=0.1)  # back to back: one is in flight at every drain
+                     plan=(("engine-killed", "spark1", 25.0),), settle_s=150, clients=clients,
+                     max_tokens=96, pause_s=0.1)  # back to back: one is in flight at every drain
     # Short answers: long ones (4000-5000 tokens) also meet a window the pipeline does not close yet
     # (a request the proxy's old worker took just before a graceful reload, forwarded after the
     # drain's 1 s idle check: docs/reliability.md), which would make this test fail at random.
@@ -48,14 +44,9 @@ def test_a_fault_during_a_rollout_fails_no_request_of_the_pipelines_own(fleet, t
     report = soak_report.write(soak, result, tmp_path, "soak-ci", "tests/faults/test_soak.py")
     print(report.read_text())
     rollout = [m for m in soak.marks if m.kind == "run" and m.name == "rollout_job"]
-    fault, off = (next(m for m in soak.marks if m.kind == "fault" and m.name == kind)
-                  for kind in ("engine-killed", "node-powered-off"))
+    fault = next(m for m in soak.marks if m.kind == "fault")
     assert rollout and rollout[0].start < fault.start < (rollout[0].end or 0), \
         f"the fault did not overlap the rollout: {rollout} / {fault}"
     assert fault.outcome in ("healed", "quarantined"), f"spark1 neither healed nor quarantined: {fault}"
-    assert off.start > (rollout[0].end or off.start), f"spark2 was powered off before the rollout ended: {off}"
-    assert off.out_at is not None and off.out_at - off.start < detect_budget(soak), \
-        f"the powered-off spark2 stayed routed past the detection time ({detect_budget(soak):.0f} s): {off}"
-    assert off.outcome in ("healed", "quarantined"), f"spark2 neither healed nor quarantined: {off}"
     assert result["requests"] > 20, f"too little traffic to judge: {result['requests']} requests"
     assert result["verdict"] == "PASS", "; ".join(result["problems"]) + f" (report: {report})"
