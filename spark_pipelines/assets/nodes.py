@@ -20,11 +20,10 @@ from spark_pipelines.core import layout
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, Deployment, NodeArtifacts
 from spark_pipelines.core.fleet import Fleet, Node, NodePair
 from spark_pipelines.core import versions as versions_core
-from spark_pipelines.core.launch import DEPLOY_LABEL, launch_spec
+from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pair_launch import enabled_pair_of, pair_launch
 from spark_pipelines.core.pins import code_versions, launch_versions
-from spark_pipelines.resources.docker import NodeDocker, container_labels
-from spark_pipelines.resources.engine import healthy
+from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.resources.transfer import NodeStreams
 from spark_pipelines.state import markers, records
@@ -34,7 +33,7 @@ from spark_pipelines.runbook import journal, versions
 from spark_pipelines.runbook.model import verify_build_host_copy
 from spark_pipelines.runbook.distribution import DistributionFailed, distribute, distribution_payload
 from spark_pipelines.runbook.deploy import deploy_artifacts, serves_as_marked
-from spark_pipelines.runbook.pair import deploy_pair
+from spark_pipelines.runbook.pair import deploy_pair, pair_serves
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 
@@ -51,30 +50,24 @@ class DeployConfig(dg.Config):
                     "job has no gate). Only to deploy it knowingly, e.g. to reproduce the failure on one node.")
 
 
-def pair_deployment(context: dg.AssetExecutionContext, s: FleetSession, node: Node, pair: NodePair,
+def pair_deployment(context: dg.AssetExecutionContext, session: FleetSession, node: Node, pair: NodePair,
                     launched: dict[str, str]):
-    """node_deployment of a node in a pair that is on: skipped while both nodes run the pair's
-    launch and its head serves, else the pair's deploy (runbook.pair: both nodes, worker first)."""
-    f = s.fleet
-    launch = pair_launch(f, pair)
+    """node_deployment of a node in a pair that is on: skipped while the pair serves as deployed
+    (runbook.pair.pair_serves), else the pair's deploy (runbook.pair: both nodes, worker first)."""
+    fleet = session.fleet
+    launch = pair_launch(fleet, pair)
     spec = launch.head if node.name == pair.head else launch.worker
-    docker = NodeDocker(s)
-    live = {n: docker.inspect_container(n, sp.container_name) for n, sp in ((pair.head, launch.head),
-                                                                            (pair.worker, launch.worker))}
-    serving = (all(c is not None and c.get("State", {}).get("Running") for c in live.values())
-               and container_labels(live[pair.head]).get(DEPLOY_LABEL) == launch.head.fingerprint
-               and container_labels(live[pair.worker]).get(DEPLOY_LABEL) == launch.worker.fingerprint
-               and healthy(f, f.node(pair.head)))
+    serving, live = pair_serves(session, pair)
     meta: dict[str, Any] = {"pair": pair.name, "rank": 0 if node.name == pair.head else 1, "skipped": serving}
     if not serving:
-        done = deploy_pair(s, pair, context.log, run_id=context.run.run_id)
-        live[node.name] = docker.inspect_container(node.name, spec.container_name)
+        done = deploy_pair(session, pair, context.log, run_id=context.run.run_id)
+        live[node.name] = NodeDocker(session).inspect_container(node.name, spec.container_name)
         meta.update(preflight=dg.MetadataValue.md("```\n" + done.preflight + "\n```"),
                     smoke_completion_tokens=done.smoke_tokens, startup_seconds=done.seconds)
     meta["docker_run"] = dg.MetadataValue.text(shlex.join(spec.docker_run_argv()))
     yield dg.Output(Deployment(node=node.name, container_id=(live[node.name] or {}).get("Id"), fingerprint=spec.fingerprint),
                     data_version=dg.DataVersion(f"pair-{pair.name}-{spec.fingerprint}"), tags=launched,
-                    metadata=readable({**meta, **where(f, node, spec, live[node.name])}))
+                    metadata=readable({**meta, **where(fleet, node, spec, live[node.name])}))
     yield dg.AssetCheckResult(check_name="serving", passed=True, metadata={"node": node.name},
                               description=f"{node.name}: rank {meta['rank']} of pair {pair.name}, the pair serves "
                                           f"through {pair.head}")

@@ -156,8 +156,8 @@ def adopt_jit_cache(session: FleetSession, node: Node, *, checkpoint: str | None
                     done.append((mount, slot))
                     session.run(node.name, ["ln", "-s", "--", posixpath.basename(slot), mount], log=False,
                           timeout=PROBE_TIMEOUT_S)
-                    if healthy:
-                        _seal(session, node.name, slot, str(container.get("Image")))
+                if healthy:
+                    _seal(session, node.name, [slot for _, slot in done], str(container.get("Image")))
             except BaseException as e:
                 undone = _put_back(session, node.name, done)
                 if isinstance(e, Exception):
@@ -168,15 +168,18 @@ def adopt_jit_cache(session: FleetSession, node: Node, *, checkpoint: str | None
     return Finding(node.name, JIT, core.ADOPT, what, facts={"key": key})
 
 
-def _seal(session: FleetSession, n: str, slot: str, image: str) -> None:
-    """Mark a slot sealed. A hand-made cache folder is root's (docker made it for the bind mount and
-    the container wrote into it): then the mark is written as root in a throwaway container of the
-    image that runs there (no network), as the wipe of stale slots is."""
-    mark = posixpath.join(slot, jit_core.SEALED)
-    if session.run(n, ["touch", mark], check=False, log=False, timeout=PROBE_TIMEOUT_S).ok:
+def _seal(session: FleetSession, n: str, slots: list[str], image: str) -> None:
+    """Mark the slots sealed. Hand-made cache folders are root's (docker made them for the bind
+    mounts and the container wrote into them): then the marks are written as root in one throwaway
+    container of the image that runs there (no network), as the wipe of stale slots is; one
+    container for every slot, since on a fleet adopted at once each start costs every node's CPU."""
+    marks = [posixpath.join(slot, jit_core.SEALED) for slot in slots]
+    if session.run(n, ["touch", *marks], check=False, log=False, timeout=PROBE_TIMEOUT_S).ok:
         return
-    session.run(n, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "touch", "-v", f"{slot}:/jit", image,
-              f"/jit/{jit_core.SEALED}"], log=False, timeout=jit_cache.WIPE_TIMEOUT_S)
+    volumes = [arg for i, slot in enumerate(slots) for arg in ("-v", f"{slot}:/jit{i}")]
+    session.run(n, ["docker", "run", "--rm", "--network", "none", "--entrypoint", "touch", *volumes, image,
+                    *(f"/jit{i}/{jit_core.SEALED}" for i in range(len(slots)))],
+                log=False, timeout=jit_cache.WIPE_TIMEOUT_S)
 
 
 def _put_back(session: FleetSession, n: str, done: list[tuple[str, str]]) -> str:

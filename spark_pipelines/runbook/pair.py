@@ -244,6 +244,22 @@ def _refuse_off(pair: NodePair) -> None:
                            "turn it on in the fleet file (pairs[].enabled: true, with its link) first")
 
 
+def pair_serves(session: FleetSession, pair: NodePair) -> tuple[bool, dict[str, dict[str, Any] | None]]:
+    """(the pair serves as deployed: both nodes run its launch, labelled so, and the head answers
+    /health; each node's container as docker inspects it, None when absent). A pair that serves
+    is left as it is by node_deployment."""
+    fleet = session.fleet
+    launch = pair_launch(fleet, pair)
+    docker = NodeDocker(session)
+    live = {name: docker.inspect_container(name, spec.container_name)
+            for name, spec in ((pair.head, launch.head), (pair.worker, launch.worker))}
+    serving = (all(c is not None and c.get("State", {}).get("Running") for c in live.values())
+               and container_labels(live[pair.head]).get(DEPLOY_LABEL) == launch.head.fingerprint
+               and container_labels(live[pair.worker]).get(DEPLOY_LABEL) == launch.worker.fingerprint
+               and engine.healthy(fleet, fleet.node(pair.head)))
+    return serving, live
+
+
 def deploy_pair(session: FleetSession, pair: NodePair, log: Any, *, run_id: str = "") -> PairDeployed:
     """The pair's deploy as one transaction over both nodes (module doc). Raises DeployFailed with
     the pair's diagnosis and what the rollback left; NodeBusy when a run holds either node."""
