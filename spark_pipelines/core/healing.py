@@ -71,6 +71,7 @@ class NodeMemory:
     stage_at: float | None = None
     benches_at: int = 0  # bench count when the stage began
     earlier: dict[str, Any] = field(default_factory=dict)  # core.health.with_earlier's inputs
+    held: bool = False  # quarantined at the last sweep (its release starts a new episode)
 
     def to_json(self) -> dict[str, Any]:
         """Only what differs from a fresh memory, times to the second: the cursor is shown on the
@@ -99,6 +100,7 @@ class NodeMemory:
             m.done = [str(a) for a in raw["done"]]
         if isinstance(raw.get("earlier"), Mapping):
             m.earlier = dict(raw["earlier"])
+        m.held = raw.get("held") is True
         return m
 
 
@@ -251,6 +253,14 @@ def decide(verdict: NodeVerdict, memory: NodeMemory | None, settings: HealthSett
     m.streak = m.streak + 1 if m.verdict == name else 1
     m.verdict = name
     m.failing = m.failing + 1 if name in FAILING else 0
+    if quarantined:
+        m.held = True
+    elif m.held:
+        # Released since the last sweep: a person fixed the cause, so a new episode starts with the
+        # whole restart budget. Kept, the episode's "quarantine" and a spent budget left a node
+        # released with its engine down neither redeployed nor quarantined again (the 60-minute
+        # soak's finding).
+        m.held, m.since, m.done, m.redeploys, m.stage, m.stage_at = False, None, [], [], None, None
     if interrupted is not None:
         if name == "healthy":
             m.since, m.done, m.stage, m.stage_at = None, [], None, None

@@ -90,6 +90,30 @@ def test_a_quarantined_node_gets_no_action():
     assert not actions(ds) and "quarantined (residue: reboot the node)" in ds[-1].note
 
 
+def test_a_released_node_whose_engine_is_down_is_redeployed_with_a_new_budget():
+    """The 60-minute soak: spark6 spent its restart budget, was quarantined, and the operator
+    released it with its engine still down; the sweep then said "quarantine already requested in
+    this episode" for ever. A release starts a new episode: redeployed, with the whole budget."""
+    m, now = None, T0
+    for episode in range(4):  # three redeploys, then the quarantine
+        ds, m = sweeps("engine-down", m, start=now, n=2)
+        if episode < 3:
+            _, m = sweeps("healthy", m, start=now + 120)
+        now += 3 * 3600 / 4 + (episode + 1) * 1200
+    assert actions(ds)[-1].kind == "quarantine"
+    held, m = sweeps("engine-down", m, start=now + 60, n=2, quarantined="engine-down: restart budget spent")
+    assert not actions(held) and m.held
+    after, m = sweeps("engine-down", m, start=now + 300, n=2)
+    acts = actions(after)
+    assert [a.kind for a in acts] == ["redeploy"], [d.note for d in after]
+    assert "redeploy 1 of 3 in 6 h" in acts[0].reason and not m.held
+    assert NodeMemory.from_json(m.to_json()) == m
+    # Without a release, the episode's quarantine stands.
+    again, _ = sweeps("engine-down", held[-1].memory, start=now + 300, n=2,
+                      quarantined="engine-down: restart budget spent")
+    assert not actions(again)
+
+
 @pytest.mark.parametrize("name", ["unreachable", "wedged", "starting", "unknown"])
 def test_recorded_only(name):
     ds, m = sweeps(name, n=4)
