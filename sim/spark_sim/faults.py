@@ -74,6 +74,21 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def engine_healthy(m: Member, timeout: float = 5) -> bool:
+    """The node's vLLM (or its stand-in) answers /health with 200."""
+    try:
+        return httpx.get(f"http://{m.ip}:{ENGINE_PORT}/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def proxy_pids(sim: SimFleet) -> list[int]:
+    """Every LiteLLM process on the gateway host (its network namespace), whatever the pid file says."""
+    ns_pids = subprocess.run(["ip", "netns", "pids", sim.gateway.netns], capture_output=True, text=True,
+                             timeout=10).stdout
+    return [int(p) for p in ns_pids.split() if p.isdigit() and any("litellm" in a for a in _cmdline(int(p))[:3])]
+
+
 def _pidfile(path: Path, what: str) -> int:
     try:
         return int(path.read_text().strip())
@@ -360,13 +375,11 @@ def restart_proxy(sim: SimFleet) -> None:
     gateway host (an orphan from two overlapping restarts keeps the port with a stale config, and
     the pid file names only the last one), then `litellm-restart`."""
     gw = sim.gateway
-    ns_pids = subprocess.run(["ip", "netns", "pids", gw.netns], capture_output=True, text=True, timeout=10).stdout
-    for pid in (int(p) for p in ns_pids.split() if p.isdigit()):
-        if any("litellm" in part for part in _cmdline(pid)[:3]):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    for pid in proxy_pids(sim):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     # As the gateway user: its sudoers line (and secure_path) is what finds `litellm-proxy`.
     r = subprocess.run(["ip", "netns", "exec", gw.netns, "runuser", "-u", gw.user, "--", str(gw.bin / "litellm-restart")],
                        timeout=150, capture_output=True, text=True, cwd=str(gw.home / "litellm"))

@@ -37,7 +37,8 @@ import yaml
 
 from spark_sim import faults as fx
 from spark_sim.fleet import SimFleet
-from spark_sim.soak_end import end_state, engine_healthy
+from spark_sim.faults import engine_healthy
+from spark_sim.soak_end import end_state
 from spark_sim.soak_faults import FAULTS, prepare
 from spark_sim.traffic import FRESH, OPENAI, POOLED, WHOLE, Traffic
 

@@ -11,19 +11,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from spark_sim import faults as fx
+from spark_sim.faults import engine_healthy
 
 # `soak` below is a spark_sim.soak.Soak (not imported: soak.py imports this module).
 Soak = Any
-
-
-def engine_healthy(m: Any, timeout: float = 5) -> bool:
-    try:
-        return httpx.get(f"http://{m.ip}:{fx.ENGINE_PORT}/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def end_state(soak: Soak) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from tests.plugins import unavailable
 import yaml
 
 from spark_pipelines.core.fleet import load_fleet
+from spark_sim.faults import proxy_pids
 from spark_sim.fleet import Member, SimError, SimFleet
 from tests.plugins.sim import sim_slot
 
@@ -405,7 +406,7 @@ def test_two_restarts_at_once_leave_one_proxy_the_next_reload_reaches(sim_fleet:
     with ThreadPoolExecutor(2) as pool:
         done = [f.result() for f in [pool.submit(restart) for _ in range(2)]]
     assert done[0].returncode == 0 or done[1].returncode == 0, [d.stderr for d in done]
-    masters = [p for p in _litellm_pids(gw) if os.getpgid(p) == p]
+    masters = [p for p in proxy_pids(sim_fleet) if os.getpgid(p) == p]
     pid = int((gw.dir / "litellm.pid").read_text())
     assert masters == [pid], f"proxies running {masters}, pid file names {pid}"
     # The one that runs is the one a reload reaches: the reload signals it, and it stays up.
@@ -416,19 +417,6 @@ def test_two_restarts_at_once_leave_one_proxy_the_next_reload_reaches(sim_fleet:
 def _owner(path: Path) -> tuple[int, int]:
     st = path.stat()
     return st.st_uid, st.st_gid
-
-
-def _litellm_pids(gw: Member) -> list[int]:
-    pids = subprocess.run(["ip", "netns", "pids", gw.netns], capture_output=True, text=True, timeout=10).stdout.split()
-    found = []
-    for p in pids:
-        try:
-            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(b"litellm" in a for a in argv[:3]) and b"--config" in argv:
-            found.append(int(p))
-    return sorted(found)
 
 
 def test_nodes_download_models_from_the_local_model_source(sim_fleet: SimFleet) -> None:

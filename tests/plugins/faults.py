@@ -22,6 +22,7 @@ from spark_sim.fleet import Member, SimFleet
 from spark_sim.faults import (  # noqa: F401 - the fault suite's names, re-exported
     CONTAINER,
     ENGINE_PORT,
+    engine_healthy,
     PROXY_PORT,
     FaultError,
     _proc_table,
@@ -60,13 +61,6 @@ from spark_sim.faults import (  # noqa: F401 - the fault suite's names, re-expor
 
 
 # -- invariants --------------------------------------------------------------------------------
-
-
-def engine_healthy(m: Member, timeout: float = 5) -> bool:
-    try:
-        return httpx.get(f"http://{m.ip}:{ENGINE_PORT}/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def engine_requests_running(m: Member) -> float:
