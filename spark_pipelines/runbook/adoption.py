@@ -47,15 +47,10 @@ from spark_pipelines.core.steps import PROC_ADOPTION
 from spark_pipelines.runbook import jit_cache, journal
 from spark_pipelines.runbook.adoption_build import adopt_build_host, adopt_node_artifacts, asset_value
 from spark_pipelines.state import markers
-from spark_pipelines.state.markers import DeployMarker
+from spark_pipelines.state.markers import DeployMarker, deploy_signature
 
 DEPLOYMENT, JIT = NODE_DEPLOYMENT, JIT_CACHE
 MAX_NODES_AT_ONCE = 32  # SSH sessions this process drives at once (each node's lease, reads, hash)
-
-
-def deploy_signature(code_version: str, fingerprint: str, image_id: str | None, index: str) -> str:
-    """The node_deployment marker's signature: what the step skips on (assets/nodes.py)."""
-    return markers.signature(code_version, fingerprint, image_id, index)
 
 
 def adopt_deployment(session: FleetSession, node: Node, *, code_version: str, image_id: str | None, index: str,

@@ -486,7 +486,7 @@ def deploy_artifacts(session: FleetSession, node: Node, artifacts: NodeArtifacts
         raise RunbookError(f"{node.name} serves in node pair {pair.name} (pairs: enabled): a rollout does not move a "
                            f"pair; deploy the pair with deploy_node_job for {pair.head}, or turn it off first")
     spec = launch_spec(session.fleet, node)
-    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    sig = markers.deploy_signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
     done = deploy(session, node, spec, log, run_id=run_id, jit_key=jit_core.key_for(artifacts, spec),
                   fresh_jit_cache=fresh_jit_cache, checkpoint=artifacts.index, keep_previous=keep_previous,
                   version=artifacts.path, gated=gated)
@@ -507,7 +507,7 @@ def serves_as_marked(session: FleetSession, node: Node, artifacts: NodeArtifacts
     an adopted hand deploy's labels are in its marker), healthy, and no deploy journal on the node
     (a dead run's deploy: the deploy finishes it first). Else None: the deploy has work to do."""
     spec = launch_spec(session.fleet, node)
-    sig = markers.signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
+    sig = markers.deploy_signature(code_version, spec.fingerprint, artifacts.image_id, artifacts.index)
     marker = markers.read_deploy(session, node)
     if (marker and marker.signature == sig and current and marker.container_id == current.get("Id")
             and not session.exists(node.name, layout.marker_path(node, markers.DEPLOY_JOURNAL))

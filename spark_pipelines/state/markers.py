@@ -35,6 +35,12 @@ def signature(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def deploy_signature(code_version: str, fingerprint: str, image_id: str | None, index: str) -> str:
+    """The node_deployment marker's signature: what the step skips on (assets/nodes.py), what
+    adoption and a rollout record for a node that serves already."""
+    return signature(code_version, fingerprint, image_id, index)
+
+
 def read(session: FleetSession, node: Node, step: str) -> dict[str, Any] | None:
     path = marker_path(node, step)
     if not session.exists(node.name, path):

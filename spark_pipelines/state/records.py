@@ -169,7 +169,7 @@ def record_as_serving(where: Where, fleet: Fleet, nodes: list[str], new: Mapping
             continue
         prev = latest(instance, steps.NODE_DEPLOYMENT, name)
         made = dict(prev.asset_materialization.metadata) if prev and prev.asset_materialization else {}
-        record_deploy(where, name, code_version, markers.signature(code_version, spec.fingerprint, image_id, index),
+        record_deploy(where, name, code_version, markers.deploy_signature(code_version, spec.fingerprint, image_id, index),
                       {**made, "skipped": True, keys.IMAGE_ID: image_id, "container": spec.container_name,
                        keys.ROLLOUT_RUN: run_id},
                       description=f"{name} serves this version already ({new[name]}), healthy: recorded by the "

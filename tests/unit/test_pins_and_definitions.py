@@ -8,7 +8,7 @@ import yaml
 
 from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.core.pins import changed_steps, code_versions, launch_versions
-from spark_pipelines.runbook.adoption import deploy_signature
+from spark_pipelines.state.markers import deploy_signature
 from spark_pipelines.core.fleet import load_fleet, parse_fleet
 
 

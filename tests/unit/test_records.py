@@ -245,7 +245,7 @@ def test_the_rollout_records_a_node_that_serves_its_launch_already(tmp_path, see
     recorded current, without a deploy: it neither stays stale for ever nor makes the sensor ask
     again. A node whose record is current is not recorded again."""
     from spark_pipelines.core.artifacts import BuiltImage, Checkpoint
-    from spark_pipelines.runbook.adoption import deploy_signature
+    from spark_pipelines.state.markers import deploy_signature
     from spark_pipelines.runbook.rollout import ALREADY_SERVES, Survey
 
     path = write(tmp_path, seed_data)
