@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from spark_pipelines.core import steps
+from spark_pipelines.core.layout import marker_path
 from spark_sim.faults import engine_healthy
 
 # `soak` below is a spark_sim.soak.Soak (not imported: soak.py imports this module).
@@ -60,7 +62,7 @@ def marker_disagrees(soak: Soak, node: str) -> str:
     agree): a marker naming another container would make the next deploy skip, or redo, wrongly."""
     m = soak.sim.node(node)
     name = soak.fleet.launch_for(soak.fleet.node(node)).container_name
-    marker = m.home / ".cache/spark-pipelines/markers/node_deployment.json"  # core.layout.marker_path
+    marker = Path(marker_path(soak.fleet.node(node), steps.NODE_DEPLOYMENT))
     try:
         recorded = json.loads(marker.read_text()).get("container_id")
     except (OSError, ValueError) as e:
