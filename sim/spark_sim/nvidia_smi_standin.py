@@ -42,8 +42,10 @@ def load_state(path: Path) -> SimGpu:
         raise ValueError(f"{STATE_FILE_ENV}={path}: {problems}") from exc
 
 
-def engine_busy(port: int | None, timeout_s: float = 0.5) -> bool:
-    """Whether the engine on this node's loopback reports a request running (vLLM's gauge)."""
+def engine_busy(port: int | None, timeout_s: float = 3.0) -> bool:
+    """Whether the engine on this node's loopback reports a request running (vLLM's gauge).
+    The timeout is generous: an engine streaming on a loaded 2-core CI machine can take a second
+    to answer, and a timeout reads as idle, hiding a wedge that shows only under load."""
     if port is None:
         return False
     try:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from contextlib import contextmanager
 
 import dagster as dg
-import httpx
 import pytest
 
 from spark_pipelines.core.fleet import load_fleet
@@ -26,6 +24,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import sweep
 from spark_pipelines.resources import engine
+from tests.plugins.traffic import Traffic
 
 pytestmark = pytest.mark.slow
 
@@ -110,28 +109,10 @@ def test_the_sweep_only_reads(deployed):
 
 def test_wedged_under_load(deployed, capsys, sim_gpu):
     fleet = load_fleet(deployed)
-    node = fleet.node("spark2")
     sim_gpu("spark2", "wedged")
-    stop = threading.Event()
-    url = f"{engine.api_root(fleet, node)}/v1/chat/completions"
-    model = fleet.launch_for(node).served_model_name
-
-    def traffic():
-        while not stop.is_set():
-            httpx.post(url, json={"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                  "max_tokens": 2048}, timeout=60)
-
-    workers = [threading.Thread(target=traffic, daemon=True) for _ in range(2)]
-    for w in workers:
-        w.start()
-    try:
-        time.sleep(1)
+    with Traffic(fleet):
         rc, nodes, _ = doctor_json(capsys, deployed, "--node", "spark2")
         rc_text, out, _ = doctor(capsys, "--fleet", deployed)
-    finally:
-        stop.set()
-        for w in workers:
-            w.join(timeout=60)
     assert rc == 1 and list(nodes) == ["spark2"]
     v = nodes["spark2"]
     assert v["verdict"] == "wedged", v

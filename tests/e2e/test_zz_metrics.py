@@ -23,7 +23,7 @@ from spark_pipelines.state import records
 from spark_sim.servers import free_port
 from tests.e2e.test_zz_doctor import inspect, production_aside
 from tests.e2e.test_zz_healing import back_in_gateway, env, latest_observation, requests_of, run, tick  # noqa: F401
-from tests.e2e.test_zz_wedge import Traffic
+from tests.plugins.traffic import Traffic
 from tests.plugins.prometheus import FOR_SCALE, prometheus_stack
 from spark_pipelines.cli.metrics import RULES
 

@@ -18,7 +18,6 @@ import time
 from datetime import UTC, datetime
 
 import dagster as dg
-import httpx
 import pytest
 import yaml
 
@@ -29,6 +28,7 @@ from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import wedge
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger
+from tests.plugins.traffic import Traffic
 
 pytestmark = pytest.mark.slow
 
@@ -63,36 +63,6 @@ def gateway(s: FleetSession) -> GatewayHost:
 
 def gpu_state(sim_fleet, node="spark2") -> dict:
     return json.loads(sim_fleet.node(node).gpu_state_file.read_text())
-
-
-class Traffic:
-    """Live requests straight to a node's vLLM, as production traffic through the gateway would be."""
-
-    def __init__(self, fleet, name="spark2", streams=2):
-        node = fleet.node(name)
-        self.url = f"{engine.api_root(fleet, node)}/v1/chat/completions"
-        self.model = fleet.launch_for(node).served_model_name
-        self.stop = threading.Event()
-        self.workers = [threading.Thread(target=self._loop, daemon=True) for _ in range(streams)]
-
-    def _loop(self):
-        while not self.stop.is_set():
-            try:
-                httpx.post(self.url, json={"model": self.model, "messages": [{"role": "user", "content": "hi"}],
-                                           "max_tokens": 2048}, timeout=60)
-            except httpx.HTTPError:
-                time.sleep(0.5)
-
-    def __enter__(self):
-        for w in self.workers:
-            w.start()
-        time.sleep(1)
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for w in self.workers:
-            w.join(timeout=60)
 
 
 def latest(instance, asset, partition="spark2"):
