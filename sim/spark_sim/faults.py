@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
+from spark_pipelines.core.diagnosis import MetricsFormatError, parse_exposition
 from spark_sim.fleet import Member, SimFleet
 
 CONTAINER = "vllm-qwen35-v2"  # the launch profile's container name in the seed fleet
@@ -80,6 +81,16 @@ def engine_healthy(m: Member, timeout: float = 5) -> bool:
         return httpx.get(f"http://{m.ip}:{ENGINE_PORT}/health", timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def engine_started_at(m: Member, timeout: float = 5) -> float | None:
+    """When the node's engine process started (process_start_time_seconds on its /metrics, as a
+    real vLLM exports it), or None when it does not answer: a new value is a new engine."""
+    try:
+        text = httpx.get(f"http://{m.ip}:{ENGINE_PORT}/metrics", timeout=timeout).text
+        return next((s.value for s in parse_exposition(text) if s.name == "process_start_time_seconds"), None)
+    except (httpx.HTTPError, MetricsFormatError):
+        return None
 
 
 def proxy_pids(sim: SimFleet) -> list[int]:

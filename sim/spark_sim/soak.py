@@ -37,7 +37,7 @@ import yaml
 
 from spark_sim import faults as fx
 from spark_sim.fleet import SimFleet
-from spark_sim.faults import engine_healthy
+from spark_sim.faults import engine_healthy, engine_started_at
 from spark_sim.soak_end import end_state
 from spark_sim.soak_faults import FAULTS, prepare
 from spark_sim.traffic import FRESH, OPENAI, POOLED, WHOLE, Traffic
@@ -85,6 +85,12 @@ class SoakConfig:
     pause_s: float = 0.3
     # A planned (fault, node, at_s) list instead of the seeded draw: the CI soak's overlap.
     plan: tuple[tuple[str, str, float], ...] = ()
+    # A planned fault waits (from at_s, up to plan_wait_s) until a pipeline run has its node out of
+    # the routes: the overlap then does not hang on how fast the run got there, and a run that
+    # changes a node without draining it first meets the fault later, so the checker blames the
+    # requests it failed on the run.
+    plan_when_drained: bool = False
+    plan_wait_s: float = 120.0
 
 
 class Soak:
@@ -103,6 +109,7 @@ class Soak:
         self.marks: list[Mark] = []
         self.routes: list[tuple[float, list[str] | None]] = []
         self.health: list[tuple[float, str, bool]] = []
+        self.engines: list[tuple[float, str, float]] = []  # (when, node, its engine's process start)
         self.verdicts: list[tuple[float, str, str]] = []
         self.ticks: list[tuple[float, str, float, str]] = []
         self.requests: list[dict[str, Any]] = []
@@ -233,9 +240,19 @@ class Soak:
             self.routes.append((time.time(), self.proxy_routes()))
             if n % 3 == 0:
                 for name in self.nodes:
-                    self.health.append((time.time(), name, engine_healthy(self.sim.node(name), timeout=2)))
+                    member = self.sim.node(name)
+                    ok = engine_healthy(member, timeout=2)
+                    self.health.append((time.time(), name, ok))
+                    started = engine_started_at(member, timeout=2) if ok else None
+                    if started is not None:
+                        self.engines.append((time.time(), name, started))
             n += 1
             self.stop.wait(1.0)
+
+    def running(self) -> list[Mark]:
+        """The pipeline's runs in progress."""
+        with self.lock:
+            return [m for m in self.marks if m.kind == "run" and m.end is None]
 
     def routed(self, node: str, since: float = 0.0) -> bool | None:
         for t, nodes in reversed(self.routes):
@@ -265,7 +282,12 @@ class Soak:
     # -- faults ------------------------------------------------------------------------------
 
     def _fault_when_free(self, kind: str, node: str | None) -> None:
-        """A fault whose every candidate is busy with an earlier one waits (up to the largest gap)."""
+        """A fault whose every candidate is busy with an earlier one waits (up to the largest gap);
+        a planned one with plan_when_drained waits for a run to have its node out of the routes."""
+        if node is not None and self.cfg.plan_when_drained:
+            until = time.time() + self.cfg.plan_wait_s
+            while time.time() < until and not (self.running() and self.routed(node) is False):
+                time.sleep(0.5)
         deadline = time.time() + self.cfg.fault_gap_s[1]
         with self.lock:
             node = node or self.pick(kind)
@@ -534,6 +556,7 @@ class Soak:
         samples = [(t, nodes) for t, nodes in self.routes if nodes is not None]
         empty = [round(self.rel(t), 1) for t, nodes in samples if not nodes]
         stale = stale_routes(self)
+        replaced = replaced_while_routed(self)
         unanswered = sum(1 for _, nodes in self.routes if nodes is None)
         end = end_state(self)
         by_kind: dict[str, int] = {}
@@ -549,18 +572,21 @@ class Soak:
         if stale:
             problems.append(f"the proxy routed to a node down longer than the sweep's detection time "
                             f"({detect_budget(self):.0f} s) in {len(stale)} samples (first: {stale[0]})")
+        if replaced:
+            problems.append(f"an engine was replaced while the proxy routed to its node, no fault on it: "
+                            f"{'; '.join(replaced)}")
         problems += end["problems"]
         return {"seed": self.cfg.seed, "duration_s": round(self.t_end - self.t0), "nodes": self.nodes,
                 "faults_by_kind": by_kind, "faults": len(faults), "requests": len(self.requests),
                 "causes": causes, "route_samples": len(samples), "route_unanswered": unanswered,
-                "empty_samples": empty, "stale_routes": stale, "detect_budget_s": round(detect_budget(self)), "end": end, "problems": problems,
+                "empty_samples": empty, "stale_routes": stale, "replaced_while_routed": replaced, "detect_budget_s": round(detect_budget(self)), "end": end, "problems": problems,
                 "verdict": "PASS" if not problems else "FAIL",
                 "runs": {"ok": sum(1 for m in runs if m.ok), "failed": sum(1 for m in runs if m.ok is False)}}
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps({"t0": self.t0, "config": {k: v for k, v in asdict(self.cfg).items()},
                                     "marks": [asdict(m) for m in self.marks], "routes": self.routes,
-                                    "health": self.health, "verdicts": self.verdicts, "ticks": self.ticks,
+                                    "health": self.health, "engines": self.engines, "verdicts": self.verdicts, "ticks": self.ticks,
                                     "requests": self.requests}, default=str))
 
 
@@ -587,6 +613,26 @@ def stale_routes(soak: Soak) -> list[str]:
     return out
 
 
+def replaced_while_routed(soak: Soak) -> list[str]:
+    """Engines replaced while the proxy routed to their node the whole time, with no fault on the
+    node: the pipeline stopped a routed engine (every procedure that stops one drains it first).
+    Read from the nodes and the proxy alone, so it holds whether or not a request failed then."""
+    out = []
+    faults = [m for m in soak.marks if m.kind == "fault" and m.outcome != "not injected"]
+    for node in sorted({n for _, n, _ in soak.engines}):
+        seen = [(t, started) for t, n, started in soak.engines if n == node]
+        for (t1, old), (t2, new) in zip(seen, seen[1:]):
+            if new == old:
+                continue
+            if any(f.node == node and f.start <= t2 and t1 <= (f.settled or f.end or time.time()) for f in faults):
+                continue
+            routed = [nodes for t, nodes in soak.routes if t1 <= t <= t2 and nodes is not None]
+            if routed and all(node in nodes for nodes in routed):
+                out.append(f"{node} between {soak.rel(t1):.0f} s and {soak.rel(t2):.0f} s "
+                           f"({len(routed)} route samples, every one with it)")
+    return out
+
+
 def request_row(s: Any) -> dict[str, Any]:
     end = s.at + max(0.0, s.ended - s.started)
     return {"kind": s.kind, "node": s.node, "at": s.at, "end": end, "ok": not s.dropped, "error": s.error[:200],
@@ -604,8 +650,10 @@ def classify(r: dict[str, Any], faults: list[Mark], runs: list[Mark],
         if f.node != "gateway" and r["node"] not in (None, f.node):
             continue
         # Blame: from the injection until the node left the routes or came back (the sweep saw it).
+        # Never before it: the mark is taken before the injector acts, so a request that had failed
+        # by then failed of something else (a run that stopped a routed node's engine just before).
         until = min(x for x in (f.out_at, f.settled, f.end and f.end + 60, time.time()) if x is not None)
-        if f.start - 1 <= b and a <= until + SLACK_S:
+        if f.start <= b and a <= until + SLACK_S:
             return f"fault:{f.name}"
     active = [m for m in runs if m.name in PIPELINE_JOBS and m.start - 2 <= b and a <= (m.end or time.time()) + 2]
     # The proxy's routes when it failed: only nodes under a fault not yet settled (or none)?

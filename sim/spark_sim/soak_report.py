@@ -52,6 +52,9 @@ def markdown(soak: Soak, result: dict[str, Any], png: str, command: str) -> str:
               + (f" (at {', '.join(str(x) for x in result['empty_samples'][:8])} s)" if result['empty_samples'] else "")
               + f"; routed to a node down longer than the detection time ({result['detect_budget_s']} s): "
               f"{len(result['stale_routes'])}" + (f" ({'; '.join(result['stale_routes'][:3])})" if result['stale_routes'] else "")
+              + ". Engines replaced while routed with no fault on their node (the pipeline stopping a "
+              f"routed engine): {len(result['replaced_while_routed'])}"
+              + (f" ({'; '.join(result['replaced_while_routed'][:3])})" if result['replaced_while_routed'] else "")
               + ".", "",
               "## Faults (" + ", ".join(f"{k} {v}" for k, v in sorted(result["faults_by_kind"].items())) + ")", "",
               *fault_rows(soak), "", "## Operator actions and pipeline runs", "",

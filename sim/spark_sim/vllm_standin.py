@@ -87,6 +87,9 @@ def rate_factor(args: argparse.Namespace, gpu: GpuState) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+PROCESS_START = time.time()
+
+
 class Counters:
     def __init__(self) -> None:
         self.running = 0
@@ -419,6 +422,9 @@ class Server:
                     labels = lab + ("," + extra if extra else "")
                     out.append(f"{base}{{{labels}}} {c.created!r}")
 
+        # prometheus_client's process collector, as a real vLLM's /metrics has it (no labels).
+        out += ["# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+                "# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {PROCESS_START!r}"]
         metric("vllm:num_requests_running", "gauge",
                "Number of requests in model execution batches.", [("", c.running)])
         digest = getattr(self.args, "checkpoint_digest", None)

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -86,6 +87,11 @@ def test_openai_endpoints_and_real_metric_names(healthy_standin):
     assert names - spec <= real, names - spec - real
     parsed = diagnosis.parse_metrics(text)
     assert parsed["vllm:num_requests_running"] == 0
+    # The process collector's start time, which a real vLLM exports too: the soak tells a new
+    # engine from the old one by it.
+    assert "process_start_time_seconds " in FIXTURE_METRICS.read_text()
+    started = [s.value for s in diagnosis.parse_exposition(text) if s.name == "process_start_time_seconds"]
+    assert len(started) == 1 and 0 < time.time() - started[0] < 3600
 
 
 def test_non_streaming_reply_has_exact_usage(healthy_standin):
