@@ -17,8 +17,11 @@ temp file into place (atomic), and reloads with a timeout. Reads are a command w
 
 After every write the running proxy's pools are compared with the file's (the nodes each pool
 routes to, from /model/info); a proxy that does not serve what the file says (a reload that failed
-or did not take) is reloaded again, then restarted (`gateway.restart_command`), and a proxy still
-different is a GatewayError naming both. A rewrite keeps the operator's comments and layout
+or did not take) is reloaded again, and a proxy still different is a GatewayError naming both. A
+restart (`gateway.restart_command`) is only for a proxy that serves nothing (dead, hung, no
+/model/info): restarting one that serves would fail every request for LiteLLM's start, on every
+node, to change one route (the 60-minute soak's only requests failed by the pipeline). A change
+that did not take is the next run's to retry. A rewrite keeps the operator's comments and layout
 (core/gateway_text.py).
 
 The same lock and the same digest-checked write serve the small files kept beside the config
@@ -544,9 +547,11 @@ class GatewayHost:
     def confirm(self, doc: Doc, first_wait_s: float | None = None) -> bool:
         """The running proxy serves what `doc` says: the same nodes in each pool. Waits up to
         `first_wait_s` (default ready_timeout_s: a graceful reload's new worker may take that long);
-        a proxy still different is reloaded again, then restarted (gateway.restart_command), each
-        followed by the same wait. Returns whether a repair was needed; raises GatewayError saying
-        what the proxy serves and what the file lists when neither helped."""
+        a proxy still different is reloaded again and, only when it answers no routes at all,
+        restarted (gateway.restart_command), each followed by the same wait. Returns whether a
+        repair was needed; raises GatewayError saying what the proxy serves and what the file lists
+        when that did not help: a proxy that serves other routes is never restarted (every request
+        would fail while LiteLLM starts), the run that wanted the change fails and the next retries."""
         config = doc.config
         if not config.get("model_list"):
             # Nothing left to serve (a dead node was the last): LiteLLM answers /model/info with
@@ -561,8 +566,8 @@ class GatewayHost:
             self.serving_routes()  # no key to read /model/info with: its error names the variable; a restart cannot help
         tried: list[str] = []
         for what, cmd in (("reloading it again", self.gw.reload_command), ("restarting it", self.gw.restart_command)):
-            if not cmd:
-                continue
+            if not cmd or (what == "restarting it" and got is not None):
+                continue  # a proxy that serves routes is not restarted (see the docstring)
             self.session.log.warning(
                 f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} serves {_said(got) if got is not None else '(no answer)'} "
                 f"while {self.config_path} lists {_said(want)}: {what} ({' '.join(cmd)})")
@@ -573,8 +578,14 @@ class GatewayHost:
             if got == want:
                 self.session.log.info(f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} serves the config again ({_said(want)})")
                 return True
+        if got is not None:
+            raise GatewayError(f"LiteLLM on {self.gw.host}: the running proxy serves {_said(got)} while "
+                               f"{self.config_path} lists {_said(want)}, after reloading it again "
+                               f"({'; '.join(tried)}); not restarted, it serves clients: check "
+                               f"gateway.reload_command, or restart it when traffic allows "
+                               f"({' '.join(self.gw.restart_command)}); the next gateway run reloads it again")
         raise GatewayError(f"LiteLLM on {self.gw.host}: the running proxy serves "
-                           f"{_said(got) if got is not None else '(no answer from /model/info)'} while "
+                           "(no answer from /model/info) while "
                            f"{self.config_path} lists {_said(want)}, after a reload and a restart "
                            f"({'; '.join(tried)}); check the proxy on the gateway host")
 

@@ -26,6 +26,7 @@ from spark_pipelines.core.fleet import Fleet, parse_fleet
 from spark_pipelines.resources.gateway import GatewayError, GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook.rotation import drained
+from spark_sim import faults as fx
 from spark_sim.traffic import Streams, engines_on, traffic_fleet
 from tests.plugins.gateway_config import runbook_config
 
@@ -225,19 +226,27 @@ def test_a_reload_failing_at_the_restore_is_repaired_without_a_hand_step(hand_ga
         assert file_text(s, bad) == g["text"]
 
 
-def test_a_reload_that_does_not_take_is_followed_by_a_restart(hand_gateway, sim_fleet):
+def test_a_reload_that_does_not_take_on_a_serving_proxy_is_an_error_not_a_restart(hand_gateway, sim_fleet):
     g = hand_gateway
-    # A graceful reload that returns 0 and does nothing (a SIGHUP to the wrong process).
+    # A graceful reload that returns 0 and does nothing (a SIGHUP to the wrong process). The proxy
+    # still serves both nodes: a restart would fail every request while LiteLLM starts (the
+    # 60-minute soak's 59), so the drain fails naming the command, and the proxy keeps serving.
     bad = variant(sim_fleet, reload_command=["true"])
+    before = fx.proxy_pids(sim_fleet)
     with FleetSession(bad) as s:
         s.log = log = Log()
         host = GatewayHost(s, master_key=g["key"], poll_s=0.5, ready_timeout_s=5)
-        host.drain("spark2", "test bench")
-        assert pools(host) == {"fast": ["spark1"], "reasoning": ["spark1"], "code": ["spark1"]}
+        with pytest.raises(GatewayError) as e:
+            host.drain("spark2", "test bench")
         said = "\n".join(log.warnings)
-        assert "reloading it again (true)" in said and "restarting it" in said, said
+        assert "reloading it again (true)" in said and "restarting it" not in said, said
+    msg = str(e.value)
+    assert "not restarted, it serves clients" in msg and "gateway.reload_command" in msg, msg
+    assert "Traceback" not in msg and fx.proxy_pids(sim_fleet) == before  # the same proxy, never restarted
+    assert pools(g["host"]) == EACH_ONCE  # it never stopped serving both
+    # The next gateway run with a working reload puts file and proxy in agreement.
     g["host"].restore("spark2")
-    assert pools(g["host"]) == EACH_ONCE
+    assert pools(g["host"]) == EACH_ONCE and g["host"].rotation() == ["spark1", "spark2"]
 
 
 def test_a_proxy_serving_another_config_is_an_error_and_the_next_gateway_step_repairs_it(hand_gateway, sim_fleet):
