@@ -199,8 +199,11 @@ class Soak:
                 continue
             self.seen_keys.add(k)
             job = r.job_name or ("build_job" if r.asset_selection else "?")
+            # The run carries its key as the daemon's runs do (a sensor reads it back: a failed
+            # reconcile is asked again).
+            tags = {**(r.tags or {}), **({"dagster/run_key": r.run_key} if r.run_key else {})}
             self.futures.append(self.pool.submit(self.run, job, r.partition_key, run_config=r.run_config,
-                                                 tags=r.tags, source=f"{name} {r.run_key or ''}".strip()))
+                                                 tags=tags, source=f"{name} {r.run_key or ''}".strip()))
 
     def _automation(self) -> None:
         n = 0

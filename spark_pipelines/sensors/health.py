@@ -41,7 +41,10 @@ from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.state import records
 
 ASSET = dg.AssetKey(steps.NODE_DEPLOYMENT)
-# The same reconcile plan is asked again only after this long (its job may have failed meanwhile).
+# The same reconcile plan is asked again only after this long while its run may still be on its
+# way; at once (the next sweep) when that run failed: a take-out of a dead node whose reload
+# failed must not wait ten minutes (a soak with the reload failing and a node powered off left
+# the node routed 60 s after it died, the plan unchanged and not asked again).
 RECONCILE_RETRY_S = 600
 
 
@@ -205,11 +208,15 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                 # The moves, not their wording (a streak's count changes every sweep).
                 moves = [[m.node, m.dead] for m in plan.take_out], [m.node for m in plan.put_back]
                 digest = hashlib.sha256(json.dumps(moves).encode()).hexdigest()[:12]
-                again = last_reconcile.get("digest") != digest or now - float(last_reconcile.get("at", 0)) > RECONCILE_RETRY_S
+                same = last_reconcile.get("digest") == digest
+                again = (not same or now - float(last_reconcile.get("at", 0)) > RECONCILE_RETRY_S
+                         or records.run_key_failed(context.instance, str(last_reconcile.get("key", ""))))
                 if again:
-                    last_reconcile = {"digest": digest, "at": int(now)}
+                    tries = int(last_reconcile.get("tries", 0)) + 1 if same else 1
+                    key = f"reconcile-{digest}-{int(now)}-{tries}"  # a retry never reuses a key
+                    last_reconcile = {"digest": digest, "at": int(now), "tries": tries, "key": key}
                     requests.append(dg.RunRequest(
-                        run_key=f"reconcile-{digest}-{int(now)}", job_name=steps.RECONCILE_JOB,
+                        run_key=key, job_name=steps.RECONCILE_JOB,
                         run_config=dg.RunConfig(ops={steps.RECONCILE_OP: ReconcileConfig(**plan.to_config())}),
                         tags={steps.REASON_TAG: "health-reconcile"}))
         else:

@@ -606,3 +606,10 @@ def run_ended(instance: dg.DagsterInstance, run_id: str) -> bool:
     """Whether the instance knows the run `run_id` ended (False: in progress, or not a run of it)."""
     run = instance.get_run_by_id(run_id) if run_id else None
     return run is not None and run.status not in IN_PROGRESS
+
+
+def run_key_failed(instance: dg.DagsterInstance, run_key: str) -> bool:
+    """Whether the newest run a sensor requested with `run_key` ended without success (failed or
+    canceled): the request it stood for was not carried out."""
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
+    return bool(runs) and runs[0].status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)

@@ -143,6 +143,36 @@ def test_engine_down_is_redeployed_once_per_episode_and_the_gateway_reconciled(d
         assert len(obs) == 5 and obs[0]["policy"].value.startswith("engine-down on 5 sweeps: backoff")
 
 
+def test_a_reconcile_whose_run_failed_is_asked_again_at_the_next_sweep(defs, scripted):
+    defs, _ = defs
+
+    @dg.op
+    def refused():
+        raise RuntimeError("the proxy reload failed (simulated)")
+
+    @dg.job
+    def failed_reconcile():
+        refused()
+
+    with dg.instance_for_test() as instance:
+        second = tick(defs, instance, tick(defs, instance).cursor)
+        (asked,) = [r for r in second.run_requests if r.job_name == "gateway_reconcile_job"]
+        quiet = tick(defs, instance, second.cursor)  # its run not ended (here: not even started)
+        assert not [r for r in quiet.run_requests if r.job_name == "gateway_reconcile_job"]
+        # That run failed (the reload refused while the gateway-reload fault held): the same plan
+        # is asked again at once, not after RECONCILE_RETRY_S.
+        assert not failed_reconcile.execute_in_process(instance=instance, raise_on_error=False,
+                                                       tags={"dagster/run_key": asked.run_key}).success
+        again = tick(defs, instance, quiet.cursor)
+        (retry,) = [r for r in again.run_requests if r.job_name == "gateway_reconcile_job"]
+        plans = [r.run_config["ops"]["reconcile_gateway"]["config"] for r in (asked, retry)]
+        assert retry.run_key != asked.run_key and [[t["node"] for t in p["take_out"]] for p in plans] == [["spark2"]] * 2
+        assert "engine-down on 4 sweeps in a row" in plans[1]["take_out"][0]["reason"]
+        # The retry's run has not ended (here: not started): not asked again until it fails.
+        calm = tick(defs, instance, again.cursor)
+        assert not [r for r in calm.run_requests if r.job_name == "gateway_reconcile_job"]
+
+
 def test_crash_loop_requests_a_quarantine_with_a_valid_run_config(defs, scripted):
     defs, _ = defs
     scripted["spark2"] = "crash-loop"
