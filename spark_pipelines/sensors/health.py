@@ -46,6 +46,10 @@ ASSET = dg.AssetKey(steps.NODE_DEPLOYMENT)
 # failed must not wait ten minutes (a soak with the reload failing and a node powered off left
 # the node routed 60 s after it died, the plan unchanged and not asked again).
 RECONCILE_RETRY_S = 600
+# After a failed reconcile run the same plan waits this long before it is asked again, doubling with
+# each failure up to RECONCILE_RETRY_S: a fault that outlasts a few sweeps (the reload refused)
+# costs a handful of failed runs, not one per sweep.
+RECONCILE_FAILED_RETRY_S = 15
 
 
 def _earlier(raw: dict[str, Any], node: str) -> health.Observation | None:
@@ -209,10 +213,13 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                 moves = [[m.node, m.dead] for m in plan.take_out], [m.node for m in plan.put_back]
                 digest = hashlib.sha256(json.dumps(moves).encode()).hexdigest()[:12]
                 same = last_reconcile.get("digest") == digest
-                again = (not same or now - float(last_reconcile.get("at", 0)) > RECONCILE_RETRY_S
-                         or records.run_key_failed(context.instance, str(last_reconcile.get("key", ""))))
+                tries = int(last_reconcile.get("tries", 0)) if same else 0
+                since = now - float(last_reconcile.get("at", 0))
+                again = (not same or since > RECONCILE_RETRY_S
+                         or (since >= min(RECONCILE_RETRY_S, RECONCILE_FAILED_RETRY_S * 2 ** max(0, tries - 1))
+                             and records.run_key_failed(context.instance, str(last_reconcile.get("key", "")))))
                 if again:
-                    tries = int(last_reconcile.get("tries", 0)) + 1 if same else 1
+                    tries += 1
                     key = f"reconcile-{digest}-{int(now)}-{tries}"  # a retry never reuses a key
                     last_reconcile = {"digest": digest, "at": int(now), "tries": tries, "key": key}
                     requests.append(dg.RunRequest(

@@ -611,5 +611,7 @@ def run_ended(instance: dg.DagsterInstance, run_id: str) -> bool:
 def run_key_failed(instance: dg.DagsterInstance, run_key: str) -> bool:
     """Whether the newest run a sensor requested with `run_key` ended without success (failed or
     canceled): the request it stood for was not carried out."""
+    if not run_key:
+        return False
     runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
     return bool(runs) and runs[0].status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)

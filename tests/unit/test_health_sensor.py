@@ -143,8 +143,10 @@ def test_engine_down_is_redeployed_once_per_episode_and_the_gateway_reconciled(d
         assert len(obs) == 5 and obs[0]["policy"].value.startswith("engine-down on 5 sweeps: backoff")
 
 
-def test_a_reconcile_whose_run_failed_is_asked_again_at_the_next_sweep(defs, scripted):
+def test_a_failed_reconcile_is_asked_again_after_a_short_doubling_wait(defs, scripted, monkeypatch):
     defs, _ = defs
+    clock = [2_000_000_000.0]
+    monkeypatch.setattr(sensor_mod.time, "time", lambda: clock[0])
 
     @dg.op
     def refused():
@@ -154,23 +156,39 @@ def test_a_reconcile_whose_run_failed_is_asked_again_at_the_next_sweep(defs, scr
     def failed_reconcile():
         refused()
 
-    with dg.instance_for_test() as instance:
-        second = tick(defs, instance, tick(defs, instance).cursor)
-        (asked,) = [r for r in second.run_requests if r.job_name == "gateway_reconcile_job"]
-        quiet = tick(defs, instance, second.cursor)  # its run not ended (here: not even started)
-        assert not [r for r in quiet.run_requests if r.job_name == "gateway_reconcile_job"]
-        # That run failed (the reload refused while the gateway-reload fault held): the same plan
-        # is asked again at once, not after RECONCILE_RETRY_S.
+    def fail(request):  # its run failed (the reload refused while the gateway-reload fault held)
         assert not failed_reconcile.execute_in_process(instance=instance, raise_on_error=False,
-                                                       tags={"dagster/run_key": asked.run_key}).success
-        again = tick(defs, instance, quiet.cursor)
-        (retry,) = [r for r in again.run_requests if r.job_name == "gateway_reconcile_job"]
+                                                       tags={"dagster/run_key": request.run_key}).success
+
+    def reconciles(res):
+        return [r for r in res.run_requests if r.job_name == "gateway_reconcile_job"]
+
+    def at(seconds, cursor):
+        clock[0] = 2_000_000_000.0 + seconds
+        return tick(defs, instance, cursor)
+
+    with dg.instance_for_test() as instance:
+        res = at(0, at(0, None).cursor)
+        (asked,) = reconciles(res)
+        res = at(5, res.cursor)
+        assert not reconciles(res)  # its run not ended (here: not even started): not asked again
+        fail(asked)
+        res = at(10, res.cursor)
+        assert not reconciles(res)  # failed, but 15 s have not passed since it was asked
+        res = at(16, res.cursor)
+        (retry,) = reconciles(res)  # the same plan, asked again in seconds, not after 10 minutes
         plans = [r.run_config["ops"]["reconcile_gateway"]["config"] for r in (asked, retry)]
         assert retry.run_key != asked.run_key and [[t["node"] for t in p["take_out"]] for p in plans] == [["spark2"]] * 2
-        assert "engine-down on 4 sweeps in a row" in plans[1]["take_out"][0]["reason"]
-        # The retry's run has not ended (here: not started): not asked again until it fails.
-        calm = tick(defs, instance, again.cursor)
-        assert not [r for r in calm.run_requests if r.job_name == "gateway_reconcile_job"]
+        fail(retry)
+        res = at(40, res.cursor)
+        assert not reconciles(res)  # the second failure waits 30 s
+        res = at(47, res.cursor)
+        (third,) = reconciles(res)
+        assert len({asked.run_key, retry.run_key, third.run_key}) == 3
+        res = at(300, res.cursor)
+        assert not reconciles(res)  # not failed (not ended): the 10-minute wait
+        (later,) = reconciles(at(700, res.cursor))
+        assert later.run_key.endswith("-4")
 
 
 def test_crash_loop_requests_a_quarantine_with_a_valid_run_config(defs, scripted):
