@@ -56,11 +56,12 @@ def retry_unreachable(settings: StepRetrySettings) -> Callable[[Callable[..., An
     key mismatch, or anything after the session opened, fails the step as before."""
 
     def retry(context: dg.AssetExecutionContext, e: NodeConnectError) -> NoReturn:
-        if isinstance(e, HostKeyError) or settings.connect_retries == 0:
-            raise e
+        if isinstance(e, HostKeyError) or context.retry_number >= settings.connect_retries:
+            # The step's failure is the connect error's one line (it names the node and what to
+            # check), not a traceback: a node powered off mid-rollout failed one that way (soak).
+            raise dg.Failure(description=first_line(e)) from None
         wait = settings.connect_backoff_s * 2 ** context.retry_number
-        if context.retry_number < settings.connect_retries:
-            context.log.warning(f"{e} -- retry {context.retry_number + 1} of {settings.connect_retries} in {wait} s")
+        context.log.warning(f"{e} -- retry {context.retry_number + 1} of {settings.connect_retries} in {wait} s")
         raise dg.RetryRequested(max_retries=settings.connect_retries, seconds_to_wait=wait) from e
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:

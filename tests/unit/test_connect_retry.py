@@ -29,6 +29,13 @@ def attempts_of(settings: StepRetrySettings, failures: list[Exception], generato
     flaky = dg.asset(name="flaky")(retry_unreachable(settings)(as_generator if generator else as_function))
     result = dg.materialize([flaky], raise_on_error=False)
     retries = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    if not result.success:
+        failed = [e.step_failure_data for e in result.all_events if e.is_step_failure]
+        last = failures[len(calls) - 1]
+        if isinstance(last, (NodeConnectError, HostKeyError)):
+            # A connect error fails the step as its one line, not a traceback (cls_name Failure).
+            assert [(f.error.cls_name, f.user_failure_data.description) for f in failed] == [
+                ("Failure", f"{type(last).__name__}: {last}")], failed
     return result.success, calls, [e.event_specific_data.seconds_to_wait for e in retries]
 
 
