@@ -35,6 +35,7 @@ import dagster as dg
 import httpx
 import yaml
 
+from spark_pipelines.core import steps
 from spark_sim import faults as fx
 from spark_sim.fleet import SimFleet
 from spark_sim.faults import engine_healthy, engine_started_at
@@ -201,7 +202,7 @@ class Soak:
             job = r.job_name or ("build_job" if r.asset_selection else "?")
             # The run carries its key as the daemon's runs do (a sensor reads it back: a failed
             # reconcile is asked again).
-            tags = {**(r.tags or {}), **({"dagster/run_key": r.run_key} if r.run_key else {})}
+            tags = {**(r.tags or {}), **({steps.RUN_KEY_TAG: r.run_key} if r.run_key else {})}
             self.futures.append(self.pool.submit(self.run, job, r.partition_key, run_config=r.run_config,
                                                  tags=tags, source=f"{name} {r.run_key or ''}".strip()))
 

@@ -90,6 +90,9 @@ REASON_TAG = "reason"  # why a sensor requested the run; a quarantine's `by` nam
 EVIDENCE_TAG = "evidence"  # wedge_watch's first reason, read by wedge_evidence
 PINS_TAG = "pins"  # the stale steps a pins_changed request runs for
 NODES_TAG = "nodes"  # the nodes a pins_changed rollout is for (their pins or their launch changed)
+# Dagster's own: the daemon puts a sensor request's run key on its run (node_health reads it back
+# to retry a failed reconcile; the soak, which launches requests itself, puts it there too).
+RUN_KEY_TAG = "dagster/run_key"
 
 # Sensors and schedules (the UI, the demo's console and the tests start them by name).
 HEALTH_SENSOR = "node_health"

@@ -565,9 +565,11 @@ class GatewayHost:
         if got is None and not self._master_key and self.ready():
             self.serving_routes()  # no key to read /model/info with: its error names the variable; a restart cannot help
         tried: list[str] = []
-        for what, cmd in (("reloading it again", self.gw.reload_command), ("restarting it", self.gw.restart_command)):
-            if not cmd or (what == "restarting it" and got is not None):
-                continue  # a proxy that serves routes is not restarted (see the docstring)
+        # (what, command, only for a proxy that answers no routes: a serving one is never restarted)
+        for what, cmd, when_silent in (("reloading it again", self.gw.reload_command, False),
+                                       ("restarting it", self.gw.restart_command, True)):
+            if not cmd or (when_silent and got is not None):
+                continue
             self.session.log.warning(
                 f"[{GATEWAY_KEY}] LiteLLM on {self.gw.host} serves {_said(got) if got is not None else '(no answer)'} "
                 f"while {self.config_path} lists {_said(want)}: {what} ({' '.join(cmd)})")

@@ -613,5 +613,5 @@ def run_key_failed(instance: dg.DagsterInstance, run_key: str) -> bool:
     canceled): the request it stood for was not carried out."""
     if not run_key:
         return False
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={steps.RUN_KEY_TAG: run_key}), limit=1)
     return bool(runs) and runs[0].status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)

@@ -14,7 +14,7 @@ import paramiko
 import pytest
 import yaml
 
-from spark_pipelines.core import health
+from spark_pipelines.core import health, steps
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.gateway import Snapshot
 from spark_pipelines.runbook import reconcile, sweep
@@ -158,7 +158,7 @@ def test_a_failed_reconcile_is_asked_again_after_a_short_doubling_wait(defs, scr
 
     def fail(request):  # its run failed (the reload refused while the gateway-reload fault held)
         assert not failed_reconcile.execute_in_process(instance=instance, raise_on_error=False,
-                                                       tags={"dagster/run_key": request.run_key}).success
+                                                       tags={steps.RUN_KEY_TAG: request.run_key}).success
 
     def reconciles(res):
         return [r for r in res.run_requests if r.job_name == "gateway_reconcile_job"]
