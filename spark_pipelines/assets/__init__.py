@@ -20,7 +20,7 @@ from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.fleet_settings import StepRetrySettings
-from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError
+from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError, RemoteError
 from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.state import records
 
@@ -50,39 +50,63 @@ def step_session(context: dg.AssetExecutionContext, *resources: object):
     return sessions[0]
 
 
+def remote_failure(e: RemoteError) -> NoReturn:
+    """A node's or a tool's failure that no procedure turned into a RunbookError (a frozen dockerd,
+    a copy cut off, a command that failed) as the step's failure: its one line (it names the node)
+    with the whole text as metadata, not a traceback in the UI (the 60-minute soak showed one)."""
+    raise dg.Failure(description=first_line(e),
+                     metadata={"error": dg.MetadataValue.md(f"```\n{str(e)[:4000]}\n```")}) from None
+
+
+def _wrapped(fn: Callable[..., Any], on_error: Callable[[Any, Exception], NoReturn]) -> Callable[..., Any]:
+    """fn (a plain or a generator step) with its RemoteError and RunbookError handed to on_error."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def steps(context, *args, **kwargs):
+            try:
+                yield from fn(context, *args, **kwargs)
+            except (RemoteError, RunbookError) as e:
+                on_error(context, e)
+        return steps
+
+    @functools.wraps(fn)
+    def step(context, *args, **kwargs):
+        try:
+            return fn(context, *args, **kwargs)
+        except (RemoteError, RunbookError) as e:
+            on_error(context, e)
+    return step
+
+
+def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Under @dg.op / @dg.asset: a domain error fails the step as its description (`fail`), any
+    other remote error as its one line (`remote_failure`); never a traceback."""
+
+    def as_failure(context: Any, e: Exception) -> NoReturn:
+        if isinstance(e, RunbookError):
+            fail(e)
+        remote_failure(e)  # type: ignore[arg-type]
+    return _wrapped(fn, as_failure)
+
+
 def retry_unreachable(settings: StepRetrySettings) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Under @dg.asset: a step whose SSH session could not be opened is retried by Dagster after
     connect_backoff_s, doubled each time, up to connect_retries times. Only that failure: a host
-    key mismatch, or anything after the session opened, fails the step as before."""
+    key mismatch, or anything after the session opened, fails the step at once, as one line
+    (`one_line_failures`)."""
 
-    def retry(context: dg.AssetExecutionContext, e: NodeConnectError) -> NoReturn:
-        if isinstance(e, HostKeyError) or context.retry_number >= settings.connect_retries:
-            # The step's failure is the connect error's one line (it names the node and what to
-            # check), not a traceback: a node powered off mid-rollout failed one that way (soak).
-            raise dg.Failure(description=first_line(e)) from None
+    def retry_or_fail(context: dg.AssetExecutionContext, e: Exception) -> NoReturn:
+        if isinstance(e, RunbookError):
+            fail(e)
+        if (not isinstance(e, NodeConnectError) or isinstance(e, HostKeyError)
+                or context.retry_number >= settings.connect_retries):
+            # A node powered off mid-rollout failed a step with a traceback once (soak).
+            remote_failure(e)  # type: ignore[arg-type]
         wait = settings.connect_backoff_s * 2 ** context.retry_number
         context.log.warning(f"{e} -- retry {context.retry_number + 1} of {settings.connect_retries} in {wait} s")
         raise dg.RetryRequested(max_retries=settings.connect_retries, seconds_to_wait=wait) from e
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.isgeneratorfunction(fn):
-            @functools.wraps(fn)
-            def steps(context, *args, **kwargs):
-                try:
-                    yield from fn(context, *args, **kwargs)
-                except NodeConnectError as e:
-                    retry(context, e)
-            return steps
-
-        @functools.wraps(fn)
-        def step(context, *args, **kwargs):
-            try:
-                return fn(context, *args, **kwargs)
-            except NodeConnectError as e:
-                retry(context, e)
-        return step
-
-    return wrap
+    return lambda fn: _wrapped(fn, retry_or_fail)
 
 
 def node_partitions(fleet: Fleet) -> dg.StaticPartitionsDefinition:
@@ -123,3 +147,7 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
                     metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
                               keys.LEFT_OUT_BY_NODE: left_out_table(left_out)})
 
+def record_bench_rotation(context: dg.AssetExecutionContext, gw: object, benched: Any) -> None:
+    """What a bench (runbook.bench.Benched) did to the gateway, each change as `record_rotation`."""
+    for event, left_out in benched.rotation:
+        record_rotation(context, gw, event, left_out)

@@ -7,7 +7,7 @@ import time
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, node_check, node_partitions, record_rotation, retry_unreachable, step_session
+from spark_pipelines.assets import node_check, node_partitions, record_bench_rotation, record_rotation, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.bench_metadata import bench_metadata
 from spark_pipelines.core import steps
@@ -19,7 +19,6 @@ from spark_pipelines.resources.ssh import FleetSession, FleetSSH
 from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.state import ledger, records
-from spark_pipelines.core.errors import RunbookError
 
 
 GROUP = "5_bench"
@@ -91,10 +90,11 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         gw = litellm.host()
         try:
             b = bench_node(s, gw, node, context.log, run_id=context.run.run_id,
-                           against=held_against(context, s, f, node.name),
-                           on_rotation=lambda event, out: record_rotation(context, gw, event, out))
-        except RunbookError as e:
-            fail(e)
+                           against=held_against(context, s, f, node.name))
+        except Exception:  # whatever the bench left: the drain's exit restored or kept the node out
+            record_rotation(context, gw, f"{node.name} after a failed bench", {})
+            raise
+        record_bench_rotation(context, gw, b)
         yield from bench_events(context, f, node.name, b)
 
     bench_job = dg.define_asset_job(

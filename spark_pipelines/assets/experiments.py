@@ -5,9 +5,8 @@ recorded under ab_experiments/<node>."""
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail
+from spark_pipelines.assets import one_line_failures
 from spark_pipelines.core import steps
-from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
@@ -35,14 +34,12 @@ class ABConfig(dg.Config):
 @dg.op(name=steps.AB_OP, pool=steps.DRAIN_POOL,  # the node is drained for both variants: never beside a bench
        description="Drain the node, deploy variant A and bench it, deploy variant B and bench it, compare the "
                    "two honestly, then put the production launch back and restore the node.")
+@one_line_failures
 def ab_experiment(context: dg.OpExecutionContext, config: ABConfig, ssh: FleetSSH, litellm: LiteLLMGateway) -> dict:
     s = ssh.session
     s.log = context.log  # the session's lines attached to this step
-    try:
-        out = run_experiment(s, litellm.host(), config.node, [config.a, config.b], context.log, suite=config.suite,
-                             repeats=config.repeats, run_id=context.run.run_id)
-    except RunbookError as e:
-        fail(e)
+    out = run_experiment(s, litellm.host(), config.node, [config.a, config.b], context.log, suite=config.suite,
+                         repeats=config.repeats, run_id=context.run.run_id)
     na, nb = out.reports
     records.record_experiment(context, out.node, description=f"{na} vs {nb} on {out.node}",
                               metadata={"comparison": dg.MetadataValue.md(out.table),

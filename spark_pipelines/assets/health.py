@@ -5,11 +5,10 @@ it from the UI for one node at any time).
 Short wiring around runbook.quarantine, runbook.reconcile and runbook.sweep."""
 
 
-import time
 
 import dagster as dg
 
-from spark_pipelines.assets import node_partitions, record_rotation, fail
+from spark_pipelines.assets import node_partitions, one_line_failures, record_rotation
 from spark_pipelines.core import healing, steps
 from spark_pipelines.core import record_keys as keys
 from spark_pipelines.core.fleet import Fleet
@@ -17,7 +16,6 @@ from spark_pipelines.resources.gateway import LiteLLMGateway
 from spark_pipelines.resources.ssh import FleetSSH
 from spark_pipelines.runbook import quarantine as quarantine_rb
 from spark_pipelines.runbook import reconcile, sweep
-from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.state import records
 
 
@@ -59,55 +57,40 @@ def health_definitions(fleet: Fleet) -> dg.Definitions:
     partitions = node_partitions(fleet)
 
     @dg.op(name=steps.QUARANTINE_OP, description="Record the quarantine on the gateway host, then drain the node.")
+    @one_line_failures
     def quarantine_node(context: dg.OpExecutionContext, config: QuarantineConfig, ssh: FleetSSH,
                         litellm: LiteLLMGateway) -> None:
         node = context.partition_key
         gw = litellm.host()  # one host for the drain and the record of the rotation after it
-        try:
-            out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context), gw=gw)
-        except RunbookError as e:
-            fail(e)
+        out = quarantine_rb.quarantine(ssh.session, node, config.verdict, config.reason, by=_by(context), gw=gw)
         context.log.info(f"{node} quarantined ({out.record.summary()}); {out.note}")
         _record(context, node, out.record.summary(), f"quarantined; {out.note}")
         record_rotation(context, gw, f"quarantine {node}", {node: f"quarantined: {out.record.summary()}"})
 
     @dg.op(name=steps.RELEASE_OP, description="End a node's quarantine (the gateway takes it back once healthy).")
+    @one_line_failures
     def release_quarantine(context: dg.OpExecutionContext, ssh: FleetSSH) -> None:
         node = context.partition_key
-        try:
-            was = quarantine_rb.release(ssh.session, node, by=_by(context))
-        except RunbookError as e:
-            fail(e)
+        was = quarantine_rb.release(ssh.session, node, by=_by(context))
         what = (f"released (was {was.summary()}); gateway_job or the next reconcile puts it back once healthy"
                 if was else "was not quarantined")
         context.log.info(f"{node}: {what}")
         _record(context, node, "", what)
 
     @dg.op(name=steps.RECONCILE_OP, description="Apply a reconcile plan (or plan one now), each move re-checked.")
+    @one_line_failures
     def reconcile_gateway(context: dg.OpExecutionContext, config: ReconcileConfig, ssh: FleetSSH,
                           litellm: LiteLLMGateway) -> None:
         s = ssh.session
         gw = litellm.host()
-        try:
-            if config.take_out or config.put_back:
-                plan = healing.ReconcilePlan(
-                    tuple(healing.Move(m.node, m.reason, m.dead) for m in config.take_out),
-                    tuple(healing.Move(m.node, m.reason, m.dead) for m in config.put_back))
-            else:  # launched by a person: plan from a sweep now (it counts as the confirming sweep)
-                with sweep.open_session(s.fleet, context.log) as probe:
-                    reports = sweep.sweep(probe)
-                    view = reconcile.read_view(probe, [n for n, r in reports.items() if r.verdict.verdict == "healthy"])
-                verdicts = {n: r.verdict.verdict for n, r in reports.items()}
-                failing = {n: s.fleet.health.failed_sweeps if v in healing.FAILING else 0 for n, v in verdicts.items()}
-                plan = healing.reconcile(
-                    reconcile.states(verdicts, failing, {n: bool(r.observation.health_ok) for n, r in reports.items()},
-                                     view),
-                    view.snapshot.rotation, view.snapshot.drains, settings=s.fleet.health,
-                    min_in_rotation=s.fleet.gateway.min_in_rotation, now=time.time())
-            context.log.info(f"plan: {plan.describe()}")
-            done = reconcile.apply(s, gw, plan)
-        except RunbookError as e:
-            fail(e)
+        if config.take_out or config.put_back:
+            plan = healing.ReconcilePlan(
+                tuple(healing.Move(m.node, m.reason, m.dead) for m in config.take_out),
+                tuple(healing.Move(m.node, m.reason, m.dead) for m in config.put_back))
+        else:  # launched by a person: plan from a sweep now
+            plan = reconcile.plan_now(s, context.log)
+        context.log.info(f"plan: {plan.describe()}")
+        done = reconcile.apply(s, gw, plan)
         for line in done:
             context.log.info(line)
         if done:

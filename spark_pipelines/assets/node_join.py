@@ -7,7 +7,7 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, node_partitions, record_rotation, retry_unreachable, step_session
+from spark_pipelines.assets import fail, node_partitions, record_bench_rotation, retry_unreachable, step_session
 from spark_pipelines.assets.bench_metadata import bench_metadata
 from spark_pipelines.assets.metadata import deploy_metadata, node_os_metadata
 from spark_pipelines.core import steps
@@ -109,8 +109,6 @@ class _Records:
                               deploy_metadata(fleet, fleet.node(node), d), launch=d.deployment.fingerprint)
 
     def benched(self, node: str, b: Benched) -> None:
+        record_bench_rotation(self.context, self.gw, b)
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
                              bench_metadata(self.context, self.gw.fleet, node, b))
-
-    def rotation(self, event: str, left_out: dict[str, str]) -> None:
-        record_rotation(self.context, self.gw, event, left_out)

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail, record_rotation, retry_unreachable, step_session
+from spark_pipelines.assets import fail, record_bench_rotation, record_rotation, retry_unreachable, step_session
 from spark_pipelines.assets.bench_metadata import bench_metadata
 from spark_pipelines.assets.metadata import deploy_metadata, table
 from spark_pipelines.runbook import rollout_waves as waves
@@ -154,6 +154,7 @@ class _Records:
                               launch=d.deployment.fingerprint)
 
     def benched(self, node: str, b: Benched) -> None:
+        record_bench_rotation(self.context, self.gw, b)
         records.record_bench(self.context, node, self.cv[steps.BENCH_RESULTS],
                              {**bench_metadata(self.context, self.gw.fleet, node, b), keys.ROLLOUT_RUN: self.run_id})
 

@@ -10,7 +10,7 @@ node's last known good, and the `versions.keep` newest (fleet file).
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail
+from spark_pipelines.assets import fail, one_line_failures
 from spark_pipelines.core import steps
 from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
@@ -26,6 +26,7 @@ class CheckpointGcConfig(dg.Config):
 
 def versions_definitions(fleet: Fleet) -> dg.Definitions:
     @dg.op(description="Per node under its lease: the checkpoint versions kept (and why) and those removed.")
+    @one_line_failures
     def collect_checkpoint_versions(context: dg.OpExecutionContext, config: CheckpointGcConfig,
                                     ssh: FleetSSH) -> dg.Output[dict]:
         s = ssh.session
@@ -37,11 +38,8 @@ def versions_definitions(fleet: Fleet) -> dg.Definitions:
         lines: list[str] = []
         freed = 0
         for node in targets:
-            try:
-                with node_lease(s, node.name, "checkpoint gc", run_id=context.run.run_id):
-                    report = versions.collect(s, node, keep=f.versions.keep, check=config.check)
-            except RunbookError as e:
-                fail(e)
+            with node_lease(s, node.name, "checkpoint gc", run_id=context.run.run_id):
+                report = versions.collect(s, node, keep=f.versions.keep, check=config.check)
             for line in report.lines():
                 context.log.info(line)
             lines += report.lines()

@@ -643,21 +643,6 @@ def render_markdown(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def promotion_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict, *,
-                   acceptance: float | None = None, acceptance_floor: float | None = None) -> tuple[bool, str]:
-    """(promoted, why) for a benched node. A wedged GPU never goes back into the gateway, even
-    above the floor (it only gets worse); a slow one gets the runbook's two checks in order. With
-    an MTP acceptance floor set (bench.floor_mtp_acceptance), a node fast enough but accepting far
-    fewer drafts than MTP-2's ~95% (wrong MTP weights or spec config) is held out too."""
-    promoted, why = _tok_s_gate(mean, floor, gpu_verdict)
-    if not promoted:
-        return promoted, why
-    ok, acc_why = acceptance_gate(acceptance, acceptance_floor)
-    if not ok:
-        return False, f"{why}, but {acc_why}: kept out of the gateway"
-    return True, why if acceptance_floor is None else f"{why}; {acc_why}"
-
-
 def void_verdict(void: Sequence[str], *, was_in: bool) -> str:
     """Why a void bench (it did not measure the node alone, or measured a wedge) promotes nothing."""
     where = "back in the gateway as before" if was_in else "left out of the gateway as before"
@@ -679,7 +664,10 @@ def acceptance_gate(acceptance: float | None, floor: float | None) -> tuple[bool
                    f"MTP weights step (add-mtp-weights.py, mtp_keys_mapped) and the launch's speculative config")
 
 
-def _tok_s_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict) -> tuple[bool, str]:
+def tok_s_gate(mean: float | None, floor: float, gpu_verdict: GpuVerdict) -> tuple[bool, str]:
+    """(passes, why) for the bench floor, the runbook's two checks in order. A wedged GPU never
+    passes, even above the floor (it only gets worse); a slow one at full clock is not the wedge,
+    so the advice is the second check (a stale torch_compile cache)."""
     if gpu_verdict.state == "wedged":
         return False, ("PD-firmware wedge under load (" + "; ".join(gpu_verdict.reasons) + "); kept out of the "
                        "gateway. Runbook Known Firmware Issues: capture evidence, stop vLLM, sudo poweroff, "

@@ -14,13 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from spark_pipelines.core import bench as bench_core
-from spark_pipelines.core import protocol as bench_protocol
-from spark_pipelines.core import quality as quality_core
-from spark_pipelines.core.baseline import Baseline
-from spark_pipelines.core.bench import acceptance_gate
-from spark_pipelines.core.gpu import GpuVerdict
 from spark_pipelines.core.errors import first_line
+from spark_pipelines.core.gate import GateResult
 
 
 class RolloutRefused(ValueError):
@@ -94,77 +89,6 @@ def plan_waves(nodes: Sequence[str], *, in_rotation: Sequence[str], max_unavaila
     if wave:
         waves.append(Wave(len(waves), tuple(wave)))
     return RolloutPlan(tuple(waves), skip, max_unavailable, floor)
-
-
-@dataclass(frozen=True)
-class GateResult:
-    node: str
-    passed: bool
-    gate: str  # "health" | "bench floor" | "MTP acceptance" | "quality" | "baseline" | "passed"
-    why: str
-
-
-def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float | None = None,
-          acceptance: float | None = None, gpu_verdict: GpuVerdict | None = None, floor_tok_s: float = 0.0,
-          floor_acceptance: float | None = None, baseline: Baseline | None = None,
-          max_regression: float = 0.05, benched: bool = True, void: Sequence[str] = (),
-          quality: quality_core.QualityReport | None = None, floor_quality: float | None = None,
-          quality_noise: float = 0.0, protocol_key: str | None = None) -> GateResult:
-    """The gates of one node in a wave, in order; the first that fails decides. A void bench
-    (wedged GPU, foreign requests: core.baseline) proves nothing either way, so it does not pass.
-    Quality: its deterministic checks and the floor (when set), then no drop below the baseline's
-    beyond `quality_noise`. A baseline made under another bench protocol cannot be compared with
-    (core.protocol): the gate cannot judge, so it fails, saying what to do."""
-    if not healthy:
-        return GateResult(node, False, "health", health_why or f"{node} did not become healthy on the new version")
-    if not benched:
-        return GateResult(node, True, "passed", "healthy (rollout without bench gate)")
-    if void:
-        return GateResult(node, False, "bench void", f"the bench does not count ({'; '.join(void)}): rerun the rollout "
-                                                     f"once the cause is gone")
-    verdict = gpu_verdict or GpuVerdict(state="unknown", reasons=["GPU not sampled"])
-    promoted, why = bench_core.promotion_gate(mean_tok_s, floor_tok_s, verdict)
-    if not promoted:
-        return GateResult(node, False, "bench floor", why)
-    ok, acc_why = acceptance_gate(acceptance, floor_acceptance)
-    if not ok:
-        return GateResult(node, False, "MTP acceptance", acc_why)
-    ok, q_why = quality_core.quality_gate(quality, floor_quality)
-    if not ok:
-        return GateResult(node, False, "quality", q_why)
-    acc_why = f"{acc_why}; {q_why}"
-    if baseline is not None and protocol_key != baseline.protocol:
-        return GateResult(node, False, "baseline", protocol_mismatch(protocol_key, baseline))
-    if baseline is not None and quality is not None:
-        ok, qb_why = quality_core.quality_vs_baseline(quality.score, quality.suite, baseline.quality,
-                                                      baseline.quality_suite, quality_noise)
-        if not ok:
-            return GateResult(node, False, "quality", qb_why)
-    if baseline is not None and mean_tok_s is not None:
-        # The fleet's spread on the previous version is noise, not a regression.
-        allowed = min(baseline.low, baseline.tok_s * (1 - max_regression))
-        if mean_tok_s < allowed:
-            return GateResult(node, False, "baseline", (
-                f"{mean_tok_s:.1f} tok/s is below the fleet's baseline ({baseline.text()}) by more than "
-                f"{max_regression:.0%} and its spread: slower than the nodes that serve"))
-        return GateResult(node, True, "passed", f"{why}; {acc_why}; vs baseline {baseline.tok_s:.1f} tok/s: "
-                                                f"{mean_tok_s / baseline.tok_s:.2f}x")
-    return GateResult(node, True, "passed", f"{why}; {acc_why}; no fleet baseline to compare with")
-
-
-def protocol_mismatch(protocol_key: str | None, baseline: Baseline) -> str:
-    """Why the baseline gate cannot judge a bench made under another protocol, and what to do: a
-    gate that cannot compare holds the node (it never passes unjudged)."""
-    _, p_why = bench_protocol.comparable(protocol_key, baseline.protocol)
-    if protocol_key is not None and "not honoured" in protocol_key:
-        todo = ("this version ignored the forced output length (vLLM's ignore_eos + min_tokens): its figure "
-                "cannot be compared; serve a version that honours them, or set bench.force_output_length: "
-                "false in the fleet file and bench every serving node again before the rollout")
-    else:
-        todo = ("bench every serving node again (bench_job) so the fleet's baseline is made under this "
-                "protocol, then run the rollout again")
-    return (f"the baseline gate cannot judge: {p_why} (this bench {protocol_key or 'unrecorded'}, the fleet's "
-            f"baseline over {', '.join(baseline.nodes)} {baseline.protocol or 'unrecorded'}); {todo}")
 
 
 # -- executing a plan --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,7 +14,7 @@ from spark_pipelines.resources.bench_client import BenchError, run_bench, run_qu
 from spark_pipelines.core import baseline, gpu
 from spark_pipelines.core import quality as quality_core
 from spark_pipelines.core import bench as bench_core
-from spark_pipelines.core import rollout as rollout_core
+from spark_pipelines.core.gate import GateResult, judge
 from spark_pipelines.core import steps
 from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.fleet import Fleet, Node
@@ -77,10 +76,10 @@ class GpuSampler:
         return v
 
 
-@dataclass
+@dataclass(frozen=True)
 class Benched:
-    """One isolated bench of a node and its promotion verdict (the bench_results asset and a
-    rollout's bench gate both record it)."""
+    """One isolated bench of a node and its gate's verdict (the bench_results asset, a rollout's
+    bench gate and a newcomer's join all record it)."""
 
     report: Any  # bench_client.BenchReport
     mean: float | None
@@ -88,116 +87,115 @@ class Benched:
     gpu_verdict: gpu.GpuVerdict
     acceptance: float | None
     record: baseline.BenchRecord
-    promoted: bool
-    reason: str
     waited_s: float
     samples: int
     quality: quality_core.QualityReport | None = None
+    container: dict[str, Any] | None = None  # what was benched (docker inspect, read before the load)
+    gate: GateResult | None = None  # None until judged, inside the bench while the node is out
+    # What the bench did to the gateway, in order: (event, {node: why it is out}) for the callers'
+    # records of the rotation ("drain spark2", then "restore spark2" or "keep out spark2").
+    rotation: tuple[tuple[str, dict[str, str]], ...] = ()
+
+    @property
+    def promoted(self) -> bool:
+        return self.gate is not None and self.gate.passed
+
+    @property
+    def reason(self) -> str:
+        return self.gate.text() if self.gate is not None else "not judged"
 
 
 def bench_node(session: FleetSession, gw: GatewayHost, node: Node, log: Any, *, run_id: str = "",
-               on_rotation: Callable[[str, dict[str, str]], None] = lambda event, out: None,
                against: baseline.Baseline | None = None) -> Benched:
     """Drain `node`, wait for zero requests in flight, run the fleet's suite with nvidia-smi
-    sampled, record the promotion gate on the node and restore it, or keep it out when it fails.
-    With `against` (the fleet's baseline: a rollout's nodes, a newcomer), the gate also judges
-    the bench against it (`gate_of`) while the node is still out, so a node below it never
-    serves a request. Holds the node's run lease. `on_rotation(event, left_out)` is told of each
-    rotation change."""
+    sampled, judge it (`gate_of`: its floors and, with `against`, the fleet's baseline: a
+    rollout's nodes, a newcomer) while the node is still out, record the verdict on the node and
+    restore it, or keep it out when it fails: a node below its gate never serves a request. Holds
+    the node's run lease. The returned Benched says what happened to the gateway (`rotation`)."""
+    with node_lease(session, node.name, "bench", run_id=run_id):
+        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: bench what serves
+        log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
+        reason = f"{BENCH_DRAIN} (run {run_id[:8] or '-'})"
+        # idle=True: zero requests in flight before it measures, also on a node already out.
+        with journaled(session, node.name, steps.PROC_BENCH, run_id, phase="draining",
+                       was_in=node.name in gw.rotation(), drain_reason=reason) as j, \
+                drained(gw, node.name, reason=reason, idle=True) as drain:
+            rotation = [(f"drain {node.name}", {node.name: "drained for its bench"})] if drain.was_in else []
+            if not drain.was_in:
+                log.info(f"drain {node.name}: it was not in the gateway; it stays out unless it passes")
+            log.info(f"drain {node.name}: out of rotation, zero requests in flight (waited {drain.waited_s or 0:g} s)")
+            benched = measure(session, node, log, waited_s=drain.waited_s or 0.0)
+            lease.check(session, node.name)  # a run whose lease ended records no verdict on the node
+            gate = judge_and_record(session, node, benched, against, was_in=drain.was_in, run_id=run_id)
+            drain.keep_out = not gate.passed and not (gate.gate == GATE_VOID and drain.was_in)
+            j.try_update(phase=BENCH_JUDGED, facts={"keep_out": drain.keep_out, "reason": gate.text()[:300]})
+            log.info(f"{'keep out' if drain.keep_out else 'restore'} {node.name}: {gate.text()}")
+        rotation.append((f"keep out {node.name}", {node.name: gate.text()}) if drain.keep_out
+                        else (f"restore {node.name}", {}))
+    return replace(benched, gate=gate, rotation=tuple(rotation))
+
+
+def measure(session: FleetSession, node: Node, log: Any, *, waited_s: float) -> Benched:
+    """The suite, the quality phase and nvidia-smi under load on the drained node, as a record
+    not yet judged. The container is read before the load: a frozen dockerd fails the bench
+    before it measures."""
     fleet = session.fleet
     launch = fleet.launch_for(node)
-    floor = fleet.bench_floor(node)
-    drain = None
-    try:
-        with node_lease(session, node.name, "bench", run_id=run_id):
-            finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: bench what serves
-            log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
-            reason = f"{BENCH_DRAIN} (run {run_id[:8] or '-'})"
-            # idle=True: zero requests in flight before it measures, also on a node already out.
-            with journaled(session, node.name, steps.PROC_BENCH, run_id, phase="draining",
-                           was_in=node.name in gw.rotation(), drain_reason=reason) as j, \
-                    drained(gw, node.name, reason=reason, idle=True) as drain:
-                if drain.was_in:
-                    on_rotation(f"drain {node.name}", {node.name: "drained for its bench"})
-                else:
-                    log.info(f"drain {node.name}: it was not in the gateway; it stays out unless it passes")
-                waited = drain.waited_s or 0.0
-                log.info(f"drain {node.name}: out of rotation, zero requests in flight (waited {waited:g} s)")
-                # Read before the load: a frozen dockerd then fails the bench before it measures.
-                container = NodeDocker(session).inspect_container(node.name, launch.container_name)
-                log.info(f"bench {node.name}: suite {fleet.bench.suite}, {fleet.bench.repeats} run(s) per phase "
-                         f"(+ warm-up), loaded phase {fleet.bench.loaded_concurrency} at once; nvidia-smi every {GPU_SAMPLE_EVERY_S:g} s")
-                with GpuSampler(session, node) as sampler:
-                    report = run_bench(api_root(fleet, node), launch.served_model_name, suite=fleet.bench.suite,
-                                       concurrency=fleet.bench.loaded_concurrency, repeats=fleet.bench.repeats,
-                                       reference_mean_tok_s=fleet.bench.reference_tok_s,
-                                       ignore_eos=fleet.bench.force_output_length,
-                                       max_s=fleet.health.bench_max_s,  # past it, no bench any more (core.healing)
-                                       on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
-                quality = quality_phase(fleet, node, log)
-                mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
-                loaded = next((p.aggregate_tok_s.median for p in report.phases
-                               if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
-                verdict = sampler.verdict()
-                acceptance = report.counters.acceptance_rate if report.counters is not None else None
-                # wait_idle returned: num_requests_running == 0 was read before the start.
-                rec = baseline.record(
-                    node.name, time.time(), mean,
-                    baseline.identity_of(container, labels_of(container, markers.read_deploy(session, node)),
-                                         sampler.readings,
-                                         launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
-                    baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
-                                             counters_match=report.counters.tokens_match if report.counters else None,
-                                             acceptance_rate=acceptance),
-                    protocol=(report.protocol or {}).get("key"),
-                    quality=quality.score if quality is not None else None,
-                    quality_suite=quality.suite if quality is not None else None)
-                benched = Benched(report, mean, loaded, verdict, acceptance, rec, False, "", waited,
-                                  len(sampler.readings), quality)  # promoted and reason: the gate's, below
-                lease.check(session, node.name)  # a run whose lease ended records no verdict on the node
-                # A bench made void by somebody else's requests judged nothing: never promoted, the
-                # node goes back where it was with its hold-outs as they were. One that saw the
-                # wedge judged the GPU: the gate holds the node out.
-                neutral = bool(rec.void) and verdict.state != "wedged"
-                if neutral:
-                    promoted, reason = False, bench_core.void_verdict(rec.void, was_in=drain.was_in)
-                    drain.keep_out = not drain.was_in
-                else:
-                    promoted, reason = bench_core.promotion_gate(mean, floor, verdict, acceptance=acceptance,
-                                                                 acceptance_floor=fleet.bench.floor_mtp_acceptance)
-                    if promoted:
-                        ok, q_why = quality_core.quality_gate(quality, fleet.bench.floor_quality)
-                        promoted, reason = ok, (f"{reason}; {q_why}" if ok else
-                                                f"{reason}, but {q_why}: kept out of the gateway")
-                    if promoted and against is not None:
-                        judged = gate_of(fleet, node, benched, against)
-                        if not judged.passed:
-                            promoted, reason = False, (f"{reason}, but the {judged.gate} gate failed: {judged.why}: "
-                                                       "kept out of the gateway")
-                    if promoted:  # its gate too: a version deployed to await this bench
-                        ledger.lift(session, node.name, ledger.BY_BENCH, ledger.BY_GATE)
-                        versions.mark_known_good(session, node, container, run_id=run_id)
-                    else:
-                        ledger.hold(session, node.name, ledger.BY_BENCH, reason, mean_tok_s=mean,
-                                    **({ledger.AGAINST_BASELINE: True} if against is not None else {}))
-                    drain.keep_out = not promoted
-                j.try_update(phase=BENCH_JUDGED, facts={"keep_out": drain.keep_out, "reason": reason[:300]})
-                log.info(f"{'keep out' if drain.keep_out else 'restore'} {node.name}: {reason}")
-            if not drain.keep_out:
-                on_rotation(f"restore {node.name}", {})
-            else:
-                on_rotation(f"keep out {node.name}", {node.name: reason})
-    except Exception:
-        if drain is not None and drain.was_in:
-            on_rotation(f"restore {node.name} after a failed bench", {})
-        raise
-    return replace(benched, promoted=promoted, reason=reason)
+    container = NodeDocker(session).inspect_container(node.name, launch.container_name)
+    log.info(f"bench {node.name}: suite {fleet.bench.suite}, {fleet.bench.repeats} run(s) per phase "
+             f"(+ warm-up), loaded phase {fleet.bench.loaded_concurrency} at once; nvidia-smi every {GPU_SAMPLE_EVERY_S:g} s")
+    with GpuSampler(session, node) as sampler:
+        report = run_bench(api_root(fleet, node), launch.served_model_name, suite=fleet.bench.suite,
+                           concurrency=fleet.bench.loaded_concurrency, repeats=fleet.bench.repeats,
+                           reference_mean_tok_s=fleet.bench.reference_tok_s,
+                           ignore_eos=fleet.bench.force_output_length,
+                           max_s=fleet.health.bench_max_s,  # past it, no bench any more (core.healing)
+                           on_progress=lambda line: log.info(f"bench {node.name}: {line}"))
+    quality = quality_phase(fleet, node, log)
+    mean = report.recipe_mean_tok_s.median if report.recipe_mean_tok_s else None
+    loaded = next((p.aggregate_tok_s.median for p in report.phases
+                   if p.phase != bench_core.PHASE_RECIPE and p.aggregate_tok_s), None)
+    verdict = sampler.verdict()
+    acceptance = report.counters.acceptance_rate if report.counters is not None else None
+    # wait_idle returned before the load: num_requests_running == 0 was read before the start.
+    rec = baseline.record(
+        node.name, time.time(), mean,
+        baseline.identity_of(container, labels_of(container, markers.read_deploy(session, node)), sampler.readings,
+                             launch_label=KERNELS_LABEL, checkpoint_label=CHECKPOINT_LABEL),
+        baseline.load_conditions(sampler.readings, verdict.state, isolation_verified=True,
+                                 counters_match=report.counters.tokens_match if report.counters else None,
+                                 acceptance_rate=acceptance),
+        protocol=(report.protocol or {}).get("key"),
+        quality=quality.score if quality is not None else None,
+        quality_suite=quality.suite if quality is not None else None)
+    return Benched(report, mean, loaded, verdict, acceptance, rec, waited_s, len(sampler.readings), quality, container)
 
 
-def gate_of(fleet: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> rollout_core.GateResult:
+GATE_VOID = "bench void"
+
+
+def judge_and_record(session: FleetSession, node: Node, benched: Benched, against: baseline.Baseline | None, *,
+                     was_in: bool, run_id: str) -> GateResult:
+    """The bench's verdict, recorded on the node: promoted lifts its bench (and gate) hold-outs
+    and marks the version known good; held out says why in the ledger. A bench made void by
+    somebody else's requests judged nothing: the node goes back where it was with its hold-outs
+    as they were. One that saw the wedge judged the GPU: the gate holds the node out."""
+    if benched.record.void and benched.gpu_verdict.state != "wedged":
+        return GateResult(node.name, False, GATE_VOID, bench_core.void_verdict(benched.record.void, was_in=was_in))
+    gate = gate_of(session.fleet, node, benched, against)
+    if gate.passed:  # its gate too: a version deployed to await this bench
+        ledger.lift(session, node.name, ledger.BY_BENCH, ledger.BY_GATE)
+        versions.mark_known_good(session, node, benched.container, run_id=run_id)
+    else:
+        ledger.hold(session, node.name, ledger.BY_BENCH, gate.text(),
+                    mean_tok_s=benched.mean, **({ledger.AGAINST_BASELINE: True} if against is not None else {}))
+    return gate
+
+
+def gate_of(fleet: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> GateResult:
     """The bench of `node` judged by its floors and against the fleet's baseline (core.rollout.judge):
     the gate of a rollout's node and of a newcomer joining."""
-    return rollout_core.judge(node.name, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
+    return judge(node.name, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
                               gpu_verdict=b.gpu_verdict, floor_tok_s=fleet.bench_floor(node),
                               floor_acceptance=fleet.bench.floor_mtp_acceptance, baseline=against,
                               max_regression=fleet.rollout.max_regression, void=b.record.void, quality=b.quality,

@@ -22,7 +22,7 @@ from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import journal, node_os
-from spark_pipelines.runbook.bench import Benched, bench_node, gate_of
+from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.runbook.deploy import NodeDeployed, deploy_artifacts, serves_as_marked
 from spark_pipelines.runbook.distribution import DistributionReport, Payload, distribute
 from spark_pipelines.runbook.journal import JOIN_BENCHED
@@ -38,9 +38,8 @@ class JoinRecords(Protocol):
 
     def deployed(self, node: str, d: NodeDeployed) -> None: ...
 
-    def benched(self, node: str, b: Benched) -> None: ...
-
-    def rotation(self, event: str, left_out: dict[str, str]) -> None: ...
+    def benched(self, node: str, b: Benched) -> None:
+        """The bench and what it did to the gateway (b.rotation)."""
 
 
 def join(session: FleetSession, gw: GatewayHost, node: Node, checkpoint: Checkpoint, image: BuiltImage,
@@ -86,13 +85,11 @@ def join(session: FleetSession, gw: GatewayHost, node: Node, checkpoint: Checkpo
 
         # The fleet's baseline judged inside the bench: a newcomer below it never serves a request.
         j.update(phase="benching")
-        b = bench_node(session, gw, node, log, run_id=run_id, against=against, on_rotation=records.rotation)
+        b = bench_node(session, gw, node, log, run_id=run_id, against=against)
         j.try_update(phase=JOIN_BENCHED)  # judged: its bench's verdict stands, whatever happens next
         records.benched(name, b)
-        gate = gate_of(fleet, node, b, against)
-        if not gate.passed or not b.promoted:
-            raise RunbookError(f"{name} joined the fleet but not the gateway: {gate.gate} gate: "
-                               f"{gate.why if not gate.passed else b.reason}; held out by its bench: "
+        if not b.promoted:
+            raise RunbookError(f"{name} joined the fleet but not the gateway: {b.reason}; held out by its bench: "
                                "add_node_job again or bench_job promotes it once it passes its floors "
                                "and the fleet's baseline")
-        done.append(f"bench: {b.mean:.1f} tok/s ({gate.why}); in the gateway")
+        done.append(f"bench: {b.mean:.1f} tok/s ({b.reason}); in the gateway")

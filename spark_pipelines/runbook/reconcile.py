@@ -9,15 +9,18 @@ gateway.min_in_rotation: the gateway code refuses, and that refusal is reported,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from spark_pipelines.core import gateway as gateway_core
 from spark_pipelines.core import healing
+from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import GatewayHost, Snapshot
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.resources import engine
-from spark_pipelines.runbook import rotation
+from spark_pipelines.runbook import rotation, sweep
 from spark_pipelines.state import ledger
 from spark_pipelines.state.ledger import Procedure, Quarantine
 
@@ -50,6 +53,27 @@ def states(verdicts: Mapping[str, str], failing: Mapping[str, int], serving: Map
         for name, verdict in verdicts.items()}
 
 
+def plan(fleet: Fleet, reports: Mapping[str, sweep.NodeReport], failing: Mapping[str, int], view: View, *,
+         now: float) -> healing.ReconcilePlan:
+    """core.healing's plan for the gateway from one sweep's reports, each node's failing streak
+    and the view (the health sensor's, and a person's reconcile)."""
+    st = states({n: r.verdict.verdict for n, r in reports.items()}, failing,
+                {n: bool(r.observation.health_ok) for n, r in reports.items()}, view)
+    return healing.reconcile(st, view.snapshot.rotation, view.snapshot.drains, settings=fleet.health,
+                             min_in_rotation=fleet.gateway.min_in_rotation, now=now)
+
+
+def plan_now(session: FleetSession, log: Any) -> healing.ReconcilePlan:
+    """A reconcile launched by a person: a sweep now, which counts as the confirming sweep (a
+    failing node is taken as failing for health.failed_sweeps sweeps already)."""
+    with sweep.open_session(session.fleet, log) as probe:
+        reports = sweep.sweep(probe)
+        view = read_view(probe, [n for n, r in reports.items() if r.verdict.verdict == "healthy"])
+    failing = {n: session.fleet.health.failed_sweeps if r.verdict.verdict in healing.FAILING else 0
+               for n, r in reports.items()}
+    return plan(session.fleet, reports, failing, view, now=time.time())
+
+
 def apply(session: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -> list[str]:
     """Make the plan's changes; returns one line per node saying what was done or why not."""
     said: list[str] = []
@@ -71,4 +95,4 @@ def apply(session: FleetSession, gw: GatewayHost, plan: healing.ReconcilePlan) -
     return said
 
 
-__all__ = ["View", "apply", "read_view", "states"]
+__all__ = ["View", "apply", "plan", "plan_now", "read_view", "states"]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from spark_pipelines.core import baseline
 from spark_pipelines.core import layout
 from spark_pipelines.core import rollout as core
+from spark_pipelines.core.gate import GateResult, judge
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core.artifacts import BuiltImage, Checkpoint, NodeArtifacts
 from spark_pipelines.core.fleet import Node
@@ -22,7 +23,7 @@ from spark_pipelines.core.launch import launch_spec
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import rollout as node_rollout
-from spark_pipelines.runbook.bench import Benched, bench_node, gate_of
+from spark_pipelines.runbook.bench import Benched, bench_node
 from spark_pipelines.runbook.deploy import NodeDeployed, deploy_artifacts
 from spark_pipelines.core.errors import RunbookError
 
@@ -32,7 +33,8 @@ class RolloutRecords(Protocol):
 
     def deployed(self, node: str, d: NodeDeployed) -> None: ...
 
-    def benched(self, node: str, b: Benched) -> None: ...
+    def benched(self, node: str, b: Benched) -> None:
+        """The bench and what it did to the gateway (b.rotation)."""
 
     def rotation(self, event: str) -> None: ...
 
@@ -87,21 +89,21 @@ class WaveSteps:
             raise RunbookError(f"{d.mismatch}; {said}")
         return self.new[node]
 
-    def gate(self, node: str) -> core.GateResult:
+    def gate(self, node: str) -> GateResult:
         fleet = self.s.fleet
         target = fleet.node(node)
         if not self.bench_gate:
             node_rollout.mark_passed(self.s, target, self.run_id)
             self._archive_cache(target)
-            return core.judge(node, healthy=True, benched=False)
+            return judge(node, healthy=True, benched=False)
         # Judged against the baseline inside the bench: a new version below it goes back to the
         # previous one without having served a request.
-        b = bench_node(self.s, self.gw, target, self.log, run_id=self.run_id, against=self.against,
-                       on_rotation=lambda event, out: self.records.rotation(event))
+        b = bench_node(self.s, self.gw, target, self.log, run_id=self.run_id, against=self.against)
         self.records.benched(node, b)
         if b.gpu_verdict.state == "wedged":
             self.wedged.add(node)
-        judged = gate_of(fleet, target, b, self.against)
+        judged = b.gate
+        assert judged is not None  # bench_node judges every bench it returns
         if judged.passed:
             self.passed.add(node)
             node_rollout.mark_passed(self.s, target, self.run_id)

@@ -202,11 +202,7 @@ def health_sensors(fleet: Fleet, jobs: Sequence[Any] = ()) -> dg.Definitions:
                 context.log.info(f"{name}: {v.verdict}: {d.action.reason} -> {d.action.job}")
 
         if view is not None:
-            st = reconcile.states({n: r.verdict.verdict for n, r in reports.items()},
-                                  {n: m.failing for n, m in memory.items()},
-                                  {n: bool(r.observation.health_ok) for n, r in reports.items()}, view)
-            plan = healing.reconcile(st, view.snapshot.rotation, view.snapshot.drains, settings=settings,
-                                     min_in_rotation=fleet.gateway.min_in_rotation, now=now)
+            plan = reconcile.plan(fleet, reports, {n: m.failing for n, m in memory.items()}, view, now=now)
             said.append(f"gateway: {plan.describe()}")
             if not plan.empty:
                 # The moves, not their wording (a streak's count changes every sweep).

@@ -204,36 +204,54 @@ def test_failures_are_listed_not_averaged():
     assert "Failed requests" in core.render_markdown(report)
 
 
-def test_promotion_gate_follows_the_runbooks_two_checks():
+def test_the_bench_floor_follows_the_runbooks_two_checks():
     from spark_pipelines.core.gpu import GpuVerdict
 
     healthy = GpuVerdict(state="healthy", reasons=["under load (util 96%, SM 2450 MHz)"])
     wedged = GpuVerdict(state="wedged", reasons=["2 wedged, 0 healthy of 2 loaded sample(s)"])
     unknown = GpuVerdict(state="unknown", reasons=["none of 3 sample(s) caught the GPU under load"])
 
-    assert core.promotion_gate(52.0, 40.0, healthy) == (True, "bench 52.0 tok/s >= floor 40")
+    assert core.tok_s_gate(52.0, 40.0, healthy) == (True, "bench 52.0 tok/s >= floor 40")
     # A wedge keeps the node out even above the floor, and names the cold drain.
-    promoted, why = core.promotion_gate(45.0, 40.0, wedged)
+    promoted, why = core.tok_s_gate(45.0, 40.0, wedged)
     assert not promoted and "PD-firmware wedge" in why and "unplug the brick at the wall 90-120 s" in why
     # Slow at full clock: not the wedge, so the second check (stale torch_compile cache).
-    promoted, why = core.promotion_gate(34.0, 40.0, healthy)
+    promoted, why = core.tok_s_gate(34.0, 40.0, healthy)
     assert not promoted and "34.0 tok/s < floor 40" in why and "fresh_jit_cache: true" in why
-    promoted, why = core.promotion_gate(None, 40.0, unknown)
+    promoted, why = core.tok_s_gate(None, 40.0, unknown)
     assert not promoted and "no tok/s" in why and "check for the PD-firmware wedge" in why
 
 
-def test_promotion_gate_holds_out_a_fast_node_with_low_mtp_acceptance():
+def test_the_gate_holds_out_a_fast_node_with_low_mtp_acceptance():
     """bench.floor_mtp_acceptance: tok/s alone can pass with broken MTP weights (no drafts accepted)."""
+    from spark_pipelines.core.gate import judge
     from spark_pipelines.core.gpu import GpuVerdict
 
     healthy = GpuVerdict(state="healthy", reasons=["under load"])
-    ok, why = core.promotion_gate(52.0, 40.0, healthy, acceptance=0.95, acceptance_floor=0.8)
-    assert ok and why == "bench 52.0 tok/s >= floor 40; MTP acceptance 95.0% >= floor 80%"
-    ok, why = core.promotion_gate(52.0, 40.0, healthy, acceptance=0.42, acceptance_floor=0.8)
-    assert not ok and "MTP acceptance 42.0% < floor 80%" in why and "add-mtp-weights.py" in why
-    ok, why = core.promotion_gate(52.0, 40.0, healthy, acceptance=None, acceptance_floor=0.8)
-    assert not ok and "could not be read" in why and "--speculative-config" in why
+
+    def gate(mean, acceptance, floor):
+        return judge("spark2", healthy=True, mean_tok_s=mean, acceptance=acceptance, gpu_verdict=healthy,
+                     floor_tok_s=40.0, floor_acceptance=floor)
+
+    g = gate(52.0, 0.95, 0.8)
+    assert g.passed and g.why.startswith("bench 52.0 tok/s >= floor 40; MTP acceptance 95.0% >= floor 80%")
+    g = gate(52.0, 0.42, 0.8)
+    assert (g.passed, g.gate) == (False, "MTP acceptance") and "42.0% < floor 80%" in g.why
+    assert "add-mtp-weights.py" in g.why and g.text().startswith("MTP acceptance gate: MTP acceptance 42.0%")
+    g = gate(52.0, None, 0.8)
+    assert not g.passed and "could not be read" in g.why and "--speculative-config" in g.why
     # No floor set: tok/s and the wedge decide, as before; a slow node's reason is the tok/s one.
-    assert core.promotion_gate(52.0, 40.0, healthy, acceptance=0.1) == (True, "bench 52.0 tok/s >= floor 40")
-    ok, why = core.promotion_gate(30.0, 40.0, healthy, acceptance=0.1, acceptance_floor=0.8)
-    assert not ok and "< floor 40" in why and "MTP" not in why
+    assert gate(52.0, 0.1, None).passed
+    g = gate(30.0, 0.1, 0.8)
+    assert (g.passed, g.gate) == (False, "bench floor") and "< floor 40" in g.why and "MTP" not in g.why
+
+
+def test_a_wedged_gpu_is_the_verdict_even_when_it_voided_the_bench():
+    """The wedge voids the figure (core.baseline) but it is what the operator must act on."""
+    from spark_pipelines.core.gate import judge
+    from spark_pipelines.core.gpu import GpuVerdict
+
+    wedged = GpuVerdict(state="wedged", reasons=["2 wedged, 0 healthy of 2 loaded sample(s)"])
+    g = judge("spark2", healthy=True, mean_tok_s=45.0, gpu_verdict=wedged, floor_tok_s=40.0,
+              void=("the GPU showed the PD-firmware wedge under load",))
+    assert (g.passed, g.gate) == (False, "GPU wedge") and "unplug the brick at the wall" in g.why

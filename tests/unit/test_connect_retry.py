@@ -1,13 +1,15 @@
 """A step that could not open its SSH session is retried by Dagster with backoff; a host-key
-mismatch and a step with retries off fail at once (fleet file: ssh.connect_retries / _backoff_s)."""
+mismatch and a step with retries off fail at once (fleet file: ssh.connect_retries / _backoff_s).
+Whatever a node or a procedure raised fails the step as one line, never a traceback."""
 
 import dagster as dg
 import pytest
 
-from spark_pipelines.assets import retry_unreachable
+from spark_pipelines.assets import one_line_failures, retry_unreachable
+from spark_pipelines.core.errors import RunbookError, first_line
 from spark_pipelines.core.fleet import FleetError, parse_fleet
 from spark_pipelines.core.fleet_settings import StepRetrySettings
-from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError, RemoteCommandError
+from spark_pipelines.resources.ssh.errors import HostKeyError, NodeConnectError, NodeUnresponsive, RemoteCommandError
 
 
 def attempts_of(settings: StepRetrySettings, failures: list[Exception], generator: bool = False):
@@ -32,10 +34,9 @@ def attempts_of(settings: StepRetrySettings, failures: list[Exception], generato
     if not result.success:
         failed = [e.step_failure_data for e in result.all_events if e.is_step_failure]
         last = failures[len(calls) - 1]
-        if isinstance(last, (NodeConnectError, HostKeyError)):
-            # A connect error fails the step as its one line, not a traceback (cls_name Failure).
-            assert [(f.error.cls_name, f.user_failure_data.description) for f in failed] == [
-                ("Failure", f"{type(last).__name__}: {last}")], failed
+        # The step fails as the error's one line (a RunbookError: its description), not a traceback.
+        said = last.description if isinstance(last, RunbookError) else first_line(last)
+        assert [(f.error.cls_name, f.user_failure_data.description) for f in failed] == [("Failure", said)], failed
     return result.success, calls, [e.event_specific_data.seconds_to_wait for e in retries]
 
 
@@ -70,3 +71,32 @@ def test_fleet_file_ssh_settings(seed_data):
     with pytest.raises(FleetError, match="ssh.connect_retries"):
         parse_fleet(seed_data, "f.yaml")
 
+
+
+def test_a_node_that_froze_after_connecting_fails_the_step_as_one_line_with_the_whole_text_kept():
+    frozen = NodeUnresponsive("spark2", 30, "docker inspect")
+    ok, calls, _ = attempts_of(StepRetrySettings(connect_retries=3, connect_backoff_s=1), [frozen])
+    assert not ok and calls == [0]  # never retried: the session had opened
+
+
+@pytest.mark.parametrize("error", [NodeUnresponsive("spark2", 30, "cp -a jit cache"),
+                                   RunbookError("spark2: the cache does not fit; free 3 GiB", {"df": "`97%`"})])
+def test_an_op_fails_as_one_line_with_its_details(error):
+    @dg.op
+    @one_line_failures
+    def step(context: dg.OpExecutionContext) -> None:
+        raise error
+
+    @dg.job
+    def job():
+        step()
+
+    result = job.execute_in_process(raise_on_error=False)
+    (failure,) = [e.step_failure_data for e in result.all_events if e.is_step_failure]
+    assert failure.error.cls_name == "Failure" and failure.error.cause is None  # no stack below it
+    meta = failure.user_failure_data.metadata
+    if isinstance(error, RunbookError):
+        assert failure.user_failure_data.description == error.description and meta["df"].value == "`97%`"
+    else:
+        assert failure.user_failure_data.description == first_line(error)
+        assert "cp -a jit cache" in meta["error"].value

@@ -149,7 +149,7 @@ def test_the_protocol_says_whether_forcing_was_honoured_and_mismatches_are_refus
 # -- the gates that read it: the rollout's judge and the fleet's baseline --------------------------
 
 from spark_pipelines.core import baseline as bl  # noqa: E402
-from spark_pipelines.core import rollout  # noqa: E402
+from spark_pipelines.core import gate  # noqa: E402
 from spark_pipelines.core.gpu import GpuVerdict  # noqa: E402
 
 FORCED = "v1|forced|server usage|stream"
@@ -161,7 +161,7 @@ def report_of(replies) -> q.QualityReport:
 
 
 def judged(quality, base=None, protocol_key=FORCED, floor=50.0):
-    return rollout.judge("spark1", healthy=True, mean_tok_s=52.0, acceptance=0.95, gpu_verdict=HEALTHY,
+    return gate.judge("spark1", healthy=True, mean_tok_s=52.0, acceptance=0.95, gpu_verdict=HEALTHY,
                          floor_tok_s=40, floor_acceptance=0.8, baseline=base, quality=quality,
                          floor_quality=floor, quality_noise=20, protocol_key=protocol_key)
 
@@ -195,13 +195,13 @@ def test_a_baseline_under_another_protocol_is_never_compared_and_the_gate_holds(
     natural = "v1|natural (stops at EOS)|server usage|stream"
     base = base_of(100.0, protocol_key=natural)
     assert base.protocol == natural and base.quality == 100.0
-    g = rollout.judge("spark1", healthy=True, mean_tok_s=20.0, gpu_verdict=HEALTHY, floor_tok_s=10,
+    g = gate.judge("spark1", healthy=True, mean_tok_s=20.0, gpu_verdict=HEALTHY, floor_tok_s=10,
                       baseline=base, protocol_key=FORCED)  # far below the baseline's 52 tok/s
     # The gate cannot compare, so it cannot pass: it says so and what to do (was: passed unjudged).
     assert not g.passed and g.gate == "baseline", g
     assert "cannot judge" in g.why and "different bench protocols" in g.why and "bench every serving node" in g.why
     ignored = "v1|forced, not honoured|server usage|stream"  # a version that ignores ignore_eos
-    g = rollout.judge("spark1", healthy=True, mean_tok_s=60.0, gpu_verdict=HEALTHY, floor_tok_s=10,
+    g = gate.judge("spark1", healthy=True, mean_tok_s=60.0, gpu_verdict=HEALTHY, floor_tok_s=10,
                       baseline=base_of(100.0), protocol_key=ignored)
     assert not g.passed and g.gate == "baseline" and "ignored the forced output length" in g.why
     # the fleet's baseline pools one protocol: the newest comparable bench's

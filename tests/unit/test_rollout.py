@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from spark_pipelines.core.baseline import Baseline, BenchIdentity
 from spark_pipelines.core.gpu import GpuVerdict
 from spark_pipelines.core import rollout
-from spark_pipelines.core.rollout import RolloutRefused, judge, plan_waves
+from spark_pipelines.core.gate import GateResult, judge
+from spark_pipelines.core.rollout import RolloutRefused, plan_waves
 
 HEALTHY = GpuVerdict(state="healthy", reasons=["full clock"])
 NODES = [f"spark{i}" for i in range(1, 9)]
@@ -107,8 +108,8 @@ class FakeFleet:
         if self.interrupt_at == node:
             raise KeyboardInterrupt
         if node in self.gate_fails:
-            return rollout.GateResult(node, False, "baseline", "slower than the fleet")
-        return rollout.GateResult(node, True, "passed", "fine")
+            return GateResult(node, False, "baseline", "slower than the fleet")
+        return GateResult(node, True, "passed", "fine")
 
     def revert(self, node, why):
         self.calls.append(("revert", node))
@@ -193,7 +194,7 @@ def test_an_interrupt_puts_back_the_node_being_gated_finishes_the_passed_and_pro
 
 
 def test_a_void_bench_does_not_pass():
-    g = rollout.judge("spark1", healthy=True, mean_tok_s=52.0, floor_tok_s=40.0,
+    g = judge("spark1", healthy=True, mean_tok_s=52.0, floor_tok_s=40.0,
                       gpu_verdict=GpuVerdict(state="healthy", reasons=[]), void=["foreign requests ran"])
     assert not g.passed and g.gate == "bench void" and "foreign requests" in g.why
 

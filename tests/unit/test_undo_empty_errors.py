@@ -13,6 +13,7 @@ from spark_pipelines.state.markers import RolloutPoint
 
 from spark_pipelines.core import jit_cache as jit_core
 from spark_pipelines.core import rollout as rollout_core
+from spark_pipelines.core.gate import GateResult
 from spark_pipelines.core.errors import first_line
 from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.core.launch import launch_spec
@@ -184,7 +185,7 @@ def test_a_rollout_whose_revert_and_finish_meet_empty_errors_reports_them():
             return "new"
 
         def gate(self, node):
-            return rollout_core.GateResult(node, node != "spark2", "bench", "below floor")
+            return GateResult(node, node != "spark2", "bench", "below floor")
 
         def revert(self, node, why):
             raise EOFError()
