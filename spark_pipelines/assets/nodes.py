@@ -238,8 +238,9 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         # judges what serves after it. A dead deploy's journal is the deploy's own to finish (the
         # skip refuses while it is there): it then does not launch again what serves after it.
         try:
-            with node_lease(s, node.name, "deploy: finishing dead runs", run_id=context.run.run_id):
-                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id, deploys=False):
+            with journal.claimed(s, node, "deploy: finishing dead runs", context.log, run_id=context.run.run_id,
+                                 deploys=False) as finished:
+                for done in finished:
                     context.log.warning(f"[{node.name}] {done.line}")
         except RunbookError as e:
             fail(e)

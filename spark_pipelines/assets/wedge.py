@@ -11,9 +11,8 @@ from spark_pipelines.assets.metadata import num
 from spark_pipelines.core import steps
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.resources.gateway import LiteLLMGateway
-from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSSH, RemoteError
-from spark_pipelines.runbook import journal, wedge
+from spark_pipelines.runbook import wedge
 from spark_pipelines.runbook.run_limits import tags as max_runtime
 from spark_pipelines.core.errors import RunbookError
 
@@ -56,11 +55,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         node = s.fleet.node(context.partition_key)
         reason = context.run.tags.get(steps.EVIDENCE_TAG) or "wedge suspected"
         try:
-            with node_lease(s, node.name, "wedge capture", run_id=context.run.run_id):
-                context.log.info(wedge.quarantine_node(s, node, wedge.WEDGED, reason, litellm.host()))
-                for done in journal.finish_dead(s, node, context.log, run_id=context.run.run_id):
-                    context.log.warning(f"[{node.name}] {done.line}")
-                capture = wedge.capture_evidence(s, node)
+            capture = wedge.capture(s, node, litellm.host(), reason, context.log, run_id=context.run.run_id)
         except RunbookError as e:
             fail(e)
         except RemoteError as e:
@@ -88,13 +83,7 @@ def wedge_definitions(fleet: Fleet) -> dg.Definitions:
         context.log.info(f"cold drain of {node.name} approved by run {run_id} "
                          f"({'smart plug' if plug else 'the operator unplugs at the wall'})")
         try:
-            # Its journal from before docker stop until validated: a run that dies with the node
-            # powered off is finished by the next cold_drain_job (the health sweep requests it).
-            with journal.journaled(s, node.name, steps.PROC_COLD_DRAIN, run_id, phase="approved") as j:
-                drained = wedge.cold_drain(s, node, gw, context.log.info, j, run_id=run_id)
-                with node_lease(s, node.name, "post-drain validation", run_id=run_id):
-                    j.update(phase="validating")
-                    v = wedge.validate(s, node, gw)
+            drained, v = wedge.drain_and_validate(s, node, gw, context.log.info, run_id=run_id)
         except RunbookError as e:
             fail(e)
         except RemoteError as e:

@@ -118,7 +118,7 @@ class RolloutSteps(Protocol):
         failed deploy, which has already rolled itself back (health gate failed)."""
 
     def gate(self, node: str) -> GateResult:
-        """Bench the deployed node and judge it (core.rollout.judge)."""
+        """Bench the deployed node and judge it (core.gate.judge)."""
 
     def revert(self, node: str, why: str) -> str:
         """Put the previous version back on a committed node; returns what happened (a node

@@ -54,8 +54,8 @@ def _running(c: dict[str, Any]) -> bool:
     return bool(c.get("State", {}).get("Running"))
 
 
-def container_labels(c: dict[str, Any] | None) -> dict[str, str]:
-    return dict(((c or {}).get("Config") or {}).get("Labels") or {})
+def container_labels(container: dict[str, Any] | None) -> dict[str, str]:
+    return dict(((container or {}).get("Config") or {}).get("Labels") or {})
 
 
 class NodeDocker:

@@ -20,7 +20,6 @@ from spark_pipelines.core.launch import CHECKPOINT_LABEL, KERNELS_LABEL
 from spark_pipelines.core.fleet import Fleet, Node
 from spark_pipelines.resources.docker import NodeDocker
 from spark_pipelines.resources.gateway import GatewayHost
-from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources import lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.state import ledger, markers
@@ -29,7 +28,7 @@ from spark_pipelines.resources.engine import api_root
 from spark_pipelines.core.errors import first_line
 from spark_pipelines.runbook.preflight import read_gpu
 from spark_pipelines.runbook import versions
-from spark_pipelines.runbook.journal import BENCH_JUDGED, finish_dead, journaled
+from spark_pipelines.runbook.journal import BENCH_JUDGED, claimed, journaled
 from spark_pipelines.runbook.rotation import drained
 
 BENCH_DRAIN = "bench"  # the drain note's reason (the run's id follows it)
@@ -112,8 +111,7 @@ def bench_node(session: FleetSession, gw: GatewayHost, node: Node, log: Any, *, 
     rollout's nodes, a newcomer) while the node is still out, record the verdict on the node and
     restore it, or keep it out when it fails: a node below its gate never serves a request. Holds
     the node's run lease. The returned Benched says what happened to the gateway (`rotation`)."""
-    with node_lease(session, node.name, "bench", run_id=run_id):
-        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: bench what serves
+    with claimed(session, node, "bench", log, run_id=run_id):  # dead runs' work finished first: bench what serves
         log.info(f"drain {node.name}: taking it out of the gateway for an isolated bench")
         reason = f"{BENCH_DRAIN} (run {run_id[:8] or '-'})"
         # idle=True: zero requests in flight before it measures, also on a node already out.
@@ -192,15 +190,15 @@ def judge_and_record(session: FleetSession, node: Node, benched: Benched, agains
     return gate
 
 
-def gate_of(fleet: Fleet, node: Node, b: Benched, against: baseline.Baseline | None) -> GateResult:
-    """The bench of `node` judged by its floors and against the fleet's baseline (core.rollout.judge):
-    the gate of a rollout's node and of a newcomer joining."""
-    return judge(node.name, healthy=True, mean_tok_s=b.mean, acceptance=b.acceptance,
-                              gpu_verdict=b.gpu_verdict, floor_tok_s=fleet.bench_floor(node),
-                              floor_acceptance=fleet.bench.floor_mtp_acceptance, baseline=against,
-                              max_regression=fleet.rollout.max_regression, void=b.record.void, quality=b.quality,
-                              floor_quality=fleet.bench.floor_quality, quality_noise=fleet.bench.quality_noise,
-                              protocol_key=b.record.protocol)
+def gate_of(fleet: Fleet, node: Node, benched: Benched, against: baseline.Baseline | None) -> GateResult:
+    """The bench of `node` judged by its floors and against the fleet's baseline when given
+    (core.gate.judge): the one gate of a bench, a rollout's node and a newcomer joining."""
+    return judge(node.name, healthy=True, mean_tok_s=benched.mean, acceptance=benched.acceptance,
+                 gpu_verdict=benched.gpu_verdict, floor_tok_s=fleet.bench_floor(node),
+                 floor_acceptance=fleet.bench.floor_mtp_acceptance, baseline=against,
+                 max_regression=fleet.rollout.max_regression, void=benched.record.void, quality=benched.quality,
+                 floor_quality=fleet.bench.floor_quality, quality_noise=fleet.bench.quality_noise,
+                 protocol_key=benched.record.protocol)
 
 
 def quality_phase(fleet: Fleet, node: Node, log: Any) -> quality_core.QualityReport | None:

@@ -21,12 +21,11 @@ from spark_pipelines.core.launch import LaunchSpec, launch_spec
 from spark_pipelines.resources.bench_client import run_bench
 from spark_pipelines.resources.engine import api_root
 from spark_pipelines.resources.gateway import GatewayHost
-from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession
 from spark_pipelines.runbook import jit_cache
 from spark_pipelines.runbook.rotation import wait_idle
 from spark_pipelines.runbook.deploy import deploy
-from spark_pipelines.runbook.journal import finish_dead
+from spark_pipelines.runbook.journal import claimed
 from spark_pipelines.runbook.rotation import drained
 
 
@@ -50,7 +49,7 @@ class Compared:
     table: str
 
 
-def variant_fleet(fleet: Fleet, node: str, v: Variant) -> Fleet:
+def variant_fleet(fleet: Fleet, node: str, variant: Variant) -> Fleet:
     """The fleet with this node's launch changed by the variant, validated like any fleet file
     (a variant cannot smuggle --enable-prefix-caching or a GMU the hardware refuses)."""
     data = fleet.model_dump(mode="json")
@@ -65,17 +64,17 @@ def variant_fleet(fleet: Fleet, node: str, v: Variant) -> Fleet:
         data["rollout"]["canary"] = None
     launch = fleet.launch_for(fleet.node(node))
     over: dict[str, Any] = dict(n.get("overrides") or {})
-    env = {k: val for k, val in launch.env.items() if k not in v.unset_env}
-    env.update(v.env)
+    env = {k: val for k, val in launch.env.items() if k not in variant.unset_env}
+    env.update(variant.env)
     data["launch"]["env"] = env
     over["env"] = {}
-    if v.num_speculative_tokens is not None:
+    if variant.num_speculative_tokens is not None:
         over["speculative"] = {"method": launch.speculative.method if launch.speculative else "mtp",
-                               "num_speculative_tokens": v.num_speculative_tokens}
-    if v.gpu_memory_utilization is not None:
-        over["gpu_memory_utilization"] = v.gpu_memory_utilization
+                               "num_speculative_tokens": variant.num_speculative_tokens}
+    if variant.gpu_memory_utilization is not None:
+        over["gpu_memory_utilization"] = variant.gpu_memory_utilization
     n["overrides"] = over
-    return parse_fleet(data, f"variant {v.name!r}")
+    return parse_fleet(data, f"variant {variant.name!r}")
 
 
 def comparison_md(node: str, reports: dict[str, bench_core.BenchReport], verdicts: list[str]) -> str:
@@ -90,8 +89,8 @@ def comparison_md(node: str, reports: dict[str, bench_core.BenchReport], verdict
     return "\n".join(lines)
 
 
-def protocol_key(r: bench_core.BenchReport) -> str | None:
-    return bench_protocol.key_of(r.protocol)
+def protocol_key(report: bench_core.BenchReport) -> str | None:
+    return bench_protocol.key_of(report.protocol)
 
 
 def _loaded(r: bench_core.BenchReport) -> Any:
@@ -134,8 +133,7 @@ def run_experiment(session: FleetSession, gw: GatewayHost, node_name: str | None
     if len(fleets) != 2:
         raise RunbookError("the two variants need different names")
     reports: dict[str, bench_core.BenchReport] = {}
-    with node_lease(session, node.name, "experiment", run_id=run_id):
-        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first: production serving, routed
+    with claimed(session, node, "experiment", log, run_id=run_id):  # dead runs' work first: production serving
         production = launch_spec(fleet, node)
         key = serving_jit_key(session, node, production)
         with drained(gw, node.name):

@@ -10,7 +10,9 @@ left (kill -9, a lost host, a run container gone).
 - `journaled(...)`: written before the procedure changes anything (a journal that cannot be
   written stops it with nothing done), updated at each phase, removed when it ends on any path
   that ran its own undo. A run whose lease on the node ended under it, or one killed, leaves it.
-- `finish_dead(s, node, log)`: the one reader, called under the node's lease by every run that
+- `claimed(session, node, what, log)`: how a procedure that changes a node begins: the node's run
+  lease, then `finish_dead` under it.
+- `finish_dead(session, node, log)`: the one reader, called under the node's lease by every run that
   works on a node (deploy, bench, Phase 0, a rollout, a cold drain, an adoption) and by the
   health sweep's repair runs: the deploy journal first, then each procedure journal of a run that
   is gone, innermost first. The engine it stopped is started again; its drain is undone once the
@@ -131,9 +133,9 @@ def journaled(session: FleetSession, node: str, procedure: str, run_id: str, *, 
         j._end()
 
 
-def is_live(p: Procedure) -> bool:
-    """Whether `p` is the journal of a procedure this process runs now."""
-    return p.token in _LIVE
+def is_live(procedure: Procedure) -> bool:
+    """Whether `procedure` is the journal of a procedure this process runs now."""
+    return procedure.token in _LIVE
 
 
 def engine_timeout_s(session: FleetSession, node: Node) -> float:
@@ -141,29 +143,29 @@ def engine_timeout_s(session: FleetSession, node: Node) -> float:
     return min(ROLLBACK_HEALTH_S, session.fleet.launch_for(node).health_timeout_s)
 
 
-def still_waiting(session: FleetSession, p: Procedure, now: float | None = None) -> str | None:
-    """Why `p` may be a live run's although the caller holds the node's lease (None: it is dead):
+def still_waiting(session: FleetSession, procedure: Procedure, now: float | None = None) -> str | None:
+    """Why `procedure` may be a live run's although the caller holds the node's lease (None: it is dead):
     the node was down for it (a reboot, a power cycle), the live run waits without a lease until
     `down_until`, and the instance does not know its run ended."""
     now = time.time() if now is None else now
-    if p.down_until is None or now >= p.down_until:
+    if procedure.down_until is None or now >= procedure.down_until:
         return None
-    if session.run_ended is not None and session.run_ended(p.run_id):
+    if session.run_ended is not None and session.run_ended(procedure.run_id):
         return None
-    return (f"{p.describe()} waits for the node to come back until "
-            f"{time.strftime('%H:%M:%S', time.localtime(p.down_until))} and its run is not known to have ended")
+    return (f"{procedure.describe()} waits for the node to come back until "
+            f"{time.strftime('%H:%M:%S', time.localtime(procedure.down_until))} and its run is not known to have ended")
 
 
-def dead_in_sweep(session: FleetSession, p: Procedure, *, reachable: bool, lease_held: bool | None,
+def dead_in_sweep(session: FleetSession, procedure: Procedure, *, reachable: bool, lease_held: bool | None,
                   now: float | None = None) -> bool:
-    """The health sweep's judgement (it holds no lease, only reads it): `p` is a dead run's when no
+    """The health sweep's judgement (it holds no lease, only reads it): `procedure` is a dead run's when no
     run holds the node's lease (a node that is down holds none: then only a journal that says the
     node was down for it counts), and it is not waiting for its node (`still_waiting`)."""
-    if is_live(p) or lease_held:
+    if is_live(procedure) or lease_held:
         return False
-    if (reachable and lease_held is None) or (not reachable and p.down_until is None):
+    if (reachable and lease_held is None) or (not reachable and procedure.down_until is None):
         return False  # not known: the next sweep reads it again
-    return still_waiting(session, p, now) is None
+    return still_waiting(session, procedure, now) is None
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,16 @@ class Finished:
     line: str
     serving: bool
     facts: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def claimed(session: FleetSession, node: Node, what: str, log: Any, *, run_id: str = "",
+            deploys: bool = True) -> Iterator[list[Finished]]:
+    """The node's run lease (`what` names the procedure to a run that finds it taken), and what
+    dead runs left on it finished first (`finish_dead`, yielded): one run touches a node at a time,
+    and never on top of a dead run's half-done change. Raises NodeBusy (another run holds it)."""
+    with lease.node_lease(session, node.name, what, run_id=run_id):
+        yield finish_dead(session, node, log, run_id=run_id, deploys=deploys)
 
 
 def finish_dead(session: FleetSession, node: Node, log: Any, *, run_id: str = "", deploys: bool = True) -> list[Finished]:

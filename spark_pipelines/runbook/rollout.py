@@ -29,7 +29,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.lease import node_lease
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.runbook import jit_cache, quarantine, versions
-from spark_pipelines.runbook.journal import finish_dead
+from spark_pipelines.runbook.journal import claimed
 from spark_pipelines.resources import engine
 from spark_pipelines.state import ledger, markers
 from spark_pipelines.state.markers import RolloutPoint
@@ -131,8 +131,8 @@ def finish_dead_runs(session: FleetSession, log: Any, *, run_id: str = "") -> li
     said = []
     for n in session.fleet.serve_nodes:
         try:
-            with node_lease(session, n.name, "rollout: finishing dead runs", run_id=run_id):
-                said += [f"{n.name}: {x.line}" for x in finish_dead(session, n, log, run_id=run_id)]
+            with claimed(session, n, "rollout: finishing dead runs", log, run_id=run_id) as finished:
+                said += [f"{n.name}: {x.line}" for x in finished]
         except NodeBusy as e:
             said.append(f"{n.name}: not finished here ({first_line(e)})")
         except RunbookError as e:
@@ -175,8 +175,7 @@ def revert(session: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, why
     validation releases it). Raises RunbookError when there is nothing kept or the previous
     deployment does not serve again (the node then stays out)."""
     n = node.name
-    with node_lease(session, n, "rollout revert", run_id=run_id):
-        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first
+    with claimed(session, node, "rollout revert", log, run_id=run_id):
         point = read_point(session, node) or RolloutPoint()
         prev = kept(session, node, spec, point)
         if prev is None:
@@ -263,7 +262,7 @@ def archive_cache(session: FleetSession, node: Node, spec: LaunchSpec, key: str 
 
 def reject(session: FleetSession, nodes: list[Node], image_id: str, manifest: str | None, judged: Any, *,
            run_id: str = "") -> str:
-    """A version its gate stopped (`judged`: core.rollout.GateResult) is recorded as rejected on
+    """A version its gate stopped (`judged`: core.gate.GateResult) is recorded as rejected on
     `nodes` (those that do not run it: markers.RejectedVersion, with the node's own launch spec): a
     deploy_node_job or a healing redeploy, which deploy the newest build without a gate, then refuse
     it there. Best effort per node: one not written is said, not fatal."""
@@ -300,8 +299,7 @@ def finish(session: FleetSession, node: Node, spec: LaunchSpec, log: Any, *, run
     wipe cache slots nothing points at any more, clear the marker. Failures are warnings: the
     node serves either way, and the next deploy supersedes what is left."""
     n = node.name
-    with node_lease(session, n, "rollout finish", run_id=run_id):
-        finish_dead(session, node, log, run_id=run_id)  # what dead runs left first
+    with claimed(session, node, "rollout finish", log, run_id=run_id):
         prev = kept(session, node, spec)
         said = []
         try:

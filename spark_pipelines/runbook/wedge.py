@@ -37,7 +37,7 @@ from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession, RemoteError
 from spark_pipelines.resources import engine
 from spark_pipelines.core import steps as steps_
-from spark_pipelines.resources.lease import NodeBusy
+from spark_pipelines.resources.lease import NodeBusy, node_lease
 from spark_pipelines.runbook import journal, quarantine, rotation
 from spark_pipelines.state import ledger
 from spark_pipelines.core.errors import RunbookError, first_line
@@ -273,6 +273,18 @@ def capture_evidence(session: FleetSession, node: Node, *, label: str = "pre-dra
     return _store(session, node, label, when, ev.files, verdict, under_load + locked, notes)
 
 
+def capture(session: FleetSession, node: Node, gw: GatewayHost, reason: str, log: Any, *,
+            run_id: str = "") -> Capture:
+    """The wedge_evidence step under the node's lease: the node is quarantined first (a suspected
+    wedge leaves the gateway before anything else, and no dead run's drain can put it back once
+    the ledger holds it), then what dead runs left is finished, then the evidence captured."""
+    with node_lease(session, node.name, "wedge capture", run_id=run_id):
+        log.info(quarantine_node(session, node, WEDGED, reason, gw))
+        for done in journal.finish_dead(session, node, log, run_id=run_id):
+            log.warning(f"[{node.name}] {done.line}")
+        return capture_evidence(session, node)
+
+
 def _tarball(top: str, files: dict[str, bytes], when: datetime) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -477,8 +489,6 @@ def cold_drain(session: FleetSession, node: Node, gw: GatewayHost, say: Callable
     """The runbook's AC cold drain of a quarantined node, up to a serving engine again, each step
     written to its journal `j` first. A dead cold drain on the node is finished first (its power
     cycle, its engine started); when its AC was off for cold_drain.off_s, the cycle is not repeated."""
-    from spark_pipelines.resources.lease import node_lease
-
     started = time.monotonic()
     f, n = session.fleet, node.name
     steps = resume_dead(session, node, say)
@@ -487,8 +497,7 @@ def cold_drain(session: FleetSession, node: Node, gw: GatewayHost, say: Callable
         if in_rotation(gw, node):
             raise RunbookError(f"{n} is still in the gateway and cannot leave it ({done}); nothing was "
                                "changed: bring another node into the rotation first")
-    with node_lease(session, n, "cold drain", run_id=run_id):
-        finished = journal.finish_dead(session, node, session.log, run_id=run_id)
+    with journal.claimed(session, node, "cold drain", session.log, run_id=run_id) as finished:
         steps += [x.line for x in finished]
         cycled = next((x for x in finished if x.procedure == steps_.PROC_COLD_DRAIN and x.serving
                        and float(x.facts.get("ac_on_at", 0)) - float(x.facts.get("ac_off_at", 1e18)) >= f.cold_drain.off_s),
@@ -576,3 +585,16 @@ def validate(session: FleetSession, node: Node, gw: GatewayHost, *, bench: Bench
     else:
         where = quarantine_node(session, node, WEDGED, f"{wedge_core.PERSISTS} after the cold drain: {verdict.advice}", gw)
     return Validation(verdict, post, mean, floor, verdict_path, where)
+
+
+def drain_and_validate(session: FleetSession, node: Node, gw: GatewayHost, say: Callable[[str], None], *,
+                       run_id: str) -> tuple[Drained, Validation]:
+    """The cold_drain step, approved by its launch: the journal from before docker stop until
+    validated (a run that dies with the node powered off is finished by the next cold_drain_job,
+    which the health sweep requests), the cold drain, then the post-drain validation under the
+    node's lease."""
+    with journal.journaled(session, node.name, steps_.PROC_COLD_DRAIN, run_id, phase="approved") as j:
+        drained = cold_drain(session, node, gw, say, j, run_id=run_id)
+        with node_lease(session, node.name, "post-drain validation", run_id=run_id):
+            j.update(phase="validating")
+            return drained, validate(session, node, gw)
