@@ -147,6 +147,7 @@ def record_rotation(context: dg.AssetExecutionContext | dg.OpExecutionContext, g
                     metadata={"event": event, keys.ROTATION: ", ".join(rotation), "nodes_in_rotation": len(rotation),
                               keys.LEFT_OUT_BY_NODE: left_out_table(left_out)})
 
+
 def record_bench_rotation(context: dg.AssetExecutionContext, gw: object, benched: Any) -> None:
     """What a bench (runbook.bench.Benched) did to the gateway, each change as `record_rotation`."""
     for event, left_out in benched.rotation:

@@ -28,7 +28,7 @@ class GateResult:
 
     def text(self) -> str:
         """The verdict as one line: what passed, or which gate stopped it and why."""
-        return self.why if self.passed else f"{self.gate} gate: {self.why}"
+        return self.why if self.passed else f"the {self.gate} gate failed: {self.why}"
 
 
 def judge(node: str, *, healthy: bool, health_why: str = "", mean_tok_s: float | None = None,

@@ -18,7 +18,8 @@ from spark_pipelines.core.fleet import load_fleet
 from spark_pipelines.definitions import build_definitions
 from spark_pipelines.resources.gateway import GatewayHost
 from spark_pipelines.resources.ssh import FleetSession
-from spark_pipelines.runbook import quarantine
+from spark_pipelines.core import healing
+from spark_pipelines.runbook import quarantine, rotation as rotation_rb
 from spark_pipelines.resources import engine
 from tests.e2e.test_zz_doctor import inspect, production_aside, wait_serving
 
@@ -110,6 +111,24 @@ def test_healthy_fleet_is_recorded_with_figures_and_nothing_requested(env):
     # A node nobody has sent a request since its start has drafted nothing: no rate, not a zero.
     assert "mtp_acceptance_pct" not in meta or 0 <= meta["mtp_acceptance_pct"].value <= 100
     assert "generation_tok_s" in meta and "tok/s generated over the last" in meta["engine"].value  # two reads
+
+
+def test_a_reconcile_a_person_launches_plans_from_a_sweep_and_puts_a_healthy_node_back(env):
+    """gateway_reconcile_job with no plan (launched from the UI): a sweep now decides."""
+    with FleetSession(env["fleet"]) as s:
+        gw = GatewayHost(s)
+        rotation_rb.take_out(gw, "spark2", f"{healing.NOTE_PREFIX}engine-down on 2 sweeps in a row")
+        try:
+            assert gw.rotation() == ["spark1"]
+            res = env["defs"].resolve_job_def("gateway_reconcile_job").execute_in_process(
+                instance=env["instance"], raise_on_error=False)
+            assert res.success, [e.message for e in res.all_events if e.is_failure]
+            said = " ".join(r.user_message for r in env["instance"].all_logs(res.run_id))
+            assert "spark2 put back" in said, said[-2000:]
+            assert set(gw.rotation()) == {"spark1", "spark2"}
+        finally:
+            if "spark2" not in gw.rotation():
+                rotation_rb.admit(gw, "spark2")
 
 
 def test_killed_engine_is_redeployed_once_taken_out_and_reconciled_back(env):

@@ -237,7 +237,7 @@ def test_the_gate_holds_out_a_fast_node_with_low_mtp_acceptance():
     assert g.passed and g.why.startswith("bench 52.0 tok/s >= floor 40; MTP acceptance 95.0% >= floor 80%")
     g = gate(52.0, 0.42, 0.8)
     assert (g.passed, g.gate) == (False, "MTP acceptance") and "42.0% < floor 80%" in g.why
-    assert "add-mtp-weights.py" in g.why and g.text().startswith("MTP acceptance gate: MTP acceptance 42.0%")
+    assert "add-mtp-weights.py" in g.why and g.text().startswith("the MTP acceptance gate failed: MTP acceptance 42.0%")
     g = gate(52.0, None, 0.8)
     assert not g.passed and "could not be read" in g.why and "--speculative-config" in g.why
     # No floor set: tok/s and the wedge decide, as before; a slow node's reason is the tok/s one.
