@@ -7,7 +7,7 @@ import time
 
 import dagster as dg
 
-from spark_pipelines.assets import node_check, node_partitions, record_bench_rotation, record_rotation, retry_unreachable, step_session
+from spark_pipelines.assets import node_check, node_partitions, record_bench_rotation, retry_unreachable, step_session
 from spark_pipelines.assets.metadata import num
 from spark_pipelines.assets.bench_metadata import bench_metadata
 from spark_pipelines.core import steps
@@ -88,12 +88,10 @@ def bench_definitions(fleet: Fleet) -> dg.Definitions:
         f = s.fleet
         node = f.node(context.partition_key)
         gw = litellm.host()
-        try:
-            b = bench_node(s, gw, node, context.log, run_id=context.run.run_id,
-                           against=held_against(context, s, f, node.name))
-        except Exception:  # whatever the bench left: the drain's exit restored or kept the node out
-            record_rotation(context, gw, f"{node.name} after a failed bench", {})
-            raise
+        # A bench that raised recorded nothing: its drain's exit put the node back where it was
+        # (a read of the rotation here would wait on the gateway host that may be why it failed).
+        b = bench_node(s, gw, node, context.log, run_id=context.run.run_id,
+                       against=held_against(context, s, f, node.name))
         record_bench_rotation(context, gw, b)
         yield from bench_events(context, f, node.name, b)
 
