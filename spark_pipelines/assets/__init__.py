@@ -78,30 +78,30 @@ def _wrapped(fn: Callable[..., Any], on_error: Callable[[Any, Exception], NoRetu
     return step
 
 
-def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Under @dg.op / @dg.asset: a domain error fails the step as its description (`fail`), any
-    other remote error as its one line (`remote_failure`); never a traceback."""
+def as_step_failure(e: Exception) -> NoReturn:
+    """A domain error as its description (`fail`), any other remote error as its one line
+    (`remote_failure`): never a traceback."""
+    if isinstance(e, RunbookError):
+        fail(e)
+    remote_failure(e)  # type: ignore[arg-type]
 
-    def as_failure(context: Any, e: Exception) -> NoReturn:
-        if isinstance(e, RunbookError):
-            fail(e)
-        remote_failure(e)  # type: ignore[arg-type]
-    return _wrapped(fn, as_failure)
+
+def one_line_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Under @dg.op / @dg.asset: whatever the node or a procedure raised fails the step as one
+    line (`as_step_failure`)."""
+    return _wrapped(fn, lambda context, e: as_step_failure(e))
 
 
 def retry_unreachable(settings: StepRetrySettings) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Under @dg.asset: a step whose SSH session could not be opened is retried by Dagster after
     connect_backoff_s, doubled each time, up to connect_retries times. Only that failure: a host
     key mismatch, or anything after the session opened, fails the step at once, as one line
-    (`one_line_failures`)."""
+    (`as_step_failure`; a node powered off mid-rollout once failed a step with a traceback)."""
 
     def retry_or_fail(context: dg.AssetExecutionContext, e: Exception) -> NoReturn:
-        if isinstance(e, RunbookError):
-            fail(e)
         if (not isinstance(e, NodeConnectError) or isinstance(e, HostKeyError)
                 or context.retry_number >= settings.connect_retries):
-            # A node powered off mid-rollout failed a step with a traceback once (soak).
-            remote_failure(e)  # type: ignore[arg-type]
+            as_step_failure(e)
         wait = settings.connect_backoff_s * 2 ** context.retry_number
         context.log.warning(f"{e} -- retry {context.retry_number + 1} of {settings.connect_retries} in {wait} s")
         raise dg.RetryRequested(max_retries=settings.connect_retries, seconds_to_wait=wait) from e

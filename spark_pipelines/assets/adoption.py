@@ -15,8 +15,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
-from spark_pipelines.core.errors import RunbookError
+from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.assets.metadata import table
 from spark_pipelines.core import adoption as core
 from spark_pipelines.core import steps
@@ -107,11 +106,8 @@ def adoption_definitions(fleet: Fleet) -> dg.Definitions:
                        litellm: LiteLLMGateway) -> dg.MaterializeResult:
         s = step_session(context, ssh, litellm)
         started = time.monotonic()
-        try:
-            findings = adopt_fleet(s, cv, check=config.check, nodes=config.nodes or None, hub=hub,
-                                   gw=litellm.host(), run_id=context.run.run_id, log=context.log)
-        except RunbookError as e:
-            fail(e)
+        findings = adopt_fleet(s, cv, check=config.check, nodes=config.nodes or None, hub=hub,
+                               gw=litellm.host(), run_id=context.run.run_id, log=context.log)
         recorded = [] if config.check else [f"{f.step}[{f.node}]" for f in findings if record(context, cv, launch, f)]
         gw_found = next((f for f in findings if f.step == steps.GATEWAY), None)
         if not config.check and gw_found is not None and gw_found.action in (core.ADOPT, core.CURRENT):

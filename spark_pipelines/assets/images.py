@@ -7,10 +7,9 @@ image) are runbook/images.py; here: one call each, then what Dagster records.
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
+from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.core import steps
 from spark_pipelines.core.artifacts import BuiltImage
-from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.ssh import FleetSSH
@@ -38,10 +37,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
     @retry_unreachable(fleet.ssh)
     def base_image(context: dg.AssetExecutionContext, ssh: FleetSSH):
         s = step_session(context, ssh)
-        try:
-            out = images_runbook.base_image(s, cv)
-        except RunbookError as e:
-            fail(e)
+        out = images_runbook.base_image(s, cv)
         meta = out.metadata
         yield dg.Output(
             out.image,
@@ -75,10 +71,7 @@ def image_definitions(fleet: Fleet) -> dg.Definitions:
     @retry_unreachable(fleet.ssh)
     def serving_image(context: dg.AssetExecutionContext, ssh: FleetSSH, base_image: BuiltImage):
         s = step_session(context, ssh)
-        try:
-            out = images_runbook.serving_image(s, cv, base_image)
-        except RunbookError as e:
-            fail(e)
+        out = images_runbook.serving_image(s, cv, base_image)
         yield dg.Output(
             out.image,
             data_version=dg.DataVersion(out.image.image_id),

@@ -39,11 +39,8 @@ def jit_cache_definitions(fleet: Fleet) -> dg.Definitions:
         if key is None:
             fail(RunbookError(f"{node.name}: node_artifacts recorded no image id or checkpoint digest; rerun "
                               f"node_artifacts for {node.name}"))
-        try:
-            with node_lease(s, node.name, "jit-cache back-up", run_id=context.run.run_id):
-                done = jit_steps.back_up(s, node, spec, key)
-        except RunbookError as e:
-            fail(e)
+        with node_lease(s, node.name, "jit-cache back-up", run_id=context.run.run_id):
+            done = jit_steps.back_up(s, node, spec, key)
         context.log.info(f"[{node.name}] JIT cache {key}: {done['action']} ({done.get('why') or done['archive']})")
         meta = {"key": key, "action": done["action"], "archive": dg.MetadataValue.path(done["archive"]),
                 "build_host": s.fleet.build_node.name}

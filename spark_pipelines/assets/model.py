@@ -11,11 +11,10 @@ from typing import Any
 
 import dagster as dg
 
-from spark_pipelines.assets import fail, retry_unreachable, step_session
+from spark_pipelines.assets import retry_unreachable, step_session
 from spark_pipelines.core import checkpoint as checkpoint_core
 from spark_pipelines.core import steps
 from spark_pipelines.core.artifacts import Checkpoint, ModelSnapshot
-from spark_pipelines.core.errors import RunbookError
 from spark_pipelines.core.fleet import Fleet
 from spark_pipelines.core.pins import code_versions
 from spark_pipelines.resources.hub import ModelHub
@@ -58,10 +57,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     @retry_unreachable(fleet.ssh)
     def base_model(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub) -> dg.Output[ModelSnapshot]:
         s = step_session(context, ssh)
-        try:
-            out = model_runbook.base_model(s, hub, cv)
-        except RunbookError as e:
-            fail(e)
+        out = model_runbook.base_model(s, hub, cv)
         return dg.Output(out.snapshot, data_version=dg.DataVersion(out.snapshot.revision),
                          metadata={"revision": out.snapshot.revision, "skipped": out.skipped,
                                    "provenance": "proven" + (" (by content against the hub, this run)" if out.proved
@@ -83,10 +79,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     @retry_unreachable(fleet.ssh)
     def hybrid_checkpoint(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot):
         s = step_session(context, ssh)
-        try:
-            out = model_runbook.hybrid_checkpoint(s, hub, base_model, cv)
-        except RunbookError as e:
-            fail(e)
+        out = model_runbook.hybrid_checkpoint(s, hub, base_model, cv)
         yield dg.Output(out.checkpoint, data_version=dg.DataVersion(out.data_version), metadata=step_metadata(out))
         yield dg.AssetCheckResult(
             check_name="checkpoint_consistent", passed=out.ok, severity=dg.AssetCheckSeverity.ERROR,
@@ -110,10 +103,7 @@ def model_definitions(fleet: Fleet) -> dg.Definitions:
     def mtp_weights(context: dg.AssetExecutionContext, ssh: FleetSSH, hub: ModelHub, base_model: ModelSnapshot,
                     hybrid_checkpoint: Checkpoint):
         s = step_session(context, ssh)
-        try:
-            out = model_runbook.mtp_weights(s, hub, base_model, hybrid_checkpoint, cv, run_id=context.run.run_id)
-        except RunbookError as e:
-            fail(e)
+        out = model_runbook.mtp_weights(s, hub, base_model, hybrid_checkpoint, cv, run_id=context.run.run_id)
         yield dg.Output(out.checkpoint, data_version=dg.DataVersion(out.data_version), metadata=step_metadata(out))
         yield dg.AssetCheckResult(
             check_name="mtp_keys_mapped", passed=out.ok and out.report.mtp_keys_mapped > 0,

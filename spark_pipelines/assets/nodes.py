@@ -131,10 +131,7 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
         if node.name == build.name:
             # The build host's own copy is what it serves and what every copy starts from: hashed
             # against the manifest (a shard damaged in place, its size and mtime kept, stops here).
-            try:
-                meta.update(verify_build_host_copy(s, node, dst_dir, manifest))
-            except RunbookError as e:
-                fail(e)
+            meta.update(verify_build_host_copy(s, node, dst_dir, manifest))
             meta["copied"] = False
         else:
             streams = NodeStreams(s)
@@ -145,11 +142,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                     and streams.verify_tree(build.name, node.name, src_dir, dst_dir, manifest=manifest).ok):
                 meta["copied"] = False
             else:
-                try:
-                    with node_lease(s, node.name, "checkpoint copy", run_id=context.run.run_id):
-                        got = versions.receive(s, streams, build.name, node, src_dir, manifest or "")
-                except RunbookError as e:
-                    fail(e)
+                with node_lease(s, node.name, "checkpoint copy", run_id=context.run.run_id):
+                    got = versions.receive(s, streams, build.name, node, src_dir, manifest or "")
                 copy = got.copy
                 markers.write(s, node, steps.NODE_ARTIFACTS, sig, manifest=manifest, path=dst_dir)
                 meta.update(copied=True, bytes_sent=copy.bytes_sent, copy_seconds=copy.seconds,
@@ -227,23 +221,17 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
 
         pair = enabled_pair_of(f, node.name)
         if pair is not None:  # Phase 4-alt: this node serves in a pair, deployed as one (both nodes)
-            try:
-                yield from pair_deployment(context, s, node, pair, launched)
-            except RunbookError as e:
-                fail(e)
+            yield from pair_deployment(context, s, node, pair, launched)
             return
 
         recorded = node_artifacts.image_id
         # What dead runs left on the node first (a bench's, Phase 0's journal): the skip below then
         # judges what serves after it. A dead deploy's journal is the deploy's own to finish (the
         # skip refuses while it is there): it then does not launch again what serves after it.
-        try:
-            with journal.claimed(s, node, "deploy: finishing dead runs", context.log, run_id=context.run.run_id,
-                                 deploys=False) as finished:
-                for done in finished:
-                    context.log.warning(f"[{node.name}] {done.line}")
-        except RunbookError as e:
-            fail(e)
+        with journal.claimed(s, node, "deploy: finishing dead runs", context.log, run_id=context.run.run_id,
+                             deploys=False) as finished:
+            for done in finished:
+                context.log.warning(f"[{node.name}] {done.line}")
         current = docker.inspect_container(node.name, spec.container_name)
         marker = serves_as_marked(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], current)
         if not config.fresh_jit_cache and marker is not None and current is not None:
@@ -279,11 +267,8 @@ def node_definitions(fleet: Fleet) -> dg.Definitions:
                                       metadata={"node": node.name}, description=why)
             return
 
-        try:
-            d = deploy_artifacts(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], context.log, run_id=context.run.run_id,
-                                fresh_jit_cache=config.fresh_jit_cache)
-        except RunbookError as e:
-            fail(e)
+        d = deploy_artifacts(s, node, node_artifacts, cv[steps.NODE_DEPLOYMENT], context.log, run_id=context.run.run_id,
+                             fresh_jit_cache=config.fresh_jit_cache)
         yield dg.Output(d.deployment, data_version=dg.DataVersion(d.data_version), metadata=deploy_metadata(f, node, d), tags=launched)
         yield dg.AssetCheckResult(check_name="serving", passed=d.mismatch is None,
                                   severity=dg.AssetCheckSeverity.ERROR, metadata={"node": node.name},

@@ -72,10 +72,7 @@ def rollout_definitions(fleet) -> dg.Definitions:
         for line in node_rollout.finish_dead_runs(s, log, run_id=run_id):
             log.warning(f"rollout: {line}")
         # 1. The new version onto every node; who runs what, who is skipped, who is in the gateway.
-        try:
-            sv = node_rollout.survey(s, gw, distribution_payload(cv, mtp_weights, serving_image), log, run_id=run_id)
-        except RunbookError as e:
-            fail(e)
+        sv = node_rollout.survey(s, gw, distribution_payload(cv, mtp_weights, serving_image), log, run_id=run_id)
         if sv.unjudged:
             log.warning(f"rollout: {', '.join(sv.unjudged)} already run(s) the new version a dead run deployed and "
                         "never judged: gated now, not deployed again")
